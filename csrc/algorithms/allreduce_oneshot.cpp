@@ -1,0 +1,45 @@
+// One-shot allreduce, for small messages.
+//
+// One step: every rank stages its whole buffer, then every rank reduces all n
+// staged copies (in rank order 0..n-1, so all results are bit-identical) into
+// its own buffer. Latency is a single exchange; each rank reads n*S bytes, so
+// it only pays off while S is small.
+#include <cstring>
+#include <vector>
+
+#include "algorithms/algorithms.h"
+#include "core/reduce_kernels.h"
+
+namespace rsdp {
+namespace algo {
+
+void allreduce_oneshot(ShmComm& c, void* buf, size_t count, DType dt, RedOp op) {
+  const int n = c.size();
+  std::memcpy(c.stage(), buf, count * dtype_size(dt));
+  c.exchange();
+  std::vector<const void*> srcs(n);
+  for (int p = 0; p < n; ++p) srcs[p] = c.peer(p);
+  reduce_n(buf, srcs.data(), n, count, dt, op, n);
+}
+
+void allreduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, size_t oneshot_bytes,
+               Millis timeout) {
+  OpDesc d;
+  d.kind = OpKind::kAllreduce;
+  d.dtype = dt;
+  d.redop = op;
+  d.count = count;
+  c.begin(d, timeout);
+  const size_t bytes = count * dtype_size(dt);
+  if (c.size() == 1) {  // every op over one rank is the identity
+    c.exchange();
+    return;
+  }
+  if (bytes <= oneshot_bytes && bytes <= c.half_bytes())
+    allreduce_oneshot(c, buf, count, dt, op);
+  else
+    allreduce_rs_ag(c, buf, count, dt, op);
+}
+
+}  // namespace algo
+}  // namespace rsdp

@@ -1,0 +1,62 @@
+// All-to-all with per-pair sizes, through shared memory.
+//
+// Step 0 exchanges every rank's send and receive byte counts, so each rank
+// sees the whole n x n matrix and checks that what a sends to b is what b
+// expects from a (all ranks see the same matrix, so all raise together).
+// Then, per step, rank a stages in slot b the next slot-sized piece of its
+// data for b, and every rank b copies slot b from each peer. Steps run until
+// the largest pair is done.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "algorithms/algorithms.h"
+#include "core/error.h"
+#include "patterns/chunks.h"
+
+namespace rsdp {
+namespace algo {
+
+void alltoall(ShmComm& c, const void* const* sends, const uint64_t* send_bytes,
+              void* const* recvs, const uint64_t* recv_bytes, DType dt, Millis timeout) {
+  const int n = c.size(), me = c.rank();
+  OpDesc d;
+  d.kind = OpKind::kAlltoall;
+  d.dtype = dt;
+  c.begin(d, timeout);
+
+  auto* meta = reinterpret_cast<uint64_t*>(c.stage());
+  std::copy(send_bytes, send_bytes + n, meta);
+  std::copy(recv_bytes, recv_bytes + n, meta + n);
+  c.exchange();
+  uint64_t most = 0;
+  for (int a = 0; a < n; ++a) {
+    auto* ma = reinterpret_cast<const uint64_t*>(c.peer(a));
+    for (int b = 0; b < n; ++b) {
+      auto* mb = reinterpret_cast<const uint64_t*>(c.peer(b));
+      RSDP_CHECK_KIND(ErrorKind::kMismatch, ma[b] == mb[n + a], c.group().me(),
+                      ": alltoall size mismatch: ", c.group().who(a), " sends ", ma[b],
+                      " bytes to ", c.group().who(b), ", which expects ", mb[n + a],
+                      " bytes from it");
+      most = std::max(most, ma[b]);
+    }
+  }
+
+  if (send_bytes[me] && recvs[me] != sends[me]) std::memcpy(recvs[me], sends[me], send_bytes[me]);
+  const size_t slot = slot_elems(c.half_bytes(), n, 1);
+  for (size_t off = 0; off < most; off += slot) {
+    char* st = c.stage();
+    for (int p = 0; p < n; ++p)
+      if (p != me)
+        std::memcpy(st + p * slot, static_cast<const char*>(sends[p]) + off,
+                    clip(send_bytes[p], off, slot));
+    c.exchange();
+    for (int p = 0; p < n; ++p)
+      if (p != me)
+        std::memcpy(static_cast<char*>(recvs[p]) + off, c.peer(p) + me * slot,
+                    clip(recv_bytes[p], off, slot));
+  }
+}
+
+}  // namespace algo
+}  // namespace rsdp

@@ -1,0 +1,68 @@
+// Reduce to a root.
+//
+// Small messages: one step; every rank stages its buffer and the root reduces
+// all n copies (rank order) into its buffer.
+// Large messages: the reduce-scatter half of allreduce_rs_ag (rank p reduces
+// chunk p of each segment into its staging half), then the root copies the
+// n-1 reduced chunks of the others. The work is spread over all ranks instead
+// of the root reading n*S bytes alone. Non-root buffers are never written.
+#include <cstring>
+#include <vector>
+
+#include "algorithms/algorithms.h"
+#include "core/reduce_kernels.h"
+#include "patterns/chunks.h"
+
+namespace rsdp {
+namespace algo {
+
+void reduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, int root,
+            size_t oneshot_bytes, Millis timeout) {
+  OpDesc d;
+  d.kind = OpKind::kReduce;
+  d.dtype = dt;
+  d.redop = op;
+  d.count = count;
+  d.root = root;
+  c.begin(d, timeout);
+  const int n = c.size(), me = c.rank();
+  const size_t es = dtype_size(dt);
+  char* data = static_cast<char*>(buf);
+  std::vector<const void*> srcs(n);
+
+  if (n == 1 || count * es <= std::min(oneshot_bytes, c.half_bytes())) {
+    std::memcpy(c.stage(), data, count * es);
+    c.exchange();
+    if (me == root && n > 1) {
+      for (int p = 0; p < n; ++p) srcs[p] = c.peer(p);
+      reduce_n(data, srcs.data(), n, count, dt, op, n);
+    }
+    return;
+  }
+
+  const size_t sub = slot_elems(c.half_bytes(), n, es);
+  size_t base = 0;
+  do {
+    const size_t seg = clip(count, base, sub * n);
+    auto len = [&](int p) { return clip(seg, p * sub, sub); };
+    auto at = [&](int p) { return data + (base + p * sub) * es; };
+
+    char* st = c.stage();
+    for (int p = 0; p < n; ++p)
+      if (p != me) std::memcpy(st + p * sub * es, at(p), len(p) * es);
+    c.exchange();
+
+    for (int q = 0; q < n; ++q) srcs[q] = q == me ? at(me) : c.peer(q) + me * sub * es;
+    void* dst = me == root ? static_cast<void*>(at(me)) : c.stage() + me * sub * es;
+    reduce_n(dst, srcs.data(), n, len(me), dt, op, n);
+    c.exchange();
+
+    if (me == root)
+      for (int p = 0; p < n; ++p)
+        if (p != me) std::memcpy(at(p), c.peer(p) + p * sub * es, len(p) * es);
+    base += sub * n;
+  } while (base < count);
+}
+
+}  // namespace algo
+}  // namespace rsdp

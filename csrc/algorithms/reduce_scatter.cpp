@@ -1,0 +1,50 @@
+// Reduce-scatter with per-rank sizes, through shared memory.
+//
+// Every staging half is split into n slots. Per step each rank stages, in
+// slot p, the next piece of its contribution to rank p (all p but itself);
+// after the exchange rank p reduces slot p of every peer together with its own
+// contribution, in rank order, straight into its output. Each rank writes
+// (n-1)/n of its input once and reads n pieces of its result: one exchange per
+// step, and no rank ever holds more than its own result.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "algorithms/algorithms.h"
+#include "core/reduce_kernels.h"
+#include "patterns/chunks.h"
+
+namespace rsdp {
+namespace algo {
+
+void reduce_scatter(ShmComm& c, const void* const* ins, void* out, const uint64_t* counts,
+                    DType dt, RedOp op, Millis timeout) {
+  const int n = c.size(), me = c.rank();
+  OpDesc d;
+  d.kind = OpKind::kReduceScatter;
+  d.dtype = dt;
+  d.redop = op;
+  for (int p = 0; p < n; ++p) d.count += counts[p];
+  d.aux = hash_sizes(counts, n);
+  c.begin(d, timeout);
+  const size_t es = dtype_size(dt);
+  const size_t sub = slot_elems(c.half_bytes(), n, es);
+  size_t most = 0;
+  for (int p = 0; p < n; ++p) most = std::max<size_t>(most, counts[p]);
+  std::vector<const void*> srcs(n);
+  auto piece = [&](int p, size_t off) { return static_cast<const char*>(ins[p]) + off * es; };
+  size_t off = 0;
+  do {
+    char* st = c.stage();
+    for (int p = 0; p < n; ++p)
+      if (p != me) std::memcpy(st + p * sub * es, piece(p, off), clip(counts[p], off, sub) * es);
+    c.exchange();
+    for (int q = 0; q < n; ++q) srcs[q] = q == me ? piece(me, off) : c.peer(q) + me * sub * es;
+    reduce_n(static_cast<char*>(out) + off * es, srcs.data(), n, clip(counts[me], off, sub), dt,
+             op, n);
+    off += sub;
+  } while (off < most);
+}
+
+}  // namespace algo
+}  // namespace rsdp

@@ -1,0 +1,149 @@
+// BackendRSDP: construction, the worker funnel, send/recv, shutdown.
+// The collective overrides live in backend_collectives.cpp.
+#include "backend/backend_rsdp.h"
+
+#include <set>
+
+#include "algorithms/algorithms.h"
+#include "backend/op_queue.h"
+#include "backend/store_bootstrap.h"
+#include "core/group.h"
+#include "transport/shm/p2p_engine.h"
+#include "transport/shm/shm_comm.h"
+
+namespace rsdp {
+
+BackendRSDP::BackendRSDP(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                         std::chrono::milliseconds timeout, std::vector<int> global_ranks,
+                         std::string group_name)
+    : c10d::Backend(rank, size), timeout_(timeout) {
+  translate_errors([&] {
+    opts_ = rsdp::Options::from_env();
+    global_rank_ = global_ranks.empty() ? rank : global_ranks.at(rank);
+    StoreBootstrap boot(store);
+    Group g = join_group(boot, rank, size, std::move(global_ranks), std::move(group_name),
+                         timeout, opts_);
+    std::set<std::string> nodes;
+    for (const auto& p : g.peers) nodes.insert(p.node);
+    RSDP_CHECK(nodes.size() == 1, g.me(), ": process group '", g.name, "' spans ", nodes.size(),
+               " nodes, but this build of rsdp connects ranks of one node only (shared "
+               "memory); run all ranks on one machine or set RSDP_NODE_ID to the same value");
+    comm_ = std::make_unique<ShmComm>(g, boot, opts_);
+    queue_ = std::make_unique<OpQueue>();
+  });
+}
+
+BackendRSDP::~BackendRSDP() { shutdown(); }
+
+void BackendRSDP::shutdown() {
+  if (shut_down_) return;
+  shut_down_ = true;
+  // Order matters: stop producers of completions before the comm goes away.
+  queue_.reset();
+  {
+    std::lock_guard<std::mutex> g(p2p_mu_);
+    p2p_.reset();
+  }
+  comm_.reset();
+}
+
+std::chrono::milliseconds BackendRSDP::op_timeout(std::chrono::milliseconds t) const {
+  return t == c10d::kUnsetTimeout ? timeout_ : t;
+}
+
+c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const char* title,
+                                                    std::vector<at::Tensor> outputs, Body body) {
+  RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", title,
+             " called after the process group was shut down");
+  auto work = c10::make_intrusive<WorkRSDP>(getRank(), type, ++seq_, std::move(outputs), title);
+  ShmComm* comm = comm_.get();
+  const std::string name = title;
+  queue_->push([work, comm, name, body = std::move(body)](bool run) {
+    if (!run) {
+      work->complete(std::make_exception_ptr(Error(
+          ErrorKind::kPeer, "rsdp: " + name + " was cancelled: the process group was shut down")));
+      return;
+    }
+    try {
+      body(*comm);
+      work->complete(nullptr);
+    } catch (...) {
+      work->complete(std::current_exception());
+    }
+  });
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue_p2p(c10d::OpType type, const char* title,
+                                                        at::Tensor tensor, int peer, int tag) {
+  RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", title,
+             " called after the process group was shut down");
+  const bool is_send = type == c10d::OpType::SEND;
+  at::Tensor buf = dense(tensor);
+  auto work = c10::make_intrusive<WorkRSDP>(getRank(), type, seq_.load(),
+                                            std::vector<at::Tensor>{tensor}, title);
+  auto done = [work, tensor, buf, is_send](std::exception_ptr err, int src) {
+    if (!err && !is_send) {
+      try {
+        write_back(tensor, buf);
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    work->complete(err, src);
+  };
+  P2PEngine* engine;
+  {
+    std::lock_guard<std::mutex> g(p2p_mu_);
+    if (!p2p_) p2p_ = std::make_unique<P2PEngine>(*comm_);
+    engine = p2p_.get();
+  }
+  const size_t bytes = buf.nbytes();
+  if (is_send)
+    engine->send(buf.data_ptr(), bytes, peer, tag, timeout_, std::move(done));
+  else
+    engine->recv(buf.data_ptr(), bytes, peer, tag, timeout_, std::move(done));
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> BackendRSDP::send(std::vector<at::Tensor>& tensors, int dst,
+                                                 int tag) {
+  return translate_errors([&] {
+    auto c = ctx("send");
+    check_one(c, tensors, "tensor");
+    check_rank(c, dst, getSize(), "destination rank");
+    RSDP_CHECK(dst != getRank(), "rsdp rank ", global_rank_, ": send: a rank cannot send to itself");
+    return enqueue_p2p(c10d::OpType::SEND, "rsdp:send", tensors[0], dst, tag);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BackendRSDP::recv(std::vector<at::Tensor>& tensors, int src,
+                                                 int tag) {
+  return translate_errors([&] {
+    auto c = ctx("recv");
+    check_one(c, tensors, "tensor");
+    check_rank(c, src, getSize(), "source rank");
+    RSDP_CHECK(src != getRank(), "rsdp rank ", global_rank_,
+               ": recv: a rank cannot receive from itself");
+    return enqueue_p2p(c10d::OpType::RECV, "rsdp:recv", tensors[0], src, tag);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BackendRSDP::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                          int tag) {
+  return translate_errors([&] {
+    check_one(ctx("recv"), tensors, "tensor");
+    return enqueue_p2p(c10d::OpType::RECVANYSOURCE, "rsdp:recv_anysource", tensors[0], -1, tag);
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> BackendRSDP::barrier(const c10d::BarrierOptions& opts) {
+  return translate_errors([&] {
+    auto t = op_timeout(opts.timeout);
+    // The worker runs ops in order, so this completes after all earlier ones.
+    return enqueue(c10d::OpType::BARRIER, "rsdp:barrier", {},
+                   [t](ShmComm& c) { algo::barrier(c, t); });
+  });
+}
+
+}  // namespace rsdp

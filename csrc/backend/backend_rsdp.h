@@ -1,0 +1,123 @@
+// BackendRSDP: the c10d::Backend registered as "rsdp".
+//
+// This is glue only: it checks arguments on the calling thread, converts
+// tensors to raw buffers, and queues the algorithm (csrc/algorithms) on the
+// group's worker thread; send/recv go to the group's P2P engine. Every op
+// returns a WorkRSDP at once.
+#pragma once
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <atomic>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "backend/tensor_args.h"
+#include "backend/work_rsdp.h"
+#include "core/error.h"
+#include "core/options.h"
+
+namespace rsdp {
+
+class ShmComm;
+class OpQueue;
+class P2PEngine;
+
+class BackendRSDP : public c10d::Backend {
+ public:
+  BackendRSDP(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+              std::chrono::milliseconds timeout, std::vector<int> global_ranks,
+              std::string group_name);
+  ~BackendRSDP() override;
+
+  const std::string getBackendName() const override { return "rsdp"; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+
+  void setSequenceNumberForGroup() override { seq_ = 0; }
+  uint64_t getSequenceNumberForGroup() override { return seq_; }
+  void abort() override { shutdown(); }
+  void shutdown() override;
+
+  const rsdp::Options& options() const { return opts_; }
+
+ private:
+  using Body = std::function<void(ShmComm&)>;
+  // Queues body on the worker; the Work completes with `outputs`.
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
+                                         std::vector<at::Tensor> outputs, Body body);
+  c10::intrusive_ptr<c10d::Work> enqueue_p2p(c10d::OpType type, const char* title,
+                                             at::Tensor tensor, int peer, int tag);
+  OpContext ctx(const char* op) const { return OpContext{global_rank_, op}; }
+  std::chrono::milliseconds op_timeout(std::chrono::milliseconds t) const;
+
+  rsdp::Options opts_;
+  int global_rank_;
+  std::chrono::milliseconds timeout_;
+  std::unique_ptr<ShmComm> comm_;
+  std::unique_ptr<OpQueue> queue_;
+  std::mutex p2p_mu_;
+  std::unique_ptr<P2PEngine> p2p_;  // started by the first send/recv
+  std::atomic<uint64_t> seq_{0};
+  bool shut_down_ = false;
+};
+
+// Converts rsdp::Error thrown on the calling thread into c10 exceptions.
+template <typename F>
+auto translate_errors(F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const Error&) {
+    std::rethrow_exception(to_torch_exception(std::current_exception()));
+  }
+}
+
+}  // namespace rsdp

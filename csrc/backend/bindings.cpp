@@ -1,0 +1,37 @@
+// Python bindings of torch_rsdp._C: the backend factory that
+// torch.distributed calls through Backend.register_backend, and the backend
+// class itself (so Python sees BackendRSDP objects, not bare c10d backends).
+#include <pybind11/chrono.h>
+#include <pybind11/stl.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include "backend/backend_rsdp.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "torch_rsdp native extension: the 'rsdp' c10d backend";
+  // The base class must be registered with pybind before we derive from it.
+  py::module::import("torch.distributed");
+
+  py::class_<rsdp::BackendRSDP, c10d::Backend, c10::intrusive_ptr<rsdp::BackendRSDP>>(
+      m, "BackendRSDP")
+      .def_property_readonly("shm_bytes",
+                             [](const rsdp::BackendRSDP& b) { return b.options().shm_bytes; })
+      .def_property_readonly(
+          "oneshot_bytes", [](const rsdp::BackendRSDP& b) { return b.options().oneshot_bytes; });
+
+  m.def(
+      "create_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+         std::chrono::milliseconds timeout, std::vector<int> global_ranks,
+         std::string group_name) -> c10::intrusive_ptr<c10d::Backend> {
+        return c10::make_intrusive<rsdp::BackendRSDP>(store, rank, size, timeout,
+                                                      std::move(global_ranks),
+                                                      std::move(group_name));
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+      py::arg("global_ranks"), py::arg("group_name"), py::call_guard<py::gil_scoped_release>(),
+      "Creates the rsdp backend of one process group (called by torch.distributed).");
+}

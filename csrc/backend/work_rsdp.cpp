@@ -1,0 +1,49 @@
+#include "backend/work_rsdp.h"
+
+#include <c10/util/Exception.h>
+
+#include "core/error.h"
+
+namespace rsdp {
+
+WorkRSDP::WorkRSDP(int rank, c10d::OpType type, uint64_t seq, std::vector<at::Tensor> outputs,
+                   const char* profiling_title)
+    : c10d::Work(rank, type, profiling_title, outputs),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+      seq_(seq) {}
+
+int WorkRSDP::sourceRank() const {
+  int s = src_.load();
+  TORCH_CHECK(s >= 0, "sourceRank() is only defined for a completed recv from any source");
+  return s;
+}
+
+void WorkRSDP::complete(std::exception_ptr err, int src) {
+  src_.store(src);
+  if (err) {
+    err = to_torch_exception(err);
+    finish(err);
+    future_->setError(err);
+  } else {
+    finish();
+    future_->markCompleted(c10::IValue(outputs_));
+  }
+}
+
+std::exception_ptr to_torch_exception(std::exception_ptr e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const Error& err) {
+    try {
+      if (err.kind() == ErrorKind::kValue) C10_THROW_ERROR(ValueError, err.what());
+      C10_THROW_ERROR(DistBackendError, err.what());
+    } catch (...) {
+      return std::current_exception();
+    }
+  } catch (...) {
+    return std::current_exception();
+  }
+}
+
+}  // namespace rsdp

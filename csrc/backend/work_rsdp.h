@@ -1,0 +1,38 @@
+// The Work handle every rsdp op returns. Completion comes from the group's
+// worker (collectives) or P2P thread; wait()/isCompleted() are the base
+// class's, getFuture() completes with the op's output tensors, which is what
+// DDP's communication hooks consume.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+
+namespace rsdp {
+
+class WorkRSDP : public c10d::Work {
+ public:
+  WorkRSDP(int rank, c10d::OpType type, uint64_t seq, std::vector<at::Tensor> outputs,
+           const char* profiling_title);
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  int sourceRank() const override;
+  uint64_t getSequencenumber() const override { return seq_; }
+
+  // Called once by the thread that ran the op. src: the sender of a recv.
+  void complete(std::exception_ptr err, int src = -1);
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::atomic<int> src_{-1};
+  uint64_t seq_;
+};
+
+// Turns any exception into the c10 exception Python should see: rsdp value
+// errors become ValueError, everything else DistBackendError (a RuntimeError).
+std::exception_ptr to_torch_exception(std::exception_ptr e);
+
+}  // namespace rsdp

@@ -1,0 +1,79 @@
+#include "core/group.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <sstream>
+
+#include "core/error.h"
+
+namespace rsdp {
+
+std::string Group::who(int r) const {
+  std::ostringstream os;
+  os << "rank " << global(r);
+  if (global(r) != r) os << " (group rank " << r << ")";
+  return os.str();
+}
+
+std::string Group::me() const { return "rsdp rank " + std::to_string(global(rank)); }
+
+std::string Group::key(const std::string& k) const {
+  return "rsdp/" + std::to_string(generation) + "/" + k;
+}
+
+std::string local_node_id(const Options& opts) {
+  if (!opts.node_id.empty()) return opts.node_id;
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  std::string boot;
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::getline(f, boot);
+  return std::string(host) + "/" + boot;
+}
+
+Group join_group(Bootstrap& store, int rank, int size, std::vector<int> global_ranks,
+                 std::string name, std::chrono::milliseconds timeout, const Options& opts) {
+  Group g;
+  g.rank = rank;
+  g.size = size;
+  g.name = std::move(name);
+  g.timeout = timeout;
+  if (global_ranks.empty())
+    for (int r = 0; r < size; ++r) global_ranks.push_back(r);
+  RSDP_CHECK(static_cast<int>(global_ranks.size()) == size, "rsdp: group '", g.name, "' has ",
+             global_ranks.size(), " global ranks for size ", size);
+  g.global_ranks = std::move(global_ranks);
+
+  // Every rank of one incarnation draws a ticket in [gen*size+1, (gen+1)*size].
+  int64_t ticket = store.add("rsdp/joined", 1);
+  g.generation = static_cast<long>((ticket - 1) / size);
+
+  std::ostringstream mine;
+  mine << getpid() << "|" << local_node_id(opts);
+  store.set(g.key("peer/" + std::to_string(rank)), mine.str());
+
+  std::vector<std::string> keys;
+  for (int r = 0; r < size; ++r) keys.push_back(g.key("peer/" + std::to_string(r)));
+  if (!store.wait(keys, timeout)) {
+    std::ostringstream missing;
+    int n = 0;
+    for (int r = 0; r < size; ++r)
+      if (!store.check(keys[r])) missing << (n++ ? ", " : "") << g.global(r);
+    RSDP_FAIL(ErrorKind::kTimeout, g.me(), ": timed out after ", timeout.count() / 1000.0,
+              " s waiting for rank(s) [", missing.str(), "] to join process group '", g.name,
+              "' of size ", size, " (they never reached init_process_group/new_group)");
+  }
+  g.peers.resize(size);
+  for (int r = 0; r < size; ++r) {
+    std::string v = store.get(keys[r]);
+    auto bar = v.find('|');
+    RSDP_CHECK_KIND(ErrorKind::kSystem, bar != std::string::npos, g.me(),
+                    ": malformed peer record '", v, "' from ", g.who(r));
+    g.peers[r].pid = std::stoi(v.substr(0, bar));
+    g.peers[r].node = v.substr(bar + 1);
+  }
+  return g;
+}
+
+}  // namespace rsdp

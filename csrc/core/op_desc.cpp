@@ -1,0 +1,49 @@
+#include "core/op_desc.h"
+
+#include <sstream>
+
+namespace rsdp {
+
+const char* op_name(OpKind k) {
+  switch (k) {
+    case OpKind::kBroadcast: return "broadcast";
+    case OpKind::kAllreduce: return "allreduce";
+    case OpKind::kReduce: return "reduce";
+    case OpKind::kAllgather: return "allgather";
+    case OpKind::kGather: return "gather";
+    case OpKind::kScatter: return "scatter";
+    case OpKind::kReduceScatter: return "reduce_scatter";
+    case OpKind::kAlltoall: return "alltoall";
+    case OpKind::kBarrier: return "barrier";
+  }
+  return "?";
+}
+
+std::string OpDesc::describe() const {
+  std::ostringstream os;
+  os << op_name(kind) << "(";
+  if (kind != OpKind::kBarrier) {
+    os << dtype_name(dtype);
+    if (kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter)
+      os << " " << redop_name(redop);
+    os << ", " << count << " elements";
+    if (aux) os << ", per-rank sizes #" << std::hex << (aux & 0xffff) << std::dec;
+    if (root >= 0) os << ", root " << root;
+  }
+  os << ") as collective #" << seq;
+  return os.str();
+}
+
+uint64_t hash_sizes(const uint64_t* sizes, int n) {
+  uint64_t h = 1469598103934665603ull;
+  for (int i = 0; i < n; ++i) {
+    uint64_t v = sizes[i];
+    for (int b = 0; b < 8; ++b) {
+      h ^= (v >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return h | 1;  // never 0, which means "no list"
+}
+
+}  // namespace rsdp

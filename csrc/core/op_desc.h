@@ -1,0 +1,49 @@
+// What every rank must agree on for one collective. Each rank posts its
+// descriptor with every step; a peer whose descriptor differs raises a
+// mismatch error on every rank instead of reading past a buffer.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/dtype.h"
+#include "core/reduce_op.h"
+
+namespace rsdp {
+
+enum class OpKind : uint8_t {
+  kBroadcast,
+  kAllreduce,
+  kReduce,
+  kAllgather,
+  kGather,
+  kScatter,
+  kReduceScatter,
+  kAlltoall,
+  kBarrier,
+};
+
+const char* op_name(OpKind k);
+
+struct OpDesc {
+  uint64_t seq = 0;    // per-group collective counter, filled in by the comm
+  uint64_t count = 0;  // elements (op-specific meaning, identical on all ranks)
+  uint64_t aux = 0;    // hash of per-rank size lists (allgather_v etc.), else 0
+  int32_t root = -1;
+  OpKind kind = OpKind::kBarrier;
+  DType dtype = DType::kUInt8;
+  RedOp redop = RedOp::kSum;
+  uint8_t pad_ = 0;
+
+  bool operator==(const OpDesc& o) const {
+    return seq == o.seq && count == o.count && aux == o.aux && root == o.root &&
+           kind == o.kind && dtype == o.dtype && redop == o.redop;
+  }
+  // e.g. "allreduce(float32 SUM, 1000 elements) as collective #5"
+  std::string describe() const;
+};
+
+// Order-sensitive hash of a list of sizes (FNV-1a over the 64-bit values).
+uint64_t hash_sizes(const uint64_t* sizes, int n);
+
+}  // namespace rsdp

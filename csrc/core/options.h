@@ -1,0 +1,27 @@
+// Tunables read from RSDP_* environment variables once per process group.
+// Every variable is documented in the README's table.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+namespace rsdp {
+
+struct Options {
+  // Staging bytes per rank per group (two halves, used alternately).
+  size_t shm_bytes = 2u << 20;
+  // Allreduce messages up to this size use the one-shot algorithm.
+  size_t oneshot_bytes = 32u << 10;
+  // Ring-buffer bytes per ordered pair of ranks for send/recv (0 = automatic).
+  size_t p2p_bytes = 0;
+  // How long a waiter spins before sleeping on a futex (microseconds).
+  int spin_us = 50;
+  // Print init and per-op traces to stderr.
+  bool debug = false;
+  // Explicit node identity (empty: host name + boot id).
+  std::string node_id;
+
+  static Options from_env();
+};
+
+}  // namespace rsdp

@@ -1,0 +1,187 @@
+#include "transport/shm/shm_comm.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <iostream>
+#include <thread>
+
+#include "core/error.h"
+#include "core/futex.h"
+
+namespace rsdp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+bool reached(uint32_t have, uint32_t want) { return static_cast<int32_t>(have - want) >= 0; }
+
+// Ring bytes per ordered pair: 1 MiB for small groups, shrinking so that a
+// node with many ranks does not reserve size^2 MiB.
+size_t auto_ring_bytes(int size) {
+  size_t pairs = static_cast<size_t>(size) * size;
+  size_t v = (64u << 20) / std::max<size_t>(pairs, 1);
+  return std::clamp<size_t>(v, 16u << 10, 1u << 20);
+}
+
+constexpr int kSleepSliceUs = 20000;  // futex slice between deadline/liveness checks
+
+}  // namespace
+
+ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts)
+    : group_(group), opts_(opts) {
+  layout_.size = group_.size;
+  // Slotted algorithms need at least one 64-byte slot per rank in a half.
+  layout_.half = round_up(std::max<size_t>(opts.shm_bytes / 2, 64u * group_.size), 4096);
+  layout_.ring = round_up(opts.p2p_bytes ? opts.p2p_bytes : auto_ring_bytes(group_.size), 4096);
+  attach(store);
+  std::vector<int> pids;
+  for (const auto& p : group_.peers) pids.push_back(p.pid);
+  watch_ = std::make_unique<PeerWatch>(pids, group_.rank);
+  if (opts_.debug)
+    std::cerr << group_.me() << ": group '" << group_.name << "' size " << group_.size
+              << ", shared memory " << layout_.total() << " bytes (staging 2x" << layout_.half
+              << ", p2p ring " << layout_.ring << ")" << std::endl;
+}
+
+ShmComm::~ShmComm() = default;
+
+void ShmComm::attach(Bootstrap& store) {
+  const size_t bytes = layout_.total();
+  const int n = group_.size;
+  if (n == 1) {
+    // Nothing to share: an anonymous private mapping keeps /dev/shm clean.
+    seg_ = ShmSegment::anonymous(bytes);
+  } else if (group_.rank == 0) {
+    std::string name = ShmSegment::random_name();
+    seg_ = ShmSegment::create(name, bytes);
+    auto* h = reinterpret_cast<SegmentHeader*>(seg_.data());
+    *h = SegmentHeader{kShmMagic, static_cast<uint64_t>(n), layout_.half, layout_.ring};
+    store.set(group_.key("shm/name"), name);
+    std::vector<std::string> keys;
+    for (int r = 1; r < n; ++r) keys.push_back(group_.key("shm/attached/" + std::to_string(r)));
+    bool all = store.wait(keys, group_.timeout);
+    // Unlink as soon as every peer holds a mapping (or gave up): from here on
+    // no crash can leave the name behind.
+    ShmSegment::unlink(name);
+    if (!all) {
+      std::string missing;
+      for (int r = 1; r < n; ++r)
+        if (!store.check(keys[r - 1])) missing += (missing.empty() ? "" : ", ") + group_.who(r);
+      RSDP_FAIL(ErrorKind::kTimeout, group_.me(), ": timed out after ",
+                group_.timeout.count() / 1000.0, " s waiting for ", missing,
+                " to attach the shared memory of group '", group_.name, "'");
+    }
+  } else {
+    std::string key = group_.key("shm/name");
+    RSDP_CHECK_KIND(ErrorKind::kTimeout, store.wait({key}, group_.timeout), group_.me(),
+                    ": timed out after ", group_.timeout.count() / 1000.0, " s waiting for ",
+                    group_.who(0), " to create the shared memory of group '", group_.name, "'");
+    std::string name = store.get(key);
+    seg_ = ShmSegment::open(name, bytes);
+    auto* h = reinterpret_cast<SegmentHeader*>(seg_.data());
+    RSDP_CHECK_KIND(ErrorKind::kSystem,
+                    h->magic == kShmMagic && h->size == static_cast<uint64_t>(n) &&
+                        h->half_bytes == layout_.half && h->ring_bytes == layout_.ring,
+                    group_.me(), ": shared memory ", name,
+                    " was laid out differently by rank 0 (do all ranks use the same RSDP_* "
+                    "settings?)");
+    store.set(group_.key("shm/attached/" + std::to_string(group_.rank)), "1");
+  }
+  ctl(group_.rank).pid = group_.peers[group_.rank].pid;
+}
+
+void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
+  if (!broken_.empty())
+    RSDP_FAIL(ErrorKind::kPeer, group_.me(), ": ", op_name(desc.kind),
+              " refused: the group is unusable after an earlier failure (", broken_,
+              "); destroy it and create a new one");
+  desc.seq = ++seq_;
+  desc_ = desc;
+  deadline_ = Deadline(timeout);
+}
+
+char* ShmComm::stage() { return seg_.data() + layout_.stage_offset(group_.rank, step_ + 1); }
+
+const char* ShmComm::peer(int p) const { return seg_.data() + layout_.stage_offset(p, step_); }
+
+void ShmComm::exchange() {
+  const uint32_t s = ++step_;
+  RankCtl& me = ctl(group_.rank);
+  me.desc[s & 1] = desc_;
+  me.step.store(s, std::memory_order_seq_cst);
+  if (me.step_sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&me.step);
+  const int n = group_.size;
+  for (int i = 1; i < n; ++i) wait_step((group_.rank + i) % n, s);
+  for (int p = 0; p < n; ++p) {
+    if (p == group_.rank) continue;
+    const OpDesc& theirs = ctl(p).desc[s & 1];
+    if (!(theirs == desc_))
+      RSDP_FAIL(ErrorKind::kMismatch, group_.me(), ": collective mismatch: this rank called ",
+                desc_.describe(), " but ", group_.who(p), " called ", theirs.describe(),
+                ". All ranks must issue the same collectives, in the same order, with the same "
+                "sizes and dtypes");
+  }
+}
+
+void ShmComm::wait_step(int p, uint32_t s) {
+  RankCtl& peer = ctl(p);
+  if (reached(peer.step.load(std::memory_order_acquire), s)) return;
+  // Spin, then yield: cheap while the peer is about to arrive.
+  const auto spin_end = Clock::now() + std::chrono::microseconds(opts_.spin_us);
+  for (int i = 0;; ++i) {
+    cpu_relax();
+    if (reached(peer.step.load(std::memory_order_acquire), s)) return;
+    if ((i & 63) == 63) {
+      if (Clock::now() >= spin_end) break;
+      sched_yield();
+    }
+  }
+  for (;;) {
+    peer.step_sleepers.fetch_add(1, std::memory_order_seq_cst);
+    uint32_t v = peer.step.load(std::memory_order_seq_cst);
+    if (!reached(v, s)) futex_wait(&peer.step, v, kSleepSliceUs);
+    peer.step_sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    if (reached(peer.step.load(std::memory_order_acquire), s)) return;
+    if (aborted_.load()) fail(ErrorKind::kPeer, abort_reason_);
+    if (!watch_->alive(p))
+      fail(ErrorKind::kPeer, detail::cat(group_.me(), ": ", group_.who(p), " (pid ",
+                                         group_.peers[p].pid, ") exited during ",
+                                         desc_.describe()));
+    if (deadline_.expired())
+      fail(ErrorKind::kTimeout,
+           detail::cat(group_.me(), ": ", desc_.describe(), " timed out after ",
+                       deadline_.budget().count() / 1000.0, " s waiting for ", group_.who(p)));
+  }
+}
+
+void ShmComm::fail(ErrorKind kind, const std::string& msg) {
+  // The step counters of the group no longer agree: nothing after this can
+  // be trusted, so every later collective refuses to run.
+  broken_ = msg;
+  throw Error(kind, msg + "; the group is unusable from now on");
+}
+
+void ShmComm::abort(const std::string& why) {
+  abort_reason_ = why;
+  aborted_.store(true);
+  // Wake our own sleepers too (they wait on peers' words; the slice bounds it).
+}
+
+RingView ShmComm::ring(int src, int dst) const {
+  char* base = seg_.data() + layout_.chan_offset(src, dst);
+  return RingView{reinterpret_cast<ChannelCtl*>(base), base + kChanCtlBytes, layout_.ring};
+}
+
+std::atomic<uint32_t>& ShmComm::doorbell(int r) { return ctl(r).doorbell; }
+std::atomic<uint32_t>& ShmComm::doorbell_sleepers(int r) { return ctl(r).doorbell_sleepers; }
+
+void ShmComm::ring_doorbell(int r) {
+  RankCtl& c = ctl(r);
+  c.doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (c.doorbell_sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&c.doorbell);
+}
+
+}  // namespace rsdp

@@ -1,0 +1,93 @@
+// The shared-memory communicator of one process group on one node.
+//
+// Collectives run as a sequence of *steps*. In a step every rank writes into
+// its staging half (stage()), then exchange() publishes it together with the
+// op descriptor and waits until every peer has published the same step; after
+// that the peers' halves of that step are readable (peer(p)).
+//
+// [Note: why two halves are enough]
+// Step s uses half s % 2. A rank writes half s % 2 again only at step s + 2,
+// after its exchange of step s + 1 returned, i.e. after every peer posted step
+// s + 1 -- and a peer posts s + 1 only once it has finished reading step s.
+// So no trailing barrier is needed: the next step's wait is the release.
+//
+// Waiting spins for RSDP_SPIN_US, then sleeps on a futex in the peer's control
+// block. While asleep it checks the op's deadline and the peer's liveness, so
+// a dead or missing peer turns into an error, never a hang.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include "core/bootstrap.h"
+#include "core/deadline.h"
+#include "core/error.h"
+#include "core/group.h"
+#include "core/op_desc.h"
+#include "core/options.h"
+#include "transport/shm/peer_watch.h"
+#include "transport/shm/shm_layout.h"
+#include "transport/shm/shm_segment.h"
+
+namespace rsdp {
+
+struct RingView {
+  ChannelCtl* ctl;
+  char* data;
+  size_t cap;
+};
+
+class ShmComm {
+ public:
+  ShmComm(const Group& group, Bootstrap& store, const Options& opts);
+  ~ShmComm();
+
+  const Group& group() const { return group_; }
+  int rank() const { return group_.rank; }
+  int size() const { return group_.size; }
+  size_t half_bytes() const { return layout_.half; }
+
+  // --- collective steps (one thread at a time) ---
+  // Starts a collective: assigns its sequence number, arms its deadline.
+  // Throws if an earlier timeout/peer failure made the group unusable.
+  void begin(OpDesc desc, std::chrono::milliseconds timeout);
+  const OpDesc& desc() const { return desc_; }
+  char* stage();                  // this rank's half for the next step
+  void exchange();                // publish the step, wait for every peer
+  const char* peer(int p) const;  // p's half of the last exchanged step
+
+  // --- point-to-point channels (used by the P2P engine) ---
+  RingView ring(int src, int dst) const;
+  void ring_doorbell(int r);  // wake r's P2P engine
+  std::atomic<uint32_t>& doorbell(int r);
+  std::atomic<uint32_t>& doorbell_sleepers(int r);
+  bool peer_alive(int p) const { return watch_->alive(p); }
+
+  // Makes every current and future wait fail with `why`.
+  void abort(const std::string& why);
+  bool broken() const { return !broken_.empty(); }
+
+ private:
+  RankCtl& ctl(int r) const {
+    return *reinterpret_cast<RankCtl*>(seg_.data() + layout_.ctl_offset(r));
+  }
+  void wait_step(int p, uint32_t step);
+  [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
+  void attach(Bootstrap& store);
+
+  Group group_;
+  Options opts_;
+  ShmLayout layout_;
+  ShmSegment seg_;
+  std::unique_ptr<PeerWatch> watch_;
+  uint32_t step_ = 0;
+  uint64_t seq_ = 0;
+  OpDesc desc_;
+  Deadline deadline_;
+  std::string broken_;
+  std::atomic<bool> aborted_{false};
+  std::string abort_reason_;
+};
+
+}  // namespace rsdp

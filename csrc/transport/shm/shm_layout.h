@@ -1,0 +1,72 @@
+// Byte layout of a group's shared-memory segment (one per group, created by
+// group rank 0):
+//
+//   SegmentHeader                         4 KiB
+//   RankCtl[size]                         256 B each: step counter, futex words,
+//                                         pid, step descriptors
+//   staging[size][2][half]                each rank's two staging halves; a
+//                                         step of number s uses half s % 2
+//   channel[size*size]: ChannelCtl + ring send/recv byte stream src -> dst
+//
+// Everything is 4 KiB- or cache-line aligned so ranks never share a line they
+// both write.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "core/op_desc.h"
+
+namespace rsdp {
+
+constexpr uint64_t kShmMagic = 0x3150445352ull;  // "RSDP1"
+
+struct SegmentHeader {
+  uint64_t magic;
+  uint64_t size;
+  uint64_t half_bytes;
+  uint64_t ring_bytes;
+};
+
+struct alignas(128) RankCtl {
+  std::atomic<uint32_t> step;            // last step this rank posted (futex word)
+  std::atomic<uint32_t> step_sleepers;   // ranks asleep on `step`
+  std::atomic<uint32_t> doorbell;        // bumped when a p2p channel of this rank moves
+  std::atomic<uint32_t> doorbell_sleepers;
+  int32_t pid;
+  uint32_t pad;
+  OpDesc desc[2];  // descriptor posted with the step of the same parity
+};
+static_assert(sizeof(RankCtl) <= 256, "RankCtl grew");
+
+struct alignas(64) ChannelCtl {
+  std::atomic<uint64_t> head;  // bytes ever written by the sender
+  char pad0[56];
+  std::atomic<uint64_t> tail;  // bytes ever consumed by the receiver
+  char pad1[56];
+};
+
+constexpr size_t kCtlStride = 256;
+constexpr size_t kChanCtlBytes = sizeof(ChannelCtl);
+
+inline size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
+
+struct ShmLayout {
+  size_t size = 0;
+  size_t half = 0;  // bytes of one staging half
+  size_t ring = 0;  // bytes of one p2p ring
+
+  size_t ctl_offset(int r) const { return 4096 + kCtlStride * r; }
+  size_t stage_base() const { return round_up(4096 + kCtlStride * size, 4096); }
+  size_t stage_offset(int r, uint32_t step) const {
+    return stage_base() + (2 * r + (step & 1)) * half;
+  }
+  size_t chan_base() const { return stage_base() + 2 * size * half; }
+  size_t chan_offset(int src, int dst) const {
+    return chan_base() + (static_cast<size_t>(src) * size + dst) * (kChanCtlBytes + ring);
+  }
+  size_t total() const { return chan_base() + size * size * (kChanCtlBytes + ring); }
+};
+
+}  // namespace rsdp

@@ -1,0 +1,34 @@
+"""Registers the rsdp backend with torch.distributed."""
+from datetime import timedelta
+
+import torch.distributed as dist
+
+BACKEND_NAME = "rsdp"
+
+
+def _create_backend(dist_opts, backend_opts=None):
+    """Factory called by torch.distributed for every process group on rsdp."""
+    from . import _C
+
+    size = dist_opts.group_size
+    global_ranks = list(dist_opts.global_ranks_in_group or range(size))
+    timeout = dist_opts.timeout
+    if not isinstance(timeout, timedelta):
+        timeout = timedelta(seconds=float(timeout))
+    return _C.create_backend(
+        dist_opts.store,
+        dist_opts.group_rank,
+        size,
+        timeout,
+        global_ranks,
+        str(dist_opts.group_id),
+    )
+
+
+def register() -> None:
+    """Makes "rsdp" a torch.distributed backend. Safe to call more than once."""
+    if BACKEND_NAME in dist.Backend.backend_list:
+        return
+    dist.Backend.register_backend(
+        BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu"]
+    )
