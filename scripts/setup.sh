@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs everything torch_rsdp needs on a fresh Debian machine, idempotently:
+# Python packages, Debian packages, and the extension itself (built against
+# the installed torch). Safe to run again; it only does what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PYTHON:-python3}
+TORCH_VERSION=${RSDP_TORCH_VERSION:-2.13.0}
+
+say() { echo "[setup] $*"; }
+
+# Debian packages: UCX for the inter-node transport, iproute2 for the
+# emulated-node tests. Failure here is not fatal for single-node use.
+need_apt=()
+dpkg -s libucx-dev >/dev/null 2>&1 || need_apt+=(libucx-dev)
+command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "apt-get install ${need_apt[*]}"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null) \
+      || say "warning: could not install ${need_apt[*]} (only multi-node features need them)"
+  else
+    say "warning: missing Debian packages ${need_apt[*]} (need root to install)"
+  fi
+fi
+
+# torch first, pinned: any other spec would download a different build.
+if ! $PY -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
+  say "pip install torch==$TORCH_VERSION"
+  $PY -m pip install -q "torch==$TORCH_VERSION"
+fi
+missing=$($PY - <<'PY'
+import importlib.util
+mods = {"pytest": "pytest", "numpy": "numpy", "matplotlib": "matplotlib", "ninja": "ninja"}
+print(" ".join(pkg for mod, pkg in mods.items() if importlib.util.find_spec(mod) is None))
+PY
+)
+if [ -n "$missing" ]; then
+  say "pip install $missing"
+  $PY -m pip install -q $missing
+fi
+
+# The extension: built in place with ninja (incremental, so a rebuild with
+# nothing changed takes seconds), then installed in editable mode so both the
+# checkout and other directories import the same build.
+say "building torch_rsdp._C (MAX_JOBS=${MAX_JOBS:-2})"
+MAX_JOBS=${MAX_JOBS:-2} $PY setup.py -q build_ext --inplace
+if ! $PY -m pip show -q torch_rsdp >/dev/null 2>&1; then
+  $PY -m pip install -q --no-build-isolation --no-deps -e . --config-settings editable_mode=compat
+fi
+$PY -c "import torch_rsdp, torch.distributed as d; assert 'rsdp' in d.Backend.backend_list; print('[setup] torch_rsdp', torch_rsdp.__version__, 'ready')"
