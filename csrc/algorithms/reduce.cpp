@@ -30,10 +30,14 @@ void reduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, int root,
   char* data = static_cast<char*>(buf);
   std::vector<const void*> srcs(n);
 
-  if (n == 1 || count * es <= std::min(oneshot_bytes, c.half_bytes())) {
+  if (n == 1) {  // the root's buffer already holds the result
+    c.exchange();
+    return;
+  }
+  if (count * es <= std::min(oneshot_bytes, c.half_bytes())) {
     std::memcpy(c.stage(), data, count * es);
     c.exchange();
-    if (me == root && n > 1) {
+    if (me == root) {
       for (int p = 0; p < n; ++p) srcs[p] = c.peer(p);
       reduce_n(data, srcs.data(), n, count, dt, op, n);
     }

@@ -59,10 +59,10 @@ Group join_group(Bootstrap& store, int rank, int size, std::vector<int> global_r
     std::ostringstream missing;
     int n = 0;
     for (int r = 0; r < size; ++r)
-      if (!store.check(keys[r])) missing << (n++ ? ", " : "") << g.global(r);
+      if (!store.check(keys[r])) missing << (n++ ? ", " : "") << g.who(r);
     RSDP_FAIL(ErrorKind::kTimeout, g.me(), ": timed out after ", timeout.count() / 1000.0,
-              " s waiting for rank(s) [", missing.str(), "] to join process group '", g.name,
-              "' of size ", size, " (they never reached init_process_group/new_group)");
+              " s waiting for ", missing.str(), " to join process group '", g.name, "' of size ",
+              size, " (", n == 1 ? "it" : "they", " never reached init_process_group/new_group)");
   }
   g.peers.resize(size);
   for (int r = 0; r < size; ++r) {
