@@ -6,9 +6,17 @@
 Importing the package registers the backend (idempotently) for CPU tensors.
 """
 from ._registration import BACKEND_NAME, register
+from .ring import ring_neighbours, ring_shift, ring_shift_reduce
 
 __version__ = "0.1.0"
 
 register()
 
-__all__ = ["BACKEND_NAME", "register", "__version__"]
+__all__ = [
+    "BACKEND_NAME",
+    "register",
+    "ring_neighbours",
+    "ring_shift",
+    "ring_shift_reduce",
+    "__version__",
+]

@@ -8,6 +8,7 @@
 #include "backend/op_queue.h"
 #include "backend/store_bootstrap.h"
 #include "core/group.h"
+#include "patterns/ring_order.h"
 #include "transport/shm/p2p_engine.h"
 #include "transport/shm/shm_comm.h"
 
@@ -28,6 +29,9 @@ BackendRSDP::BackendRSDP(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     RSDP_CHECK(nodes.size() == 1, g.me(), ": process group '", g.name, "' spans ", nodes.size(),
                " nodes, but this build of rsdp connects ranks of one node only (shared "
                "memory); run all ranks on one machine or set RSDP_NODE_ID to the same value");
+    std::vector<std::string> node_of;
+    for (const auto& p : g.peers) node_of.push_back(p.node);
+    ring_order_ = rsdp::ring_order(node_of);
     comm_ = std::make_unique<ShmComm>(g, boot, opts_);
     queue_ = std::make_unique<OpQueue>();
   });

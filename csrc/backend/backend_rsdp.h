@@ -89,6 +89,14 @@ class BackendRSDP : public c10d::Backend {
 
   const rsdp::Options& options() const { return opts_; }
 
+  // Ring redistribution (backend_ring.cpp): recv <- the ring neighbour's send
+  // (+ add). direction +1 sends to the successor.
+  c10::intrusive_ptr<c10d::Work> ring_shift(const at::Tensor& send, const at::Tensor& recv,
+                                            int direction, const std::optional<at::Tensor>& add);
+  // {rank this one sends to, rank it receives from} for a direction.
+  std::vector<int> ring_neighbours(int direction) const;
+  const std::vector<int>& ring_order() const { return ring_order_; }
+
  private:
   using Body = std::function<void(ShmComm&)>;
   // Queues body on the worker; the Work completes with `outputs`.
@@ -102,6 +110,7 @@ class BackendRSDP : public c10d::Backend {
   rsdp::Options opts_;
   int global_rank_;
   std::chrono::milliseconds timeout_;
+  std::vector<int> ring_order_;  // group ranks, node-adjacent
   std::unique_ptr<ShmComm> comm_;
   std::unique_ptr<OpQueue> queue_;
   std::mutex p2p_mu_;

@@ -20,7 +20,14 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("shm_bytes",
                              [](const rsdp::BackendRSDP& b) { return b.options().shm_bytes; })
       .def_property_readonly(
-          "oneshot_bytes", [](const rsdp::BackendRSDP& b) { return b.options().oneshot_bytes; });
+          "oneshot_bytes", [](const rsdp::BackendRSDP& b) { return b.options().oneshot_bytes; })
+      .def_property_readonly("ring_order", &rsdp::BackendRSDP::ring_order,
+                             "Group ranks in ring order (ranks of a node adjacent).")
+      .def("ring_neighbours", &rsdp::BackendRSDP::ring_neighbours, py::arg("direction") = 1,
+           "[rank sent to, rank received from] for a direction (+1 or -1).")
+      .def("ring_shift", &rsdp::BackendRSDP::ring_shift, py::arg("send"), py::arg("recv"),
+           py::arg("direction") = 1, py::arg("add") = std::nullopt,
+           py::call_guard<py::gil_scoped_release>());
 
   m.def(
       "create_backend",

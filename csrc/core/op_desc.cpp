@@ -15,6 +15,7 @@ const char* op_name(OpKind k) {
     case OpKind::kReduceScatter: return "reduce_scatter";
     case OpKind::kAlltoall: return "alltoall";
     case OpKind::kBarrier: return "barrier";
+    case OpKind::kRingShift: return "ring_shift";
   }
   return "?";
 }
@@ -26,6 +27,8 @@ std::string OpDesc::describe() const {
     os << dtype_name(dtype);
     if (kind == OpKind::kAllreduce || kind == OpKind::kReduce || kind == OpKind::kReduceScatter)
       os << " " << redop_name(redop);
+    if (kind == OpKind::kRingShift)
+      os << (redop == RedOp::kSum ? " with reduce" : "") << (direction > 0 ? ", forward" : ", backward");
     os << ", " << count << " elements";
     if (aux) os << ", per-rank sizes #" << std::hex << (aux & 0xffff) << std::dec;
     if (root >= 0) os << ", root " << root;

@@ -21,6 +21,7 @@ enum class OpKind : uint8_t {
   kReduceScatter,
   kAlltoall,
   kBarrier,
+  kRingShift,
 };
 
 const char* op_name(OpKind k);
@@ -33,11 +34,11 @@ struct OpDesc {
   OpKind kind = OpKind::kBarrier;
   DType dtype = DType::kUInt8;
   RedOp redop = RedOp::kSum;
-  uint8_t pad_ = 0;
+  int8_t direction = 0;  // ring_shift: +1 forward, -1 backward
 
   bool operator==(const OpDesc& o) const {
     return seq == o.seq && count == o.count && aux == o.aux && root == o.root &&
-           kind == o.kind && dtype == o.dtype && redop == o.redop;
+           kind == o.kind && dtype == o.dtype && redop == o.redop && direction == o.direction;
   }
   // e.g. "allreduce(float32 SUM, 1000 elements) as collective #5"
   std::string describe() const;

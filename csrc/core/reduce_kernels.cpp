@@ -3,16 +3,17 @@
 // Structure:
 //  * Traits describe a storage type S and the compute type C it is reduced in
 //    (bf16/fp16 -> float32, bool -> normalised 0/1 byte, others unchanged).
-//  * Small always_inline loops (k_*) do one pass each. Their pointers are
-//    __restrict only where that is true for the call: dst may equal a src, so
-//    the in-place cases get their own loop that reads and writes one pointer.
-//  * run() walks the range: nsrc <= 2 is a single streaming pass; nsrc > 2
-//    reduces block-wise into a float-or-T stack buffer that stays in L1, so the
-//    partial result never goes back to memory between sources.
+//  * One always_inline loop, k_pass, folds K (1..4) sources, optionally after
+//    a float-or-T accumulator, into the accumulator or into dst.
+//  * run(): nsrc <= 4 is a single streaming pass (partials in registers);
+//    more sources go block-wise through an 8 KiB stack accumulator that stays
+//    in L1, so partial results never travel to memory between sources.
 //  * One target_clones entry point per storage type instantiates everything
 //    for AVX-512 / AVX2 / baseline; the ifunc picks one at load time.
 // Evaluation order is always srcs[0] op srcs[1] op ... for every element, and
-// fp16/bf16 are rounded once at the end, so results are bit-reproducible.
+// fp16/bf16 are rounded once at the end, so results are bit-reproducible
+// (the same on every rank and clone: no FMA-contractible a*b+c appears in any
+// reduction, and GCC does not reassociate without -ffast-math).
 #include "core/reduce_kernels.h"
 
 #include <cstdint>
@@ -37,8 +38,9 @@
 namespace rsdp {
 namespace {
 
-// Accumulator block: 8 KiB of partial results plus one block of each of the
-// two streams being combined fits comfortably in a 32-48 KiB L1d.
+// Accumulator block for nsrc > kMaxFuse: 8 KiB of partial results plus the
+// lines in flight of the (up to 4) streams of a pass fit easily in a 32-48 KiB
+// L1d. (4, 8, 16 and 32 KiB measured within noise of each other.)
 constexpr size_t kAccBytes = 8192;
 
 // ---- storage/compute traits ------------------------------------------------
@@ -106,69 +108,51 @@ RSDP_AI C fin(C x, C div) {
   else return x;
 }
 
-// Operand `a` of the final pass is either the C-typed accumulator or a source.
-template <class Tr, bool kAcc, class A>
-RSDP_AI typename Tr::C lda(A v) {
-  if constexpr (kAcc) return v;
-  else return Tr::ld(v);
-}
-
-// ---- single-pass loops ------------------------------------------------------
-// o = st(fin(a op b)). Four aliasing shapes; a may equal b in all of them
-// (two read-only restrict pointers may alias).
-
-template <class Tr, RedOp kOp, bool kDiv, bool kAcc, class A, class S = typename Tr::S,
-          class C = typename Tr::C>
-RSDP_AI void k_out(S* __restrict o, const A* __restrict a, const S* __restrict b, size_t n,
-                   C div) {
-  for (size_t i = 0; i < n; ++i)
-    o[i] = Tr::st(fin<kDiv>(apply<kOp>(lda<Tr, kAcc>(a[i]), Tr::ld(b[i])), div));
-}
-
-// o == a (only for a source operand).
-template <class Tr, RedOp kOp, bool kDiv, class S = typename Tr::S, class C = typename Tr::C>
-RSDP_AI void k_in_a(S* __restrict x, const S* __restrict b, size_t n, C div) {
-  for (size_t i = 0; i < n; ++i)
-    x[i] = Tr::st(fin<kDiv>(apply<kOp>(Tr::ld(x[i]), Tr::ld(b[i])), div));
-}
-
-// o == b.
-template <class Tr, RedOp kOp, bool kDiv, bool kAcc, class A, class S = typename Tr::S,
-          class C = typename Tr::C>
-RSDP_AI void k_in_b(const A* __restrict a, S* __restrict x, size_t n, C div) {
-  for (size_t i = 0; i < n; ++i)
-    x[i] = Tr::st(fin<kDiv>(apply<kOp>(lda<Tr, kAcc>(a[i]), Tr::ld(x[i])), div));
-}
-
-// Accumulator passes (acc is a private stack buffer, so restrict always holds).
-template <class Tr, class S = typename Tr::S, class C = typename Tr::C>
-RSDP_AI void k_load(C* __restrict acc, const S* __restrict a, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] = Tr::ld(a[i]);
-}
-
-template <class Tr, RedOp kOp, class S = typename Tr::S, class C = typename Tr::C>
-RSDP_AI void k_first(C* __restrict acc, const S* __restrict a, const S* __restrict b,
-                     size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] = apply<kOp>(Tr::ld(a[i]), Tr::ld(b[i]));
-}
-
-template <class Tr, RedOp kOp, class S = typename Tr::S, class C = typename Tr::C>
-RSDP_AI void k_mid(C* __restrict acc, const S* __restrict b, size_t n) {
-  for (size_t i = 0; i < n; ++i) acc[i] = apply<kOp>(acc[i], Tr::ld(b[i]));
-}
-
-// nsrc == 1: o = st(fin(ld(a))) -- AVG of one input, or bool normalisation.
-template <class Tr, bool kDiv, class S = typename Tr::S, class C = typename Tr::C>
-RSDP_AI void k_one(S* __restrict o, const S* __restrict a, size_t n, C div) {
-  for (size_t i = 0; i < n; ++i) o[i] = Tr::st(fin<kDiv>(Tr::ld(a[i]), div));
-}
-
-template <class Tr, bool kDiv, class S = typename Tr::S, class C = typename Tr::C>
-RSDP_AI void k_one_in(S* __restrict x, size_t n, C div) {
-  for (size_t i = 0; i < n; ++i) x[i] = Tr::st(fin<kDiv>(Tr::ld(x[i]), div));
+// ---- the one loop -------------------------------------------------------------
+// One pass over n elements folding K sources left to right, optionally after
+// the accumulator: x = [acc op] s[0] op s[1] ... op s[K-1]; then either
+// acc = x, or dst = st(fin(x)). Fusing several sources into one pass keeps
+// K + 1 memory streams in flight, which a single core needs to approach DRAM
+// bandwidth (one or two streams per pass run at roughly 2/3 of it).
+//
+// Aliasing: acc is a private stack buffer, so it is __restrict. dst and the
+// sources are not: dst may equal a source. That costs GCC one runtime check per
+// source (dst - src outside (0, vector width)), which passes for dst == src
+// (same-index read-before-write is safe), so in-place calls stay vectorised.
+// The source pointers are copied to locals so that stores to dst cannot alias
+// the pointer array and force a reload.
+template <class Tr, RedOp kOp, bool kDiv, int K, bool kAccIn, bool kToDst>
+RSDP_AI void k_pass(typename Tr::S* dst, typename Tr::C* __restrict acc, const void* const* src,
+                    size_t n, typename Tr::C div) {
+  using S = typename Tr::S;
+  using C = typename Tr::C;
+  const S* s[K];
+  for (int j = 0; j < K; ++j) s[j] = static_cast<const S*>(src[j]);
+  for (size_t i = 0; i < n; ++i) {
+    C x;
+    if constexpr (kAccIn) x = acc[i];
+    else x = Tr::ld(s[0][i]);
+    for (int j = kAccIn ? 0 : 1; j < K; ++j) x = apply<kOp>(x, Tr::ld(s[j][i]));
+    if constexpr (kToDst) dst[i] = Tr::st(fin<kDiv>(x, div));
+    else acc[i] = x;
+  }
 }
 
 // ---- driver -----------------------------------------------------------------
+
+constexpr int kMaxFuse = 4;  // sources per pass (code size grows with it)
+
+// Selects the compile-time K for k sources (1..kMaxFuse without the
+// accumulator, 1..kMaxFuse-1 after it).
+template <class Tr, RedOp kOp, bool kDiv, bool kAccIn>
+RSDP_AI void pass_to_dst(typename Tr::S* dst, typename Tr::C* acc, const void* const* src, int k,
+                         size_t n, typename Tr::C div) {
+  static_assert(kMaxFuse == 4, "cases below");
+  if (k == 1) k_pass<Tr, kOp, kDiv, 1, kAccIn, true>(dst, acc, src, n, div);
+  else if (k == 2) k_pass<Tr, kOp, kDiv, 2, kAccIn, true>(dst, acc, src, n, div);
+  else if (kAccIn || k == 3) k_pass<Tr, kOp, kDiv, 3, kAccIn, true>(dst, acc, src, n, div);
+  else if constexpr (!kAccIn) k_pass<Tr, kOp, kDiv, 4, false, true>(dst, acc, src, n, div);
+}
 
 template <class Tr, RedOp kOp, bool kDiv>
 RSDP_AI void run(void* dstv, const void* const* srcsv, int nsrc, size_t count,
@@ -176,35 +160,31 @@ RSDP_AI void run(void* dstv, const void* const* srcsv, int nsrc, size_t count,
   using S = typename Tr::S;
   using C = typename Tr::C;
   S* dst = static_cast<S*>(dstv);
-  const S* const* src = reinterpret_cast<const S* const*>(srcsv);
-
-  if (nsrc == 1) {
-    if (dst == src[0]) k_one_in<Tr, kDiv>(dst, count, div);
-    else k_one<Tr, kDiv>(dst, src[0], count, div);
+  if (nsrc <= kMaxFuse) {  // one streaming pass, partial results in registers
+    pass_to_dst<Tr, kOp, kDiv, false>(dst, nullptr, srcsv, nsrc, count, div);
     return;
   }
-  const S* a = src[0];
-  const S* b = src[1];
-  if (nsrc == 2 && !(a == b && dst == a)) {  // one streaming pass, no buffer
-    if (dst == a) k_in_a<Tr, kOp, kDiv>(dst, b, count, div);
-    else if (dst == b) k_in_b<Tr, kOp, kDiv, false>(a, dst, count, div);
-    else k_out<Tr, kOp, kDiv, false>(dst, a, b, count, div);
-    return;
-  }
-  // Blocked: acc = s0 op s1 op ... op s[n-2] (stays in L1), then the last
-  // source is folded in while writing dst. dst is written only after every
-  // source of that block was read, so dst == any earlier src is harmless.
-  // (Also takes nsrc == 2 with dst == s0 == s1, where the loads go via acc.)
+  // More sources: block-wise through an L1-resident accumulator. Per block,
+  // acc = s0 op .. op s3, then 3 more sources per pass, and the pass with the
+  // last 1..3 sources writes dst. dst is written only after every source of
+  // that block has been read, so dst == any src is still fine.
   constexpr size_t kBlock = kAccBytes / sizeof(C);
   alignas(64) C acc[kBlock];
-  const S* last = src[nsrc - 1];
+  const void* blk[kMaxFuse];  // this block's slice of the sources of one pass
   for (size_t off = 0; off < count; off += kBlock) {
     const size_t n = count - off < kBlock ? count - off : kBlock;
-    if (nsrc == 2) k_load<Tr>(acc, a + off, n);
-    else k_first<Tr, kOp>(acc, a + off, b + off, n);
-    for (int j = 2; j < nsrc - 1; ++j) k_mid<Tr, kOp>(acc, src[j] + off, n);
-    if (dst == last) k_in_b<Tr, kOp, kDiv, true>(acc, dst + off, n, div);
-    else k_out<Tr, kOp, kDiv, true>(dst + off, acc, last + off, n, div);
+    auto slice = [&](int first, int k) {
+      for (int q = 0; q < k; ++q) blk[q] = static_cast<const S*>(srcsv[first + q]) + off;
+    };
+    slice(0, kMaxFuse);
+    k_pass<Tr, kOp, kDiv, kMaxFuse, false, false>(nullptr, acc, blk, n, div);
+    int j = kMaxFuse;
+    for (; nsrc - j > kMaxFuse - 1; j += kMaxFuse - 1) {
+      slice(j, kMaxFuse - 1);
+      k_pass<Tr, kOp, kDiv, kMaxFuse - 1, true, false>(nullptr, acc, blk, n, div);
+    }
+    slice(j, nsrc - j);
+    pass_to_dst<Tr, kOp, kDiv, true>(dst + off, acc, blk, nsrc - j, n, div);
   }
 }
 

@@ -1,0 +1,48 @@
+// BackendRSDP::ring_shift: the ring-redistribution primitive as a queued op.
+#include "backend/backend_rsdp.h"
+#include "patterns/ring_order.h"
+#include "primitives/ring_shift.h"
+#include "transport/shm/shm_comm.h"
+
+namespace rsdp {
+
+c10::intrusive_ptr<c10d::Work> BackendRSDP::ring_shift(const at::Tensor& send,
+                                                       const at::Tensor& recv, int direction,
+                                                       const std::optional<at::Tensor>& add) {
+  return translate_errors([&] {
+    const char* name = add ? "ring_shift_reduce" : "ring_shift";
+    auto c = ctx(name);
+    check_tensor(c, send, "tensor");
+    check_same_dtype(c, send, {recv}, "output");
+    RSDP_CHECK(recv.numel() == send.numel(), "rsdp rank ", global_rank_, ": ", name, ": output ",
+               describe(recv), " must have as many elements as the tensor ", describe(send));
+    RSDP_CHECK(direction == 1 || direction == -1, "rsdp rank ", global_rank_, ": ", name,
+               ": direction must be +1 or -1, got ", direction);
+    at::Tensor local;
+    if (add) {
+      check_same_dtype(c, send, {*add}, "local contribution");
+      RSDP_CHECK(add->numel() == send.numel(), "rsdp rank ", global_rank_, ": ", name,
+                 ": local contribution ", describe(*add), " must match the tensor ",
+                 describe(send));
+      local = add->contiguous();
+    }
+    DType dt = to_dtype(c, send);
+    at::Tensor in = dense(send), out = recv, dout = dense(recv);
+    std::vector<int> order = ring_order_;
+    auto timeout = timeout_;
+    return enqueue(c10d::OpType::UNKNOWN, add ? "rsdp:ring_shift_reduce" : "rsdp:ring_shift",
+                   {recv}, [=](ShmComm& comm) {
+                     rsdp::ring_shift(comm, order, in.data_ptr(), dout.data_ptr(), in.numel(), dt,
+                                      direction, local.defined() ? local.data_ptr() : nullptr,
+                                      timeout);
+                     write_back(out, dout);
+                   });
+  });
+}
+
+std::vector<int> BackendRSDP::ring_neighbours(int direction) const {
+  auto nb = rsdp::ring_neighbours(ring_order_, getRank(), direction);
+  return {nb.send_to, nb.recv_from};
+}
+
+}  // namespace rsdp

@@ -1,0 +1,73 @@
+"""Ring redistribution: the primitive RSDP is built on.
+
+Every rank of the group passes a tensor to its ring successor while receiving
+its predecessor's (``direction=-1`` reverses the ring). The ring is node-aware:
+ranks of one node are adjacent, so a rotation crosses each node boundary once.
+After ``group.size()`` shifts every tensor has visited every rank and is back
+home.
+"""
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["ring_shift", "ring_shift_reduce", "ring_neighbours", "rsdp_backend"]
+
+
+def rsdp_backend(group: Optional[dist.ProcessGroup] = None):
+    """The BackendRSDP object serving CPU tensors of ``group`` (default: world)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    backend = pg._get_backend(torch.device("cpu"))
+    from . import _C
+
+    if not isinstance(backend, _C.BackendRSDP):
+        raise TypeError(
+            f"torch_rsdp: this operation needs a process group on the 'rsdp' backend, "
+            f"got {type(backend).__name__}; use init_process_group('rsdp') / new_group(backend='rsdp')"
+        )
+    return backend
+
+
+def ring_neighbours(group=None, direction: int = 1):
+    """(group rank this rank sends to, group rank it receives from)."""
+    send_to, recv_from = rsdp_backend(group).ring_neighbours(direction)
+    return send_to, recv_from
+
+
+def _run(work, out, async_op):
+    if async_op:
+        return work
+    work.wait()
+    return out
+
+
+def ring_shift(tensor: torch.Tensor, out: Optional[torch.Tensor] = None, *, group=None,
+               direction: int = 1, async_op: bool = False):
+    """Sends ``tensor`` along the ring and receives the neighbour's into ``out``.
+
+    ``out`` defaults to a new tensor like ``tensor``; it may be ``tensor`` itself
+    (the send side is staged first, so an in-place rotation needs no second
+    buffer). All ranks must pass the same shape, dtype and direction. Returns
+    ``out``, or a Work when ``async_op`` (``work.get_future()`` yields ``[out]``).
+    """
+    if out is None:
+        out = torch.empty_like(tensor)
+    work = rsdp_backend(group).ring_shift(tensor, out, direction, None)
+    return _run(work, out, async_op)
+
+
+def ring_shift_reduce(tensor: torch.Tensor, local: torch.Tensor,
+                      out: Optional[torch.Tensor] = None, *, group=None, direction: int = 1,
+                      async_op: bool = False):
+    """Like :func:`ring_shift`, then adds ``local``: ``out = neighbour's tensor + local``.
+
+    This is the fused step that carries gradients home: if every rank starts
+    with its own contribution to some shard's gradient and, at every hop, adds
+    its contribution to the shard whose accumulator just arrived, then after
+    ``size - 1`` hops each accumulator holds the sum over all ranks.
+    float16/bfloat16 are added in float32 and rounded once.
+    """
+    if out is None:
+        out = torch.empty_like(tensor)
+    work = rsdp_backend(group).ring_shift(tensor, out, direction, local)
+    return _run(work, out, async_op)
