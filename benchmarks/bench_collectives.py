@@ -1,0 +1,550 @@
+#!/usr/bin/env python3
+"""nccl-tests-style benchmark of torch.distributed collectives on CPU tensors.
+
+For every backend named in --backends (the last one is the baseline), the script spawns
+--world-size ranks on this machine, initialises a process group with that backend and sweeps
+op x dtype x size (sizes double from --min-bytes to --max-bytes). For each point it
+
+  1. checks the result once (inputs are small integers, so the expected output is exact),
+  2. runs warm-up iterations,
+  3. runs timed iterations: barrier on a side gloo group, time.perf_counter() around the op
+     (around `reps` back-to-back ops for messages under 1 MiB, divided by reps, so the skew
+     with which ranks leave the barrier is amortised, as nccl-tests does);
+     afterwards the per-iteration times are all-gathered on the side group, the max across
+     ranks is taken per iteration, and the median over iterations is reported (with
+     --rounds R the sweep is repeated R times, alternating backends, and the iteration times
+     of all rounds are pooled).
+
+Sizes follow nccl-tests: "bytes" is the full buffer (for allgather the gathered output, for
+reduce_scatter the unreduced input, for alltoall the whole send buffer); algbw = bytes / time;
+busbw = algbw x factor (allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall (n-1)/n;
+broadcast 1). GB = 1e9 bytes.
+
+Outputs (in --out, default benchmarks/results/): results.md, results.json and
+busbw_<op>.png; the markdown table and a "targets" section go to stdout as well.
+
+Examples:
+    python benchmarks/bench_collectives.py                       # rsdp vs gloo (gloo alone if rsdp is missing)
+    python benchmarks/bench_collectives.py --backends gloo,gloo  # dry run: gloo against itself
+    python benchmarks/bench_collectives.py --backends rsdp,gloo --ops allreduce --max-bytes 1M
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import importlib.util
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+# Let an uninstalled checkout work: torch_rsdp is found in the repository root as a fallback
+# (appended, so an installed torch_rsdp takes precedence).
+sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_report  # noqa: E402  (sibling module: tables, targets, plots)
+
+OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall")
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+    "int32": torch.int32,
+    "int64": torch.int64,
+}
+BUILTIN_BACKENDS = {"gloo", "nccl", "mpi", "ucc", "xccl"}
+DEFAULT_BACKENDS = "rsdp,gloo"
+
+# torch 2.13 renamed the single-tensor collectives (the old names warn); use what exists.
+all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+# Iteration scaling: a point of `nbytes` runs clamp(ITER_BYTES / nbytes, --min-iters, --iters)
+# timed iterations and clamp(WARMUP_BYTES / nbytes, 1, --warmup) warm-up iterations, so small
+# messages get many iterations and the 64 MiB points a handful. Each timed iteration is one
+# barrier followed by clamp(REPS_BYTES / nbytes, 1, --reps) back-to-back ops: the ranks leave a
+# barrier up to one message latency apart, and that skew would otherwise be counted in every
+# small-message time (on the 2-core machine it doubled rsdp's 1 KiB allreduce time).
+ITER_BYTES = 256 << 20
+WARMUP_BYTES = 64 << 20
+REPS_BYTES = 1 << 20
+
+
+# --------------------------------------------------------------------------- arguments
+
+
+def parse_size(text: str) -> int:
+    """'8', '4K', '64M', '1G', '512KiB' -> bytes (binary multiples)."""
+    s = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = 1
+    if s and s[-1] in "KMG":
+        mult = 1 << (10 * ("KMG".index(s[-1]) + 1))
+        s = s[:-1]
+    try:
+        value = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (use e.g. 8, 4K, 64M)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    return value * mult
+
+
+def csv_list(choices=None):
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        if choices is not None:
+            bad = [t for t in items if t not in choices]
+            if bad:
+                raise argparse.ArgumentTypeError(
+                    f"unknown {', '.join(bad)} (choose from {', '.join(choices)})")
+        return items
+    return parse
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    here = os.path.dirname(os.path.abspath(__file__))
+    p = argparse.ArgumentParser(
+        description="nccl-tests-style benchmark of torch.distributed collectives (CPU tensors)",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--backends", type=csv_list(), default=None,
+                   help=f"comma-separated backends; the LAST one is the baseline. Default "
+                        f"{DEFAULT_BACKENDS} (just gloo when torch_rsdp is not importable). "
+                        f"A backend X other than gloo/nccl/mpi/ucc is loaded with 'import torch_X'.")
+    p.add_argument("--ops", type=csv_list(OPS), default=list(OPS),
+                   help=f"comma-separated, from {','.join(OPS)}")
+    p.add_argument("--dtypes", type=csv_list(list(DTYPES)), default=["float32", "bfloat16"],
+                   help=f"comma-separated, from {','.join(DTYPES)}")
+    p.add_argument("--min-bytes", type=parse_size, default=8,
+                   help="smallest message (full buffer), e.g. 8, 4K; sizes double up to max")
+    p.add_argument("--max-bytes", type=parse_size, default=parse_size("64M"),
+                   help="largest message, e.g. 64M")
+    p.add_argument("--world-size", type=positive_int, default=2, help="ranks to spawn")
+    p.add_argument("--iters", type=positive_int, default=20,
+                   help="timed iterations for small messages (scaled down for large ones)")
+    p.add_argument("--reps", type=positive_int, default=20,
+                   help="back-to-back ops per timed iteration for small messages (scaled down "
+                        "to 1 at 1 MiB); --reps 1 times every op on its own after a barrier")
+    p.add_argument("--min-iters", type=positive_int, default=5,
+                   help="timed iterations never drop below this")
+    p.add_argument("--warmup", type=int, default=5,
+                   help="warm-up iterations for small messages (scaled down for large ones)")
+    p.add_argument("--rounds", type=positive_int, default=1,
+                   help="repeat the whole sweep, alternating backends (A B A B ...); the "
+                        "iteration times of all rounds are pooled before taking the median. "
+                        "Use 2-3 on a noisy machine")
+    p.add_argument("--threads", type=positive_int, default=None,
+                   help="torch intra-op threads per rank (default: cores // world size)")
+    p.add_argument("--timeout", type=positive_int, default=300,
+                   help="process-group timeout in seconds")
+    p.add_argument("--out", default=os.path.join(here, "results"), help="output directory")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
+    p.add_argument("--memcpy-bytes", type=parse_size, default=parse_size("256M"),
+                   help="buffer size for the single-core memcpy measurement")
+    return p
+
+
+def resolve_backends(args, parser) -> list[str]:
+    if args.backends is not None:
+        backends = args.backends
+    else:
+        backends = DEFAULT_BACKENDS.split(",")
+        try:
+            import_backend("rsdp")
+        except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
+            print(f"note: torch_rsdp is not importable ({type(exc).__name__}: {exc}); "
+                  f"benchmarking gloo only. Pass --backends to choose explicitly.",
+                  file=sys.stderr)
+            backends = ["gloo"]
+    for name in backends:
+        try:
+            import_backend(name)
+        except Exception as exc:  # noqa: BLE001
+            parser.error(f"backend {name!r}: cannot load torch_{name} ({type(exc).__name__}: {exc})")
+    return backends
+
+
+def import_backend(name: str) -> None:
+    """Plugin backends register themselves on import (torch_rsdp registers 'rsdp').
+
+    A compiled extension torch_<name>._C, when the package has one, is imported too, so a
+    broken build fails here, before any process is spawned.
+    """
+    if name not in BUILTIN_BACKENDS:
+        importlib.import_module(f"torch_{name}")
+        if importlib.util.find_spec(f"torch_{name}._C") is not None:
+            importlib.import_module(f"torch_{name}._C")
+
+
+def backend_labels(backends: list[str]) -> list[str]:
+    """Unique row labels: 'gloo,gloo' -> ['gloo', 'gloo#2']."""
+    seen: dict[str, int] = {}
+    labels = []
+    for name in backends:
+        seen[name] = seen.get(name, 0) + 1
+        labels.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
+    return labels
+
+
+def size_list(lo: int, hi: int) -> list[int]:
+    sizes, s = [], lo
+    while s <= hi:
+        sizes.append(s)
+        s *= 2
+    return sizes
+
+
+def iters_for(nbytes: int, args) -> tuple[int, int, int]:
+    """(timed iterations, ops per timed iteration, warm-up ops) for a message of nbytes."""
+    iters = max(args.min_iters, min(args.iters, ITER_BYTES // nbytes))
+    reps = max(1, min(args.reps, REPS_BYTES // nbytes))
+    warmup = max(min(1, args.warmup), min(args.warmup, WARMUP_BYTES // nbytes))
+    return iters, reps, warmup
+
+
+# --------------------------------------------------------------------------- machine info
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+    return platform.processor() or "unknown"
+
+
+def measure_memcpy(nbytes: int, repeats: int = 8) -> float:
+    """Single-core memcpy bandwidth in GB/s: bytes copied / time of the fastest of `repeats`
+    copies (the best copy is the least disturbed by other processes on a shared machine)."""
+    old = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        src = torch.ones(nbytes, dtype=torch.uint8)
+        dst = torch.zeros(nbytes, dtype=torch.uint8)  # both touched: no page faults timed
+        dst.copy_(src)
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - t0)
+        del src, dst
+        return nbytes / min(times) / 1e9
+    finally:
+        torch.set_num_threads(old)
+
+
+def machine_info(args, memcpy_gbps: float) -> dict:
+    import platform
+    info = {
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+        "torch_version": torch.__version__,
+        "python_version": platform.python_version(),
+        "platform": platform.platform(),
+        "memcpy_gbps_single_core": round(memcpy_gbps, 3),
+        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+        "memcpy_bytes": args.memcpy_bytes,
+        "world_size": args.world_size,
+        "threads_per_rank": args.threads,
+        "date": datetime.datetime.now().isoformat(timespec="seconds"),
+    }
+    try:
+        import torch_rsdp  # noqa: F401
+        info["torch_rsdp_version"] = getattr(torch_rsdp, "__version__", "unknown")
+    except Exception:  # noqa: BLE001
+        pass
+    return info
+
+
+# --------------------------------------------------------------------------- one collective
+
+
+def element_count(op: str, nbytes: int, esize: int, n: int) -> int:
+    """Elements in the full buffer; divisible by n where the op splits it into chunks."""
+    count = max(1, nbytes // esize)
+    if op in ("allgather", "reduce_scatter", "alltoall"):
+        count = max(n, count - count % n)
+    return count
+
+
+def pattern(count: int, dtype, offset: int) -> torch.Tensor:
+    """(i % 7) + offset: small integers, exact in every dtype, distinct along the buffer."""
+    return (torch.arange(count, dtype=torch.int32) % 7 + offset).to(dtype)
+
+
+class Collective:
+    """Buffers plus run()/check() for one (op, dtype, count) point on one rank.
+
+    Inputs are small integers so sums are exact in bfloat16; gathered chunks carry their
+    source rank (8*rank) and a position pattern, so misplaced chunks are caught too.
+    """
+
+    def __init__(self, op: str, dtype, count: int, rank: int, n: int):
+        self.op, self.dtype, self.count, self.rank, self.n = op, dtype, count, rank, n
+        chunk = count // n
+        self.chunk = chunk
+        if op == "allreduce":
+            self.src = pattern(count, dtype, rank + 1)
+            self.buf = self.src.clone()
+        elif op == "allgather":
+            self.inp = pattern(chunk, dtype, 8 * rank + 1)
+            self.out = torch.zeros(count, dtype=dtype)
+        elif op == "reduce_scatter":
+            self.inp = pattern(count, dtype, rank + 1)
+            self.out = torch.zeros(chunk, dtype=dtype)
+        elif op == "broadcast":
+            self.src = pattern(count, dtype, 1) if rank == 0 else torch.zeros(count, dtype=dtype)
+            self.buf = self.src.clone()
+        elif op == "alltoall":
+            self.inp = pattern(count, dtype, 8 * rank + 1)
+            self.out = torch.zeros(count, dtype=dtype)
+        else:
+            raise ValueError(op)
+
+    def prepare(self) -> None:
+        """Untimed, before each iteration: in-place ops get their pristine input back."""
+        if self.op in ("allreduce", "broadcast"):
+            self.buf.copy_(self.src)
+
+    def run(self, group=None) -> None:
+        op = self.op
+        if op == "allreduce":
+            dist.all_reduce(self.buf, group=group)
+        elif op == "allgather":
+            all_gather_single(self.out, self.inp, group=group)
+        elif op == "reduce_scatter":
+            reduce_scatter_single(self.out, self.inp, group=group)
+        elif op == "broadcast":
+            dist.broadcast(self.buf, src=0, group=group)
+        elif op == "alltoall":
+            dist.all_to_all_single(self.out, self.inp, group=group)
+
+    def expected(self) -> torch.Tensor:
+        n, r, c, dt = self.n, self.rank, self.chunk, self.dtype
+        i = torch.arange(self.count, dtype=torch.int64)
+        if self.op == "allreduce":
+            return (n * (i % 7) + n * (n + 1) // 2).to(dt)
+        if self.op == "allgather":
+            j = torch.arange(c, dtype=torch.int64)
+            return torch.cat([(j % 7 + 8 * k + 1) for k in range(n)]).to(dt)
+        if self.op == "reduce_scatter":
+            j = torch.arange(r * c, (r + 1) * c, dtype=torch.int64)
+            return (n * (j % 7) + n * (n + 1) // 2).to(dt)
+        if self.op == "broadcast":
+            return (i % 7 + 1).to(dt)
+        if self.op == "alltoall":
+            j = torch.arange(r * c, (r + 1) * c, dtype=torch.int64)
+            return torch.cat([(j % 7 + 8 * k + 1) for k in range(n)]).to(dt)
+        raise ValueError(self.op)
+
+    def result(self) -> torch.Tensor:
+        return self.buf if self.op in ("allreduce", "broadcast") else self.out
+
+    def check(self) -> bool:
+        """One untimed run from fresh inputs; True when this rank's output is exact."""
+        if self.op in ("allgather", "reduce_scatter", "alltoall"):
+            self.out.fill_(-1)
+        self.prepare()
+        self.run()
+        return torch.equal(self.result(), self.expected())
+
+
+# --------------------------------------------------------------------------- worker
+
+
+def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) -> None:
+    n = args.world_size
+    sizes = size_list(args.min_bytes, args.max_bytes)
+    for op in args.ops:
+        for dtype_name in args.dtypes:
+            dtype = DTYPES[dtype_name]
+            esize = torch.empty((), dtype=dtype).element_size()
+            t_start = time.perf_counter()
+            last_count = None
+            failed = None
+            for nbytes in sizes:
+                count = element_count(op, nbytes, esize, n)
+                if count == last_count:
+                    continue  # rounding made this size equal to the previous one
+                last_count = count
+                row = {"backend": label, "backend_name": name, "op": op, "dtype": dtype_name,
+                       "bytes": count * esize, "count": count, "world_size": n, "round": rnd}
+                coll = Collective(op, dtype, count, rank, n)
+                # 1. correctness (also catches "op not supported": every rank raises the same way)
+                err = ""
+                try:
+                    ok = coll.check()
+                except Exception as exc:  # noqa: BLE001
+                    ok, err = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                flags = torch.tensor([0.0 if ok else 1.0, 1.0 if err else 0.0], dtype=torch.float64)
+                dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=side)
+                if flags[1] > 0:
+                    row.update(error=err or "failed on another rank", correct=False)
+                    emit(row)
+                    failed = row["error"]
+                    break  # skip the larger sizes of this op x dtype
+                row["correct"] = bool(flags[0] == 0)
+                # 2. warm-up, 3. timed iterations
+                iters, reps, warmup = iters_for(count * esize, args)
+                for _ in range(warmup):
+                    coll.prepare()
+                    coll.run()
+                times = torch.empty(iters, dtype=torch.float64)
+                for it in range(iters):
+                    coll.prepare()  # untimed; within a batch in-place inputs just keep growing
+                    dist.barrier(group=side)
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        coll.run()
+                    times[it] = (time.perf_counter() - t0) / reps
+                gathered = torch.empty(n * iters, dtype=torch.float64)
+                all_gather_single(gathered, times, group=side)
+                per_iter = gathered.view(n, iters).max(dim=0).values  # slowest rank
+                row.update(iters=iters, reps=reps, warmup=warmup,
+                           samples_us=[round(t * 1e6, 3) for t in per_iter.tolist()])
+                emit(row)
+                del coll
+            if rank == 0:
+                status = f"  ERROR: {failed}" if failed else ""
+                tag = f" round {rnd + 1}/{args.rounds}" if args.rounds > 1 else ""
+                print(f"[{label}{tag}] {op:<14} {dtype_name:<9} done in "
+                      f"{time.perf_counter() - t_start:6.1f} s{status}", flush=True)
+
+
+def worker(rank: int, args, port: int, raw_path: str) -> None:
+    torch.set_num_threads(args.threads)
+    n = args.world_size
+    timeout = datetime.timedelta(seconds=args.timeout)
+    store = dist.TCPStore("127.0.0.1", port, n, is_master=(rank == 0), timeout=timeout)
+    rows: list[dict] = []
+    labels = backend_labels(args.backends)
+    for rnd in range(args.rounds):
+        for idx, (label, name) in enumerate(zip(labels, args.backends)):
+            import_backend(name)
+            dist.init_process_group(name, store=dist.PrefixStore(f"bench/{rnd}/{idx}", store),
+                                    rank=rank, world_size=n, timeout=timeout)
+            side = dist.new_group(backend="gloo")  # barriers and timing reductions
+            try:
+                sweep_backend(label, name, args, rank, side, rows.append, rnd)
+                dist.barrier(group=side)
+            finally:
+                dist.destroy_process_group()
+            if rank == 0:  # keep what we have, even if a later backend crashes
+                with open(raw_path, "w") as f:
+                    json.dump(rows, f)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.min_bytes > args.max_bytes:
+        parser.error("--min-bytes is larger than --max-bytes")
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    if args.min_iters > args.iters:
+        args.min_iters = args.iters
+    args.backends = resolve_backends(args, parser)
+    if args.threads is None:
+        args.threads = max(1, (os.cpu_count() or 1) // args.world_size)
+
+    labels = backend_labels(args.backends)
+    print(f"# bench_collectives: backends {', '.join(labels)} (baseline {labels[-1]}), "
+          f"{args.world_size} ranks, ops {','.join(args.ops)}, dtypes {','.join(args.dtypes)}, "
+          f"{bench_report.fmt_bytes(args.min_bytes)}..{bench_report.fmt_bytes(args.max_bytes)}",
+          flush=True)
+    load1 = os.getloadavg()[0]
+    if load1 > 0.5 * (os.cpu_count() or 1):
+        print(f"# WARNING: load average {load1:.1f} on {os.cpu_count()} cores: other processes "
+              f"are running, timings will be noisy (compare with --rounds 3, or rerun when idle)",
+              flush=True)
+    memcpy = measure_memcpy(args.memcpy_bytes)
+    info = machine_info(args, memcpy)
+    print(f"# machine: {info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}, "
+          f"single-core memcpy {memcpy:.2f} GB/s", flush=True)
+
+    os.makedirs(args.out, exist_ok=True)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        raw_path = os.path.join(tmp, "raw.json")
+        crashed = None
+        try:
+            mp.spawn(worker, args=(args, free_port(), raw_path), nprocs=args.world_size, join=True)
+        except Exception as exc:  # noqa: BLE001 - report, keep partial results, exit non-zero
+            crashed = exc
+        raw = json.load(open(raw_path)) if os.path.exists(raw_path) else []
+    rows = bench_report.aggregate(raw)
+    elapsed = time.perf_counter() - t0
+    info["elapsed_s"] = round(elapsed, 1)
+
+    config = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    config.update(baseline=labels[-1], labels=labels, iter_bytes=ITER_BYTES,
+                  warmup_bytes=WARMUP_BYTES)
+    report = bench_report.Report(rows, labels, info, config)
+    text = report.markdown()
+    print()
+    print(text)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(report.to_json(), f, indent=1)
+    written = ["results.md", "results.json"]
+    if not args.no_plot and rows:
+        written += report.plots(args.out)
+    print(f"\n# sweep took {elapsed:.1f} s; wrote {', '.join(written)} to {args.out}")
+
+    if crashed is not None:
+        print(f"\nERROR: the benchmark crashed ({type(crashed).__name__}: {crashed}); "
+              f"results above are partial", file=sys.stderr)
+        return 1
+    bad = report.bad_rows()
+    if bad:
+        print(f"\nERROR: {len(bad)} point(s) gave wrong results or raised:", file=sys.stderr)
+        for r in bad[:20]:
+            print(f"  {r['backend']} {r['op']} {r['dtype']} {r['bytes']} B: "
+                  f"{r.get('error') or 'wrong result'}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        sys.exit(1)

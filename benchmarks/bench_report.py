@@ -1,0 +1,371 @@
+"""Tables, targets and plots for bench_collectives.py (no torch.distributed in here).
+
+A row is one measured point: {"backend", "op", "dtype", "bytes", "count", "time_us",
+"algbw_gbps", "busbw_gbps", "correct", ...}. Report adds the ratios to the baseline (the last
+backend label), renders the markdown report, evaluates the performance targets and draws one
+PNG per op.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+KiB, MiB = 1 << 10, 1 << 20
+
+BUSBW_FACTOR_TEXT = {
+    "allreduce": "2(n-1)/n",
+    "allgather": "(n-1)/n",
+    "reduce_scatter": "(n-1)/n",
+    "alltoall": "(n-1)/n",
+    "broadcast": "1",
+}
+
+# Targets, stated for 2 ranks (see DESIGN.md / the benchmark issue).
+BUSBW_SPEEDUP = 5.0            # busbw >= 5x baseline ...
+BUSBW_RANGE = (64 * KiB, 64 * MiB)  # ... from 64 KiB to 64 MiB ...
+BUSBW_OPS = ("allreduce", "allgather", "reduce_scatter")  # ... for these ops
+LATENCY_RATIO = 0.2            # time <= 1/5 of baseline ...
+LATENCY_MAX_BYTES = 4 * KiB    # ... at 4 KiB and below (every op measured)
+MEMCPY_FRACTION = 0.6          # allreduce busbw >= 60% of single-core memcpy ...
+MEMCPY_MIN_BYTES = 16 * MiB    # ... at 16 MiB and above
+
+
+def busbw_factor(op: str, n: int) -> float:
+    if op == "allreduce":
+        return 2 * (n - 1) / n
+    if op in ("allgather", "reduce_scatter", "alltoall"):
+        return (n - 1) / n
+    if op == "broadcast":
+        return 1.0
+    raise ValueError(op)
+
+
+def bandwidths(op: str, nbytes: int, seconds: float, n: int) -> dict:
+    algbw = nbytes / seconds / 1e9 if seconds > 0 else float("inf")
+    return {"algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor(op, n)}
+
+
+def aggregate(raw: list[dict]) -> list[dict]:
+    """Merge the per-round rows of one point: pool the iteration samples, take the median.
+
+    A point is correct only if it was correct in every round; an error in any round sticks.
+    """
+    merged: dict[tuple, dict] = {}
+    for r in raw:
+        key = (r["backend"], r["op"], r["dtype"], r["bytes"])
+        m = merged.get(key)
+        if m is None:
+            m = merged[key] = {k: v for k, v in r.items() if k not in ("round", "samples_us")}
+            m.update(rounds=0, iters=0, correct=True, samples_us=[])
+        m["rounds"] += 1
+        m["correct"] = m["correct"] and r.get("correct", False)
+        if r.get("error"):
+            m["error"] = r["error"]
+        m["iters"] += r.get("iters", 0)
+        m["samples_us"] += r.get("samples_us", [])
+    rows = list(merged.values())
+    for m in rows:
+        if m["samples_us"] and not m.get("error"):
+            samples = sorted(m["samples_us"])
+            mid = len(samples) // 2
+            med = samples[mid] if len(samples) % 2 else (samples[mid - 1] + samples[mid]) / 2
+            m["time_us"] = med
+            m["time_us_min"] = samples[0]
+            m.update(bandwidths(m["op"], m["bytes"], med * 1e-6, m["world_size"]))
+    return rows
+
+
+def fmt_bytes(b: int) -> str:
+    for unit, name in ((1 << 30, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if b >= unit and b % unit == 0:
+            return f"{b // unit} {name}"
+    return f"{b} B"
+
+
+def fmt_num(x, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if x >= 1000:
+        return f"{x:,.0f}"
+    if x >= 100:
+        return f"{x:.1f}"
+    if 0 < x < 0.01:
+        return f"{x:.2g}"
+    return f"{x:.{digits}f}"
+
+
+def md_table(header: list[str], rows: list[list[str]], align: str) -> str:
+    """Markdown table padded to column width, so it also reads well on a terminal."""
+    cells = [header] + rows
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(r):
+        out = []
+        for i, c in enumerate(r):
+            out.append(c.rjust(widths[i]) if align[i] == "r" else c.ljust(widths[i]))
+        return "| " + " | ".join(out) + " |"
+
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2))
+                         for w, a in zip(widths, align)) + "|"
+    return "\n".join([line(header), sep] + [line(r) for r in rows])
+
+
+class Report:
+    def __init__(self, rows: list[dict], labels: list[str], info: dict, config: dict):
+        self.rows = rows
+        self.labels = labels
+        self.baseline = labels[-1]
+        self.candidates = labels[:-1]
+        self.info = info
+        self.config = config
+        self.n = config["world_size"]
+        self.memcpy = info["memcpy_gbps_single_core"]
+        self._index = {(r["backend"], r["op"], r["dtype"], r["bytes"]): r for r in rows}
+        for r in rows:
+            base = self._index.get((self.baseline, r["op"], r["dtype"], r["bytes"]))
+            r["busbw_ratio"] = r["latency_ratio"] = None
+            if self._ok(r) and base is not None and self._ok(base):
+                if base["busbw_gbps"] > 0:
+                    r["busbw_ratio"] = r["busbw_gbps"] / base["busbw_gbps"]
+                if base["time_us"] > 0:
+                    r["latency_ratio"] = r["time_us"] / base["time_us"]
+
+    @staticmethod
+    def _ok(r: dict) -> bool:
+        return r.get("correct", False) and not r.get("error") and "time_us" in r
+
+    def bad_rows(self) -> list[dict]:
+        return [r for r in self.rows if not self._ok(r)]
+
+    def _ops_dtypes(self):
+        ops = [op for op in self.config["ops"]]
+        return [(op, dt) for op in ops for dt in self.config["dtypes"]]
+
+    # ------------------------------------------------------------------ markdown
+
+    def markdown(self) -> str:
+        info, cfg = self.info, self.config
+        vs = (f"{', '.join(self.candidates)} vs {self.baseline} (baseline)"
+              if self.candidates else f"{self.baseline} only")
+        out = [
+            f"# Collective benchmark: {vs}, {self.n} ranks, CPU tensors",
+            "",
+            f"Machine: {info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}, "
+            f"single-core memcpy {self.memcpy:.2f} GB/s. "
+            f"Sizes {fmt_bytes(cfg['min_bytes'])}..{fmt_bytes(cfg['max_bytes'])}, "
+            f"up to {cfg['iters']} timed iterations (at least {cfg['min_iters']}) of up to "
+            f"{cfg['reps']} back-to-back ops (1 from 1 MiB), "
+            f"{cfg['threads']} thread(s) per rank; run took {info.get('elapsed_s', '?')} s.",
+            "",
+            "time = per-op time in µs: median over iterations of the slowest rank's "
+            "iteration time / ops per iteration; "
+            "algbw = bytes / time, busbw = algbw × factor, in GB/s (1e9 B/s); "
+            f"`busbw×` = busbw / {self.baseline} busbw (higher is better); "
+            f"`lat×` = time / {self.baseline} time (lower is better). "
+            "`WRONG` marks a point whose result did not match.",
+        ]
+        if not self.rows:
+            out += ["", "**No results: the run failed before the first point was measured.**"]
+            return "\n".join(out) + "\n"
+        for op, dtype in self._ops_dtypes():
+            out += ["", self._section(op, dtype)]
+        out += ["", self.targets_markdown()]
+        return "\n".join(out) + "\n"
+
+    def _section(self, op: str, dtype: str) -> str:
+        header = ["bytes"]
+        for lb in self.labels:
+            header += [f"{lb} µs", f"{lb} algbw", f"{lb} busbw"]
+        for lb in self.candidates:
+            header += [f"{lb} busbw×", f"{lb} lat×"]
+        sizes = sorted({r["bytes"] for r in self.rows if r["op"] == op and r["dtype"] == dtype})
+        body = []
+        for b in sizes:
+            line = [fmt_bytes(b)]
+            for lb in self.labels:
+                r = self._index.get((lb, op, dtype, b))
+                if r is None:
+                    line += ["-", "-", "-"]
+                elif r.get("error"):
+                    line += ["ERROR", "-", "-"]
+                else:
+                    mark = "" if r.get("correct") else " WRONG"
+                    line += [fmt_num(r["time_us"], 1), fmt_num(r["algbw_gbps"], 3),
+                             fmt_num(r["busbw_gbps"], 3) + mark]
+            for lb in self.candidates:
+                r = self._index.get((lb, op, dtype, b)) or {}
+                line += [fmt_num(r.get("busbw_ratio")), fmt_num(r.get("latency_ratio"))]
+            body.append(line)
+        errors = {r["backend"]: r["error"] for r in self.rows
+                  if r["op"] == op and r["dtype"] == dtype and r.get("error")}
+        title = (f"## {op}, {dtype}  (busbw factor {BUSBW_FACTOR_TEXT[op]} = "
+                 f"{busbw_factor(op, self.n):.2f})")
+        if not body:
+            return f"{title}\n\n(no data)"
+        notes = "".join(f"\n\n{lb}: {msg}" for lb, msg in errors.items())
+        return f"{title}\n\n{md_table(header, body, 'l' + 'r' * (len(header) - 1))}{notes}"
+
+    # ------------------------------------------------------------------ targets
+
+    def _rows(self, label, op, dtype, lo=0, hi=float("inf")):
+        return [r for r in self.rows if r["backend"] == label and r["op"] == op
+                and r["dtype"] == dtype and lo <= r["bytes"] <= hi]
+
+    def targets(self) -> list[dict]:
+        res = []
+        ops_dtypes = self._ops_dtypes()
+
+        def entry(target, label, op, dtype, rows, key, better, need, fmt):
+            if not rows:
+                return dict(target=target, backend=label, op=op, dtype=dtype, value=None,
+                            at_bytes=None, measured="no sizes in range", need=need, result="n/a")
+            bad = [r for r in rows if not self._ok(r) or r.get(key) is None]
+            if bad:
+                return dict(target=target, backend=label, op=op, dtype=dtype, value=None,
+                            at_bytes=bad[0]["bytes"],
+                            measured=f"failed/missing at {fmt_bytes(bad[0]['bytes'])}",
+                            need=need, result="MISS")
+            worst = min(rows, key=lambda r: r[key]) if better == "high" else \
+                max(rows, key=lambda r: r[key])
+            v = worst[key]
+            ok = v >= need if better == "high" else v <= need
+            return dict(target=target, backend=label, op=op, dtype=dtype, value=v,
+                        at_bytes=worst["bytes"],
+                        measured=f"{'min' if better == 'high' else 'max'} {fmt(v)} "
+                                 f"at {fmt_bytes(worst['bytes'])}",
+                        need=need, result="PASS" if ok else "MISS")
+
+        rng = f"{fmt_bytes(BUSBW_RANGE[0])}..{fmt_bytes(BUSBW_RANGE[1])}"
+        for lb in self.candidates:
+            for op, dt in ops_dtypes:
+                if op in BUSBW_OPS:
+                    res.append(entry(f"busbw >= {BUSBW_SPEEDUP:g}x {self.baseline}, {rng}",
+                                     lb, op, dt, self._rows(lb, op, dt, *BUSBW_RANGE),
+                                     "busbw_ratio", "high", BUSBW_SPEEDUP, lambda v: f"{v:.3f}x" if v < 1 else f"{v:.2f}x"))
+        for lb in self.candidates:
+            for op, dt in ops_dtypes:
+                res.append(entry(f"latency <= 1/{1 / LATENCY_RATIO:g} of {self.baseline}, "
+                                 f"<= {fmt_bytes(LATENCY_MAX_BYTES)}",
+                                 lb, op, dt, self._rows(lb, op, dt, 0, LATENCY_MAX_BYTES),
+                                 "latency_ratio", "low", LATENCY_RATIO, lambda v: f"{v:.3f}x" if v < 1 else f"{v:.2f}x"))
+        for lb in (self.candidates or [self.baseline]):
+            for op, dt in ops_dtypes:
+                if op != "allreduce":
+                    continue
+                rows = [dict(r, memcpy_fraction=(r["busbw_gbps"] / self.memcpy
+                                                 if self._ok(r) else None))
+                        for r in self._rows(lb, op, dt, MEMCPY_MIN_BYTES)]
+                res.append(entry(f"busbw >= {MEMCPY_FRACTION:.0%} of 1-core memcpy "
+                                 f"({self.memcpy:.2f} GB/s), >= {fmt_bytes(MEMCPY_MIN_BYTES)}",
+                                 lb, op, dt, rows, "memcpy_fraction", "high", MEMCPY_FRACTION,
+                                 lambda v: f"{v:.0%}"))
+        return res
+
+    def targets_markdown(self) -> str:
+        out = ["## Targets"]
+        if self.n != 2:
+            out.append(f"\nThe targets are stated for 2 ranks; this run has {self.n}, "
+                       "so the verdicts below are for information only.")
+        if not self.candidates:
+            out.append(f"\nOnly one backend ({self.baseline}) was measured: the ratio targets "
+                       "need a candidate and a baseline (e.g. --backends rsdp,gloo).")
+        rows = [[t["target"], t["backend"], t["op"], t["dtype"], t["measured"], t["result"]]
+                for t in self.targets()]
+        if rows:
+            out += ["", md_table(["target", "backend", "op", "dtype", "measured", "result"],
+                                 rows, "llllll")]
+            n_pass = sum(t["result"] == "PASS" for t in self.targets())
+            out.append(f"\n{n_pass} of {len(rows)} PASS.")
+        return "\n".join(out)
+
+    # ------------------------------------------------------------------ json
+
+    def to_json(self) -> dict:
+        return {"machine": self.info, "config": self.config, "rows": self.rows,
+                "targets": self.targets()}
+
+    # ------------------------------------------------------------------ plots
+
+    def plots(self, out_dir: str) -> list[str]:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
+
+        colors = plt.get_cmap("tab10").colors
+        styles = ["-", "--", ":", "-."]
+        written = []
+        for op in self.config["ops"]:
+            have_ratio = bool(self.candidates)
+            fig, axes = plt.subplots(
+                2 if have_ratio else 1, 1, sharex=True, figsize=(8, 6.5 if have_ratio else 4.8),
+                gridspec_kw={"height_ratios": [3, 1.4]} if have_ratio else None, squeeze=False)
+            ax = axes[0][0]
+            all_bytes = set()
+            for i, lb in enumerate(self.labels):
+                for j, dt in enumerate(self.config["dtypes"]):
+                    rows = sorted((r for r in self._rows(lb, op, dt) if self._ok(r)),
+                                  key=lambda r: r["bytes"])
+                    if not rows:
+                        continue
+                    xs = [r["bytes"] for r in rows]
+                    all_bytes.update(xs)
+                    name = f"{lb} {dt}" + (" (baseline)" if lb == self.baseline else "")
+                    ax.plot(xs, [r["busbw_gbps"] for r in rows], styles[j % len(styles)],
+                            color=colors[i % len(colors)], marker="o", markersize=3,
+                            linewidth=1.6, label=name)
+                    if have_ratio and lb != self.baseline:
+                        pts = [(r["bytes"], r["busbw_ratio"]) for r in rows
+                               if r.get("busbw_ratio")]
+                        if pts:
+                            axes[1][0].plot(*zip(*pts), styles[j % len(styles)],
+                                            color=colors[i % len(colors)], marker="o",
+                                            markersize=3, linewidth=1.6, label=f"{lb} {dt}")
+            ax.axhline(self.memcpy, color="gray", linestyle=(0, (2, 2)), linewidth=1)
+            ax.text(max(all_bytes) if all_bytes else 1, self.memcpy * 1.12,
+                    f"single-core memcpy {self.memcpy:.1f} GB/s", color="gray", fontsize=8,
+                    ha="right", va="bottom")
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            lo_y, hi_y = ax.get_ylim()
+            ax.set_ylim(lo_y, max(hi_y, self.memcpy * 2.5))
+            ax.set_ylabel("busbw (GB/s)")
+            ax.set_title(f"{op}: bus bandwidth vs message size "
+                         f"({self.n} ranks, factor {BUSBW_FACTOR_TEXT[op]})")
+            ax.grid(True, which="major", alpha=0.35)
+            ax.grid(True, which="minor", axis="y", alpha=0.12)
+            ax.legend(fontsize=8, loc="upper left")
+            bottom = axes[-1][0]
+            if have_ratio:
+                rax = axes[1][0]
+                rax.axhline(1.0, color="black", linewidth=0.8)
+                if op in BUSBW_OPS:
+                    rax.axhline(BUSBW_SPEEDUP, color="tab:red", linestyle="--", linewidth=0.9)
+                    rax.text(min(all_bytes) if all_bytes else 1, BUSBW_SPEEDUP * 1.1,
+                             f"target {BUSBW_SPEEDUP:g}x", color="tab:red", fontsize=8)
+                rax.set_yscale("log")
+                lo_r, hi_r = rax.get_ylim()
+                lo_r, hi_r = min(lo_r, 0.5), max(hi_r, BUSBW_SPEEDUP * 1.6)
+                rax.set_ylim(lo_r, hi_r)
+                nice = [v * 10.0 ** e for e in range(-3, 4) for v in (1, 2, 5)]
+                rax.yaxis.set_major_locator(FixedLocator([v for v in nice if lo_r <= v <= hi_r]))
+                rax.yaxis.set_minor_locator(NullLocator())
+                rax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
+                rax.set_ylabel(f"busbw / {self.baseline}")
+                rax.grid(True, which="major", alpha=0.35)
+            if all_bytes:
+                lo = int(math.log2(min(all_bytes)))
+                hi = int(math.ceil(math.log2(max(all_bytes))))
+                ticks = [2 ** k for k in range(lo, hi + 1) if (k - lo) % 2 == 0 or hi - lo < 12]
+                bottom.xaxis.set_major_locator(FixedLocator(ticks))
+                bottom.xaxis.set_minor_locator(NullLocator())
+                bottom.set_xticklabels([fmt_bytes(t).replace(" ", "") for t in ticks],
+                                       rotation=45, fontsize=8)
+            bottom.set_xlabel("message size (bytes of the full buffer)")
+            fig.tight_layout()
+            name = f"busbw_{op}.png"
+            fig.savefig(os.path.join(out_dir, name), dpi=110)
+            plt.close(fig)
+            written.append(name)
+        return written
