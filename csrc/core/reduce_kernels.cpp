@@ -7,7 +7,8 @@
 //    a float-or-T accumulator, into the accumulator or into dst.
 //  * run(): nsrc <= 4 is a single streaming pass (partials in registers);
 //    more sources go block-wise through an 8 KiB stack accumulator that stays
-//    in L1, so partial results never travel to memory between sources.
+//    in L1 (passes of 2-4 sources, then acc + 3 sources), so partial results
+//    never travel to memory between sources.
 //  * One target_clones entry point per storage type instantiates everything
 //    for AVX-512 / AVX2 / baseline; the ifunc picks one at load time.
 // Evaluation order is always srcs[0] op srcs[1] op ... for every element, and
@@ -142,49 +143,47 @@ RSDP_AI void k_pass(typename Tr::S* dst, typename Tr::C* __restrict acc, const v
 
 constexpr int kMaxFuse = 4;  // sources per pass (code size grows with it)
 
-// Selects the compile-time K for k sources (1..kMaxFuse without the
-// accumulator, 1..kMaxFuse-1 after it).
-template <class Tr, RedOp kOp, bool kDiv, bool kAccIn>
-RSDP_AI void pass_to_dst(typename Tr::S* dst, typename Tr::C* acc, const void* const* src, int k,
-                         size_t n, typename Tr::C div) {
+// Selects the compile-time K (1..kMaxFuse) for k sources.
+template <class Tr, RedOp kOp, bool kDiv, bool kToDst>
+RSDP_AI void pass_k(typename Tr::S* dst, typename Tr::C* acc, const void* const* src, int k,
+                    size_t n, typename Tr::C div) {
   static_assert(kMaxFuse == 4, "cases below");
-  if (k == 1) k_pass<Tr, kOp, kDiv, 1, kAccIn, true>(dst, acc, src, n, div);
-  else if (k == 2) k_pass<Tr, kOp, kDiv, 2, kAccIn, true>(dst, acc, src, n, div);
-  else if (kAccIn || k == 3) k_pass<Tr, kOp, kDiv, 3, kAccIn, true>(dst, acc, src, n, div);
-  else if constexpr (!kAccIn) k_pass<Tr, kOp, kDiv, 4, false, true>(dst, acc, src, n, div);
+  if (k == 1) k_pass<Tr, kOp, kDiv, 1, false, kToDst>(dst, acc, src, n, div);
+  else if (k == 2) k_pass<Tr, kOp, kDiv, 2, false, kToDst>(dst, acc, src, n, div);
+  else if (k == 3) k_pass<Tr, kOp, kDiv, 3, false, kToDst>(dst, acc, src, n, div);
+  else k_pass<Tr, kOp, kDiv, 4, false, kToDst>(dst, acc, src, n, div);
 }
 
 template <class Tr, RedOp kOp, bool kDiv>
-RSDP_AI void run(void* dstv, const void* const* srcsv, int nsrc, size_t count,
+RSDP_AI void run(void* dstv, const void* const* srcs, int nsrc, size_t count,
                  typename Tr::C div) {
   using S = typename Tr::S;
   using C = typename Tr::C;
   S* dst = static_cast<S*>(dstv);
   if (nsrc <= kMaxFuse) {  // one streaming pass, partial results in registers
-    pass_to_dst<Tr, kOp, kDiv, false>(dst, nullptr, srcsv, nsrc, count, div);
+    pass_k<Tr, kOp, kDiv, true>(dst, nullptr, srcs, nsrc, count, div);
     return;
   }
-  // More sources: block-wise through an L1-resident accumulator. Per block,
-  // acc = s0 op .. op s3, then 3 more sources per pass, and the pass with the
-  // last 1..3 sources writes dst. dst is written only after every source of
-  // that block has been read, so dst == any src is still fine.
+  // More sources: block-wise through an L1-resident accumulator. Per block, a
+  // first pass folds 2..4 sources into acc, then every later pass folds acc
+  // and 3 more sources (so no pass runs with few streams), the last one into
+  // dst. dst is written only after every source of that block has been read,
+  // so dst == any src is still fine.
+  constexpr int kStep = kMaxFuse - 1;
+  const int passes = (nsrc - kMaxFuse + kStep - 1) / kStep;  // after the first
+  const int first = nsrc - passes * kStep;                   // 2..kMaxFuse
   constexpr size_t kBlock = kAccBytes / sizeof(C);
   alignas(64) C acc[kBlock];
-  const void* blk[kMaxFuse];  // this block's slice of the sources of one pass
+  const void* blk[kMaxFuse];  // this block's slice of one pass's sources
   for (size_t off = 0; off < count; off += kBlock) {
     const size_t n = count - off < kBlock ? count - off : kBlock;
-    auto slice = [&](int first, int k) {
-      for (int q = 0; q < k; ++q) blk[q] = static_cast<const S*>(srcsv[first + q]) + off;
-    };
-    slice(0, kMaxFuse);
-    k_pass<Tr, kOp, kDiv, kMaxFuse, false, false>(nullptr, acc, blk, n, div);
-    int j = kMaxFuse;
-    for (; nsrc - j > kMaxFuse - 1; j += kMaxFuse - 1) {
-      slice(j, kMaxFuse - 1);
-      k_pass<Tr, kOp, kDiv, kMaxFuse - 1, true, false>(nullptr, acc, blk, n, div);
+    for (int q = 0; q < first; ++q) blk[q] = static_cast<const S*>(srcs[q]) + off;
+    pass_k<Tr, kOp, kDiv, false>(nullptr, acc, blk, first, n, div);
+    for (int j = first; j < nsrc; j += kStep) {
+      for (int q = 0; q < kStep; ++q) blk[q] = static_cast<const S*>(srcs[j + q]) + off;
+      if (j + kStep < nsrc) k_pass<Tr, kOp, kDiv, kStep, true, false>(nullptr, acc, blk, n, div);
+      else k_pass<Tr, kOp, kDiv, kStep, true, true>(dst + off, acc, blk, n, div);
     }
-    slice(j, nsrc - j);
-    pass_to_dst<Tr, kOp, kDiv, true>(dst + off, acc, blk, nsrc - j, n, div);
   }
 }
 

@@ -1,6 +1,7 @@
 #include "transport/shm/shm_comm.h"
 
 #include <sched.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -36,6 +37,10 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts)
   // Slotted algorithms need at least one 64-byte slot per rank in a half.
   layout_.half = round_up(std::max<size_t>(opts.shm_bytes / 2, 64u * group_.size), 4096);
   layout_.ring = round_up(opts.p2p_bytes ? opts.p2p_bytes : auto_ring_bytes(group_.size), 4096);
+  // With more ranks than cores a spinning waiter steals the core its peer
+  // needs to make progress: sleep almost at once instead.
+  long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  if (cpus > 0 && group_.size > cpus) opts_.spin_us = std::min(opts_.spin_us, 2);
   attach(store);
   std::vector<int> pids;
   for (const auto& p : group_.peers) pids.push_back(p.pid);
