@@ -1,0 +1,33 @@
+"""RSDP: Re-distributed Sharded Data Parallel (rotated tensor parallelism).
+
+Weights stay sharded; each rank computes with the shard in hand while shards rotate around the
+ring (:func:`torch_rsdp.ring_shift`), so no layer is ever materialised whole. In backward the
+shards counter-rotate and each shard's gradient accumulates every rank's contribution on its
+way home (:func:`torch_rsdp.ring_shift_reduce`).
+
+    import torch_rsdp.rsdp as rsdp
+    model = rsdp.shard(model)   # after init_process_group("rsdp")
+"""
+from .api import RSDPState, rsdp_state, shard
+from .memory import MemoryTracker
+from .state_dict import full_state_dict, load_full_state_dict, local_shard_of
+from .ring_plan import RingPlan
+from .shard_state import MixedPrecision
+from .sharded_embedding import RSDPEmbedding, shard_embedding
+from .sharded_linear import RSDPLinear, shard_linear
+
+__all__ = [
+    "shard",
+    "rsdp_state",
+    "RSDPState",
+    "MixedPrecision",
+    "MemoryTracker",
+    "RingPlan",
+    "RSDPLinear",
+    "RSDPEmbedding",
+    "shard_linear",
+    "shard_embedding",
+    "full_state_dict",
+    "load_full_state_dict",
+    "local_shard_of",
+]

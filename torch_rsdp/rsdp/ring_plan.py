@@ -1,0 +1,80 @@
+"""Ring geometry of one process group, and the labelled shift helpers RSDP uses.
+
+A rotation moves every rank's tensor one hop along the ring per step. To know *which* shard is
+in hand after ``h`` hops we need the ring order, which the backend chooses (node-aware, so it
+need not be rank order). :class:`RingPlan` learns it once, collectively, by rotating each
+rank's own id around the ring with the same primitive the layers use, in both directions.
+
+Contract: ``RingPlan(group)`` is collective (all ranks of ``group`` call it at the same point).
+``plan.origin(direction, h)`` is the group rank whose tensor this rank holds after ``h`` hops
+of ``ring_shift(direction=direction)``; ``origin(d, 0) == rank`` and ``origin(d, world) ==
+rank``.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+from torch.profiler import record_function
+
+from ..ring import ring_shift, ring_shift_reduce
+
+__all__ = ["RingPlan", "Pending"]
+
+
+class Pending:
+    """An issued ring op; ``wait()`` blocks (inside a ``RSDP::...::wait`` profiler range)."""
+
+    __slots__ = ("_work", "_label")
+
+    def __init__(self, work, label: str):
+        self._work = work
+        self._label = label
+
+    def wait(self) -> None:
+        if self._work is not None:
+            with record_function(self._label + "::wait"):
+                self._work.wait()
+            self._work = None
+
+
+class RingPlan:
+    """Ring order of ``group`` plus async, profiler-labelled shift / shift-reduce."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self._origins = {}
+        with record_function("RSDP::ring_plan"):
+            for d in (1, -1):
+                seq = [self.rank]
+                if self.world > 1:
+                    t = torch.tensor([self.rank], dtype=torch.int64)
+                    for _ in range(self.world - 1):
+                        ring_shift(t, out=t, group=group, direction=d)
+                        seq.append(int(t.item()))
+                if sorted(seq) != list(range(self.world)):
+                    raise RuntimeError(f"torch_rsdp.rsdp: ring direction {d} does not visit every "
+                                       f"rank once (origins {seq} on rank {self.rank})")
+                self._origins[d] = seq
+
+    def origin(self, direction: int, hops: int) -> int:
+        """Group rank whose tensor this rank holds after ``hops`` hops in ``direction``."""
+        return self._origins[direction][hops % self.world]
+
+    def shift(self, src: torch.Tensor, out: torch.Tensor, direction: int, label: str) -> Pending:
+        """Async ``ring_shift(src) -> out`` (``out`` may be ``src``)."""
+        with record_function(label):
+            work = ring_shift(src, out, group=self.group, direction=direction, async_op=True)
+        return Pending(work, label)
+
+    def shift_reduce(self, src: torch.Tensor, local: torch.Tensor, out: torch.Tensor,
+                     direction: int, label: str) -> Pending:
+        """Async ``out = neighbour's src + local`` (``out`` may be ``src``; ``local`` must stay
+        untouched until the op is waited on)."""
+        with record_function(label):
+            work = ring_shift_reduce(src, local, out, group=self.group, direction=direction,
+                                     async_op=True)
+        return Pending(work, label)

@@ -1,0 +1,119 @@
+"""Per-module sharding state: the flat local storage and the Parameters that view it.
+
+:class:`ShardState` takes a module's full parameters, keeps only this rank's shard of each in
+one padded flat storage (see :mod:`.flat_shard`) and re-registers each as an ``nn.Parameter``
+that is a *view* of that storage. So ``module.parameters()`` yields exactly the local shards
+(any optimiser works, and its state is sharded too), while a whole shard can be sent with a
+single ring op straight from the storage, with no copy.
+
+If something rebinds a parameter's ``.data`` (``module.to(...)``, manual assignment), the next
+:meth:`ShardState.local_flat` notices and rebuilds the storage from the parameters.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Optional
+
+import torch
+import torch.nn as nn
+
+from .flat_shard import FlatLayout
+from .memory import alloc_buffer, release_buffers
+from .ring_plan import RingPlan
+
+__all__ = ["ShardState", "MixedPrecision"]
+
+
+@dataclass(frozen=True)
+class MixedPrecision:
+    """Like FSDP2's MixedPrecisionPolicy: compute (and rotate) in ``param_dtype``, accumulate
+    and rotate gradients in ``reduce_dtype``, return outputs in ``output_dtype``; master shards
+    (and replicated parameters) keep their own dtype. ``None`` means "the parameter's dtype"
+    (for ``output_dtype``: ``param_dtype``)."""
+
+    param_dtype: Optional[torch.dtype] = None
+    reduce_dtype: Optional[torch.dtype] = None
+    output_dtype: Optional[torch.dtype] = None
+
+
+class ShardState:
+    """Sharding state of one module.
+
+    ``full``: name -> full parameter (``None`` entries are skipped);
+    ``take(name, full, j)``: rank ``j``'s shard of ``full`` (a slice);
+    ``dims``: name -> the dimension the parameter is split along (to reassemble it).
+    """
+
+    def __init__(self, module: nn.Module, plan: RingPlan, full: Dict[str, torch.Tensor],
+                 take: Callable[[str, torch.Tensor, int], torch.Tensor],
+                 dims: Dict[str, int], mp: Optional[MixedPrecision] = None):
+        self.plan = plan
+        self.take = take
+        self.dims = dims
+        self.mp = mp or MixedPrecision()
+        self.names = [n for n, t in full.items() if t is not None]
+        W, r = plan.world, plan.rank
+        self.layout = FlatLayout({n: [tuple(take(n, full[n], j).shape) for j in range(W)]
+                                  for n in self.names})
+        ref = full[self.names[0]]
+        self.flat = torch.zeros(self.layout.numel, dtype=ref.dtype, device=ref.device)
+        with torch.no_grad():
+            for n in self.names:
+                old = full[n]
+                view = self.layout.view(self.flat, n, r)
+                view.copy_(take(n, old, r))
+                requires_grad = old.requires_grad if isinstance(old, nn.Parameter) else True
+                setattr(module, n, nn.Parameter(view, requires_grad=requires_grad))
+        self.module_ref = module
+
+    # ----------------------------------------------------------------------------------------
+    def param(self, name: str) -> nn.Parameter:
+        return getattr(self.module_ref, name)
+
+    def local_flat(self) -> torch.Tensor:
+        """This rank's flat storage, rebuilt first if a parameter no longer views it."""
+        r = self.plan.rank
+        stale = False
+        for n in self.names:
+            p, v = self.param(n), self.layout.view(self.flat, n, r)
+            if (p.dtype != self.flat.dtype or p.device != self.flat.device or p.shape != v.shape
+                    or (p.numel() and p.data_ptr() != v.data_ptr())):
+                stale = True
+        if stale:
+            p0 = self.param(self.names[0])
+            flat = torch.zeros(self.layout.numel, dtype=p0.dtype, device=p0.device)
+            with torch.no_grad():
+                for n in self.names:
+                    p = self.param(n)
+                    v = self.layout.view(flat, n, r)
+                    v.copy_(p.detach())
+                    p.data = v
+            self.flat = flat
+        return self.flat
+
+    def compute_flat(self) -> torch.Tensor:
+        """The flat shard to rotate: the storage itself, or a ``param_dtype`` copy of it."""
+        flat = self.local_flat()
+        pdt = self.mp.param_dtype
+        if pdt is None or pdt == flat.dtype:
+            return flat
+        buf = alloc_buffer(flat.numel(), pdt, flat.device)
+        buf.copy_(flat)
+        return buf
+
+    def release(self, src: torch.Tensor) -> None:
+        """Done with a tensor returned by :meth:`compute_flat` (a no-op for the storage)."""
+        if src is not self.flat:
+            release_buffers(src)
+
+    @property
+    def grad_dtype(self) -> torch.dtype:
+        return self.mp.reduce_dtype or self.flat.dtype
+
+    def grads_from(self, acc: torch.Tensor) -> Dict[str, torch.Tensor]:
+        """Per-parameter gradients (views of ``acc``, averaged over the group like DDP), cast
+        to the parameter dtype."""
+        acc.div_(self.plan.world)
+        if acc.dtype != self.flat.dtype:
+            acc = acc.to(self.flat.dtype)
+        return {n: self.layout.view(acc, n, self.plan.rank) for n in self.names}
