@@ -41,12 +41,13 @@ if [ -n "$missing" ]; then
   $PY -m pip install -q $missing
 fi
 
-# The extension: built in place with ninja (incremental, so a rebuild with
-# nothing changed takes seconds), then installed in editable mode so both the
-# checkout and other directories import the same build.
+# The extension, built in place with ninja against the installed torch. The
+# objects are kept in build/, so a rebuild with nothing changed takes seconds
+# (pip's editable install would recompile everything in a temporary directory
+# every time). A .pth file then puts this checkout on Python's path, which is
+# what an editable install amounts to.
 say "building torch_rsdp._C (MAX_JOBS=${MAX_JOBS:-2})"
 MAX_JOBS=${MAX_JOBS:-2} $PY setup.py -q build_ext --inplace
-if ! $PY -m pip show -q torch_rsdp >/dev/null 2>&1; then
-  $PY -m pip install -q --no-build-isolation --no-deps -e . --config-settings editable_mode=compat
-fi
-$PY -c "import torch_rsdp, torch.distributed as d; assert 'rsdp' in d.Backend.backend_list; print('[setup] torch_rsdp', torch_rsdp.__version__, 'ready')"
+site=$($PY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+echo "$(pwd)" > "$site/torch_rsdp_checkout.pth"
+(cd / && $PY -c "import torch_rsdp, torch.distributed as d; assert 'rsdp' in d.Backend.backend_list; print('[setup] torch_rsdp', torch_rsdp.__version__, 'ready at', torch_rsdp.__path__[0])")

@@ -62,18 +62,22 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
   auto work = c10::make_intrusive<WorkRSDP>(getRank(), type, ++seq_, std::move(outputs), title);
   ShmComm* comm = comm_.get();
   const std::string name = title;
-  queue_->push([work, comm, name, body = std::move(body)](bool run) {
+  queue_->push([work, comm, name, body = std::move(body)](bool run) mutable {
+    std::exception_ptr err;
     if (!run) {
-      work->complete(std::make_exception_ptr(Error(
-          ErrorKind::kPeer, "rsdp: " + name + " was cancelled: the process group was shut down")));
-      return;
+      err = std::make_exception_ptr(Error(
+          ErrorKind::kPeer, "rsdp: " + name + " was cancelled: the process group was shut down"));
+    } else {
+      try {
+        body(*comm);
+      } catch (...) {
+        err = std::current_exception();
+      }
     }
-    try {
-      body(*comm);
-      work->complete(nullptr);
-    } catch (...) {
-      work->complete(std::current_exception());
-    }
+    // Drop the tensors the body captured before waking the waiter, so a
+    // buffer freed right after wait() is really freed.
+    body = nullptr;
+    work->complete(err);
   });
   return work;
 }

@@ -221,15 +221,15 @@ RSDP_AI void dispatch_int(void* dst, const void* const* srcs, int nsrc, size_t c
 
 // ---- multiversioned entry points (one per storage type) -------------------
 
-#define RSDP_FLOAT_ENTRY(name, Tr)                                                        \
-  RSDP_CLONES void name(void* dst, const void* const* srcs, int nsrc, size_t count, RedOp op, \
-                        int divisor) {                                                    \
-    dispatch_float<Tr>(dst, srcs, nsrc, count, op, divisor);                              \
+#define RSDP_FLOAT_ENTRY(name, Tr)                                                       \
+  RSDP_CLONES void name(void* dst, const void* const* srcs, int nsrc, size_t count,      \
+                        RedOp op, int divisor) {                                         \
+    dispatch_float<Tr>(dst, srcs, nsrc, count, op, divisor);                             \
   }
-#define RSDP_INT_ENTRY(name, Tr)                                                          \
-  RSDP_CLONES void name(void* dst, const void* const* srcs, int nsrc, size_t count,       \
-                        RedOp op) {                                                       \
-    dispatch_int<Tr>(dst, srcs, nsrc, count, op);                                         \
+#define RSDP_INT_ENTRY(name, Tr)                                                         \
+  RSDP_CLONES void name(void* dst, const void* const* srcs, int nsrc, size_t count,      \
+                        RedOp op) {                                                      \
+    dispatch_int<Tr>(dst, srcs, nsrc, count, op);                                        \
   }
 
 RSDP_FLOAT_ENTRY(reduce_f32, Plain<float>)

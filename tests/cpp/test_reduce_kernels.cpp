@@ -1,12 +1,11 @@
 // Standalone tests for rsdp::reduce_n and the fp16/bf16 conversions (no torch,
 // no gtest). Every kernel result is compared with a plain scalar model that
-// shares no code with the kernels (except, for fp16/bf16, the final rounding,
-// which is itself checked against an independent double-based reference).
+// shares no code with the kernels except the fp16/bf16 conversions, which are
+// themselves checked against independent double-based references first.
 //   g++ -O2 -std=c++17 -I csrc tests/cpp/test_reduce_kernels.cpp csrc/core/reduce_kernels.cpp
 //   ./a.out            run the tests; last line "N passed, M failed"
 //   ./a.out --bench    memory-bandwidth micro-benchmark instead
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -26,12 +25,12 @@ using namespace rsdp;
 using Bytes = std::vector<uint8_t>;
 
 static int g_pass = 0, g_fail = 0;
-#define CHECK(cond, ...)                                                                 \
-  do {                                                                                   \
-    if (cond) ++g_pass;                                                                  \
-    else if (++g_fail <= 40)                                                             \
-      std::fprintf(stderr, "FAIL line %d: %s -- ", __LINE__, #cond),                     \
-          std::fprintf(stderr, __VA_ARGS__), std::fputc('\n', stderr);                  \
+#define CHECK(cond, ...)                                                                      \
+  do {                                                                                        \
+    if (cond) ++g_pass;                                                                       \
+    else if (++g_fail <= 40)                                                                  \
+      std::fprintf(stderr, "FAIL line %d: %s -- ", __LINE__, #cond),                          \
+          std::fprintf(stderr, __VA_ARGS__), std::fputc('\n', stderr);                       \
   } while (0)
 
 static std::mt19937_64 rng(12345);
@@ -72,11 +71,10 @@ static void test_conversions() {
   }
   CHECK(bad == 0, "%d fp16/bf16 decode or round-trip mismatches", bad);
   // f32 -> fp16 / bf16: a stride through all bit patterns plus edge cases.
-  std::vector<uint32_t> pats = {0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u,
-                                0x7F800001u, 0xFF800001u, 0x477FEFFFu, 0x477FF000u, 0x477FFFFFu,
-                                0x47800000u, 0x38800000u, 0x387FFFFFu, 0x33000000u, 0x33000001u,
-                                0x32FFFFFFu, 0x00000001u, 0x7F7FFFFFu, 0x7F7F8000u, 0x3F808000u,
-                                0x3F818000u, 0x3F800001u, 0x00800000u};
+  std::vector<uint32_t> pats = {  // zeros, inf/NaN, fp16 overflow/subnormal edges, ties
+      0x00000000u, 0x80000000u, 0x7F800000u, 0xFF800000u, 0x7FC00000u, 0x7F800001u, 0xFF800001u,
+      0x477FEFFFu, 0x477FF000u, 0x477FFFFFu, 0x47800000u, 0x38800000u, 0x387FFFFFu, 0x33000000u,
+      0x33000001u, 0x32FFFFFFu, 0x00000001u, 0x7F7FFFFFu, 0x7F7F8000u, 0x3F808000u, 0x3F818000u};
   for (uint64_t u = 0; u < (1ull << 32); u += 4093) pats.push_back(uint32_t(u));
   int bad16 = 0, badbf = 0;
   for (uint32_t p : pats) {
@@ -120,49 +118,45 @@ template <class T> T iop(RedOp op, T a, T b) {  // wrap-around via 64-bit unsign
   return t;
 }
 
-// Expected element i of reducing `in` (left to right), written to `out`.
+// Left-to-right fold of element i over all inputs (stored as L, loaded by ld).
+template <class T, class L, class Ld, class Op>
+static T fold(const std::vector<Bytes>& in, size_t i, Ld ld, Op op) {
+  T a = ld(get<L>(in[0], i));
+  for (size_t j = 1; j < in.size(); ++j) a = op(a, ld(get<L>(in[j], i)));
+  return a;
+}
+
+// Expected element i of reducing `in`, written to `out`.
 static void ref_elem(DType dt, RedOp op, const std::vector<Bytes>& in, size_t i, int div, Bytes& out) {
-  const int n = int(in.size());
+  const bool avg = op == RedOp::kAvg;
+  auto as_is = [](auto v) { return v; };
+  auto f = [op](auto a, auto b) { return fop(op, a, b); };
+  auto g = [op](auto a, auto b) { return iop(op, a, b); };
   switch (dt) {
     case DType::kFloat32: case DType::kComplex64: {
-      float a = get<float>(in[0], i);
-      for (int j = 1; j < n; ++j) a = fop(op, a, get<float>(in[j], i));
-      put(out, i, op == RedOp::kAvg ? a / float(div) : a);
-      return;
+      const float a = fold<float, float>(in, i, as_is, f);
+      return put(out, i, avg ? a / float(div) : a);
     }
     case DType::kFloat64: case DType::kComplex128: {
-      double a = get<double>(in[0], i);
-      for (int j = 1; j < n; ++j) a = fop(op, a, get<double>(in[j], i));
-      put(out, i, op == RedOp::kAvg ? a / double(div) : a);
-      return;
+      const double a = fold<double, double>(in, i, as_is, f);
+      return put(out, i, avg ? a / double(div) : a);
     }
     case DType::kFloat16: case DType::kBFloat16: {  // in double, rounded once
       const bool h = dt == DType::kFloat16;
-      auto ld = [&](int j) { uint16_t v = get<uint16_t>(in[j], i); return double(h ? f16_to_f32(v) : bf16_to_f32(v)); };
-      double a = ld(0);
-      for (int j = 1; j < n; ++j) a = fop(op, a, ld(j));
-      const float r = float(op == RedOp::kAvg ? a / div : a);
-      put(out, i, h ? f32_to_f16(r) : f32_to_bf16(r));
-      return;
+      auto ld = [h](uint16_t v) { return double(h ? f16_to_f32(v) : bf16_to_f32(v)); };
+      const double a = fold<double, uint16_t>(in, i, ld, f);
+      const float r = float(avg ? a / div : a);
+      return put(out, i, h ? f32_to_f16(r) : f32_to_bf16(r));
     }
     case DType::kBool: {
-      bool a = get<uint8_t>(in[0], i) != 0;
-      for (int j = 1; j < n; ++j) {
-        const bool b = get<uint8_t>(in[j], i) != 0;
-        a = (op == RedOp::kSum || op == RedOp::kMax || op == RedOp::kBor) ? (a || b)
-            : op == RedOp::kBxor ? (a != b) : (a && b);
-      }
-      put(out, i, uint8_t(a));
-      return;
+      const bool any = op == RedOp::kSum || op == RedOp::kMax || op == RedOp::kBor;
+      auto b = [&](bool x, bool y) { return any ? (x || y) : op == RedOp::kBxor ? x != y : (x && y); };
+      return put(out, i, uint8_t(fold<bool, uint8_t>(in, i, [](uint8_t v) { return v != 0; }, b)));
     }
-#define INT_CASE(D, T)                                                 \
-  case D: {                                                            \
-    T a = get<T>(in[0], i);                                            \
-    for (int j = 1; j < n; ++j) a = iop(op, a, get<T>(in[j], i));      \
-    return put(out, i, a);                                             \
-  }
-    INT_CASE(DType::kInt8, int8_t) INT_CASE(DType::kUInt8, uint8_t)
-    INT_CASE(DType::kInt32, int32_t) INT_CASE(DType::kInt64, int64_t)
+    case DType::kInt8: return put(out, i, fold<int8_t, int8_t>(in, i, as_is, g));
+    case DType::kUInt8: return put(out, i, fold<uint8_t, uint8_t>(in, i, as_is, g));
+    case DType::kInt32: return put(out, i, fold<int32_t, int32_t>(in, i, as_is, g));
+    case DType::kInt64: return put(out, i, fold<int64_t, int64_t>(in, i, as_is, g));
   }
 }
 
@@ -180,9 +174,11 @@ static bool same_elem(DType dt, const Bytes& a, const Bytes& b, size_t i) {
   }
 }
 
-// Random inputs. fp16/bf16 get k * 2^e (|k| <= 15) so float32 accumulation of
-// up to 5 of them is exact and the double reference sees the same value.
-static Bytes random_input(DType dt, size_t count) {
+// Random inputs. fp16/bf16 get k * 2^e, |k| <= 15 (<= 3 beyond 5 sources), so
+// float32 accumulation, products included, is exact and the double reference
+// sees the same value before the single final rounding.
+static Bytes random_input(DType dt, size_t count, int nsrc) {
+  const int kmax = nsrc <= 5 ? 15 : 3;
   const size_t es = dtype_size(dt), n = dtype_is_complex(dt) ? 2 * count : count;
   Bytes b(count * es);
   std::uniform_real_distribution<double> u(-100.0, 100.0);
@@ -190,7 +186,7 @@ static Bytes random_input(DType dt, size_t count) {
     if (dt == DType::kFloat32 || dt == DType::kComplex64) put(b, i, float(u(rng)));
     else if (dt == DType::kFloat64 || dt == DType::kComplex128) put(b, i, u(rng));
     else if (dt == DType::kFloat16 || dt == DType::kBFloat16) {
-      const float v = std::ldexp(float(int(rng() % 31) - 15), int(rng() % 9) - 4);
+      const float v = std::ldexp(float(int(rng() % (2 * kmax + 1)) - kmax), int(rng() % 9) - 4);
       put(b, i, dt == DType::kFloat16 ? f32_to_f16(v) : f32_to_bf16(v));
     } else if (dt == DType::kBool) put(b, i, uint8_t(rng() & 1));
   }
@@ -200,8 +196,9 @@ static Bytes random_input(DType dt, size_t count) {
 }
 
 // Runs reduce_n on copies of `in` placed at element offset `off` (to test
-// misalignment), with dst separate (alias < 0) or dst == srcs[alias]. Checks
-// that nothing beyond `count` elements of dst is touched.
+// misalignment), with dst separate (alias -1), dst == srcs[alias], or (-2) one
+// buffer as dst and every source (inputs must then be equal). Checks that
+// nothing beyond `count` elements of dst is touched.
 static Bytes run_kernel(DType dt, RedOp op, const std::vector<Bytes>& in, size_t count, int alias,
                         size_t off, int div, bool* tail_ok) {
   const size_t es = dtype_size(dt), pad = 64;
@@ -209,11 +206,11 @@ static Bytes run_kernel(DType dt, RedOp op, const std::vector<Bytes>& in, size_t
   std::vector<const void*> ptrs;
   for (const Bytes& b : in) {
     bufs.emplace_back(off * es + b.size() + pad, uint8_t(0xA5));
-    std::memcpy(bufs.back().data() + off * es, b.data(), b.size());
+    if (!b.empty()) std::memcpy(bufs.back().data() + off * es, b.data(), b.size());
   }
   Bytes sep(off * es + count * es + pad, uint8_t(0xA5));
-  for (Bytes& b : bufs) ptrs.push_back(b.data() + off * es);
-  Bytes& d = alias < 0 ? sep : bufs[size_t(alias)];
+  for (Bytes& b : bufs) ptrs.push_back((alias == -2 ? bufs[0] : b).data() + off * es);
+  Bytes& d = alias == -1 ? sep : bufs[size_t(std::max(alias, 0))];
   reduce_n(d.data() + off * es, ptrs.data(), int(in.size()), count, dt, op, div);
   *tail_ok = true;
   for (size_t k = off * es + count * es; k < d.size(); ++k) *tail_ok &= d[k] == 0xA5;
@@ -243,7 +240,7 @@ static void test_matrix() {
       for (int nsrc : {1, 2, 3, 4, 5, 8, 11})  // 5/8/11: blocked path, 1-3 sources in last pass
         for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(4099), size_t(20011)}) {
           std::vector<Bytes> in;
-          for (int j = 0; j < nsrc; ++j) in.push_back(random_input(dt, count));
+          for (int j = 0; j < nsrc; ++j) in.push_back(random_input(dt, count, nsrc));
           std::vector<int> aliases = {-1, 0};  // separate dst, dst == first/last/middle src
           if (nsrc > 1) aliases.push_back(nsrc - 1);
           if (nsrc > 2) aliases.push_back(nsrc / 2);
@@ -252,27 +249,18 @@ static void test_matrix() {
     }
   // nsrc == 1 AVG with a divisor that is not nsrc.
   for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kComplex128})
-    check_case(dt, RedOp::kAvg, {random_input(dt, 777)}, 777, -1, 0, 3, "avg/3");
-  // The same pointer as both sources and as dst.
+    check_case(dt, RedOp::kAvg, {random_input(dt, 777, 1)}, 777, -1, 0, 3, "avg/3");
+  // One buffer as dst and as every source (2 and 6 times).
   for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kInt8, DType::kBool}) {
-    Bytes x = random_input(dt, 3000), want(x.size());
-    const std::vector<Bytes> in = {x, x};
-    for (size_t i = 0; i < 3000; ++i) ref_elem(dt, RedOp::kSum, in, i, 2, want);
-    const void* s[] = {x.data(), x.data()};
-    reduce_n(x.data(), s, 2, 3000, dt, RedOp::kSum, 2);
-    CHECK(x == want, "dst == srcs[0] == srcs[1] %s", dtype_name(dt));
+    const Bytes x = random_input(dt, 3000, 6);
+    check_case(dt, RedOp::kSum, {x, x}, 3000, -2, 0, 2, "same-ptr");
+    check_case(dt, RedOp::kMax, {x, x, x, x, x, x}, 3000, -2, 0, 6, "same-ptr");
   }
 }
 
 // Helpers for hand-built cases: encode values in a dtype, run, read back.
-template <class T> static Bytes vals(std::initializer_list<T> v) {
-  Bytes b(v.size() * sizeof(T));
-  size_t i = 0;
-  for (T x : v) put(b, i++, x);
-  return b;
-}
 static uint16_t h16(DType dt, float f) { return dt == DType::kFloat16 ? f32_to_f16(f) : f32_to_bf16(f); }
-static Bytes fvals(DType dt, const std::vector<float>& v) {  // float-like dtypes only
+static Bytes fvals(DType dt, const std::vector<float>& v) {  // float dtypes
   Bytes b(v.size() * dtype_size(dt));
   for (size_t i = 0; i < v.size(); ++i) {
     if (dt == DType::kFloat32) put(b, i, v[i]);
@@ -281,14 +269,16 @@ static Bytes fvals(DType dt, const std::vector<float>& v) {  // float-like dtype
   }
   return b;
 }
+static Bytes ivals(DType dt, const std::vector<int64_t>& v) {  // integer dtypes, truncated
+  Bytes b(v.size() * dtype_size(dt));
+  for (size_t i = 0; i < v.size(); ++i) std::memcpy(&b[i * dtype_size(dt)], &v[i], dtype_size(dt));
+  return b;
+}
 static Bytes run(DType dt, RedOp op, const std::vector<Bytes>& in, int alias = -1, int div = 1) {
   bool tail_ok = false;
   Bytes r = run_kernel(dt, op, in, in[0].size() / dtype_size(dt), alias, 0, div, &tail_ok);
   CHECK(tail_ok, "dst tail clobbered");
   return r;
-}
-template <class T> static T run1(DType dt, RedOp op, const std::vector<Bytes>& in, int alias = -1, int div = 1) {
-  return get<T>(run(dt, op, in, alias, div), 0);
 }
 
 static void test_special_values() {
@@ -305,7 +295,8 @@ static void test_special_values() {
     // NaN in any position propagates through MIN/MAX; infinities order normally.
     for (RedOp op : {RedOp::kMin, RedOp::kMax}) {
       const bool mn = op == RedOp::kMin;
-      in = {fvals(dt, {nan, 1, 2, nan, -inf, 5}), fvals(dt, {1, nan, 3, nan, 7, inf}), fvals(dt, {2, 4, nan, 0, 8, -3})};
+      in = {fvals(dt, {nan, 1, 2, nan, -inf, 5}), fvals(dt, {1, nan, 3, nan, 7, inf}),
+            fvals(dt, {2, 4, nan, 0, 8, -3})};
       const Bytes want = fvals(dt, {nan, nan, nan, nan, mn ? -inf : 8, mn ? -3 : inf});
       for (int alias : {-1, 0, 2}) {
         const Bytes got = run(dt, op, in, alias);
@@ -316,34 +307,42 @@ static void test_special_values() {
     }
   }
   // Strict left-to-right order: (1e8 + 1) - 1e8 is 0 in float32, not 1.
-  CHECK(run1<float>(DType::kFloat32, RedOp::kSum, {vals({1e8f}), vals({1.f}), vals({-1e8f})}) == 0.f, "order");
+  const DType f32 = DType::kFloat32;
+  CHECK(run(f32, RedOp::kSum, {fvals(f32, {1e8f}), fvals(f32, {1}), fvals(f32, {-1e8f})}) == fvals(f32, {0}), "order");
   for (DType dt : {DType::kFloat16, DType::kBFloat16}) {
     // Rounded once: 1 + u/2 + u/2 (u = ulp of 1) is 1 + u, not 1.
     const float u = dt == DType::kFloat16 ? 0x1p-10f : 0x1p-7f;
-    CHECK(run1<uint16_t>(dt, RedOp::kSum, {fvals(dt, {1}), fvals(dt, {u / 2}), fvals(dt, {u / 2})}, 0) == h16(dt, 1 + u),
+    CHECK(run(dt, RedOp::kSum, {fvals(dt, {1}), fvals(dt, {u / 2}), fvals(dt, {u / 2})}, 0) == fvals(dt, {1 + u}),
           "single rounding %s", dtype_name(dt));
     // AVG divides the exact float32 sum 3 + 5u: 1 + 5u/3 -> 1 + 2u. Rounding the
     // sum to 16 bits first (3 + 4u, a tie to even) would give 1 + u.
-    CHECK(run1<uint16_t>(dt, RedOp::kAvg, {fvals(dt, {1 + u}), fvals(dt, {1 + 2 * u}), fvals(dt, {1 + 2 * u})}, -1, 3) ==
-              h16(dt, 1 + 2 * u), "avg single rounding %s", dtype_name(dt));
+    const std::vector<Bytes> in = {fvals(dt, {1 + u}), fvals(dt, {1 + 2 * u}), fvals(dt, {1 + 2 * u})};
+    CHECK(run(dt, RedOp::kAvg, in, -1, 3) == fvals(dt, {1 + 2 * u}), "avg single rounding %s", dtype_name(dt));
   }
-  // Integer wrap-around (two's complement, no UB).
-  CHECK(run1<int8_t>(DType::kInt8, RedOp::kSum, {vals<int8_t>({127}), vals<int8_t>({1})}) == -128, "int8 wrap");
-  CHECK(run1<int8_t>(DType::kInt8, RedOp::kProduct, {vals<int8_t>({-128}), vals<int8_t>({-1})}, 0) == -128, "int8 mul");
-  CHECK(run1<uint8_t>(DType::kUInt8, RedOp::kSum, {vals<uint8_t>({255}), vals<uint8_t>({1})}, 1) == 0, "uint8 wrap");
-  CHECK(run1<uint8_t>(DType::kUInt8, RedOp::kProduct, {vals<uint8_t>({16}), vals<uint8_t>({16}), vals<uint8_t>({3})}) == 0, "uint8 mul");
-  CHECK(run1<int32_t>(DType::kInt32, RedOp::kSum, {vals<int32_t>({INT32_MAX}), vals<int32_t>({1})}) == INT32_MIN, "int32 wrap");
-  CHECK(run1<int32_t>(DType::kInt32, RedOp::kProduct, {vals<int32_t>({65536}), vals<int32_t>({65536})}) == 0, "int32 mul");
-  CHECK(run1<int64_t>(DType::kInt64, RedOp::kSum, {vals<int64_t>({INT64_MAX}), vals<int64_t>({1}), vals<int64_t>({0})}, 0) == INT64_MIN, "int64 wrap");
-  CHECK(run1<int64_t>(DType::kInt64, RedOp::kProduct, {vals<int64_t>({1ll << 40}), vals<int64_t>({1ll << 40})}) == 0, "int64 mul");
-  // bool: any non-zero byte is true; outputs are 0/1.
-  const std::vector<Bytes> bin = {vals<uint8_t>({0, 2, 255, 0}), vals<uint8_t>({0, 0, 7, 9})};
-  CHECK(run(DType::kBool, RedOp::kSum, bin) == vals<uint8_t>({0, 1, 1, 1}), "bool OR");
-  CHECK(run(DType::kBool, RedOp::kMin, bin) == vals<uint8_t>({0, 0, 1, 0}), "bool AND");
-  CHECK(run(DType::kBool, RedOp::kBxor, bin) == vals<uint8_t>({0, 1, 0, 1}), "bool XOR");
-  CHECK(run(DType::kBool, RedOp::kMax, {bin[0]}) == vals<uint8_t>({0, 1, 1, 0}), "bool copy");
-  // nsrc == 1 without AVG is a bitwise copy (a signalling-NaN bf16 stays as is).
-  CHECK(run(DType::kBFloat16, RedOp::kSum, {vals<uint16_t>({0x7F81, 0xFF80})}) == vals<uint16_t>({0x7F81, 0xFF80}), "copy");
+  // Integer wrap-around (two's complement, computed without UB) and bool.
+  struct IntCase { DType dt; RedOp op; std::vector<std::vector<int64_t>> in; std::vector<int64_t> want; int alias; };
+  const IntCase cases[] = {
+      {DType::kInt8, RedOp::kSum, {{127}, {1}}, {-128}, -1},
+      {DType::kInt8, RedOp::kProduct, {{-128}, {-1}}, {-128}, 0},
+      {DType::kUInt8, RedOp::kSum, {{255}, {1}}, {0}, 1},
+      {DType::kUInt8, RedOp::kProduct, {{16}, {16}, {3}}, {0}, -1},
+      {DType::kInt32, RedOp::kSum, {{INT32_MAX}, {1}}, {INT32_MIN}, -1},
+      {DType::kInt32, RedOp::kProduct, {{65536}, {65536}}, {0}, -1},
+      {DType::kInt64, RedOp::kSum, {{INT64_MAX}, {1}, {0}}, {INT64_MIN}, 0},
+      {DType::kInt64, RedOp::kProduct, {{1ll << 40}, {1ll << 40}}, {0}, -1},
+      // bool: any non-zero byte is true; outputs are 0/1 (also for one source).
+      {DType::kBool, RedOp::kSum, {{0, 2, 255, 0}, {0, 0, 7, 9}}, {0, 1, 1, 1}, -1},
+      {DType::kBool, RedOp::kMin, {{0, 2, 255, 0}, {0, 0, 7, 9}}, {0, 0, 1, 0}, 1},
+      {DType::kBool, RedOp::kBxor, {{0, 2, 255, 0}, {0, 0, 7, 9}}, {0, 1, 0, 1}, -1},
+      {DType::kBool, RedOp::kMax, {{0, 2, 255, 0}}, {0, 1, 1, 0}, -1},
+      // nsrc == 1 without AVG is a bitwise copy (a signalling-NaN bf16 stays as is).
+      {DType::kBFloat16, RedOp::kSum, {{0x7F81, 0xFF80}}, {0x7F81, 0xFF80}, -1},
+  };
+  for (const IntCase& c : cases) {
+    std::vector<Bytes> in;
+    for (const auto& x : c.in) in.push_back(ivals(c.dt, x));
+    CHECK(run(c.dt, c.op, in, c.alias) == ivals(c.dt, c.want), "%s %s", dtype_name(c.dt), redop_name(c.op));
+  }
 }
 
 static std::string error_of(DType dt, RedOp op, int nsrc, int div) {
@@ -357,14 +356,16 @@ static std::string error_of(DType dt, RedOp op, int nsrc, int div) {
   return "";
 }
 
-static void test_errors() {
-  const std::string m = error_of(DType::kFloat32, RedOp::kBand, 2, 2);
-  CHECK(m == "reduce op BAND is not defined for float32", "got '%s'", m.c_str());
-  CHECK(error_of(DType::kInt32, RedOp::kAvg, 2, 2).find("AVG") != std::string::npos, "AVG int32");
-  CHECK(error_of(DType::kBool, RedOp::kAvg, 2, 2).find("bool") != std::string::npos, "AVG bool");
-  CHECK(error_of(DType::kComplex64, RedOp::kMax, 2, 2).find("complex64") != std::string::npos, "MAX complex64");
-  CHECK(error_of(DType::kBFloat16, RedOp::kBxor, 2, 2).find("BXOR") != std::string::npos, "BXOR bf16");
+static void test_errors() {  // every unsupported pair, with the exact message
+  for (DType dt : kAllTypes)
+    for (RedOp op : kAllOps) {
+      if (redop_supported(dt, op)) continue;
+      const std::string want = std::string("reduce op ") + redop_name(op) + " is not defined for " + dtype_name(dt);
+      const std::string got = error_of(dt, op, 2, 2);
+      CHECK(got == want, "got '%s', want '%s'", got.c_str(), want.c_str());
+    }
   CHECK(!error_of(DType::kFloat32, RedOp::kSum, 0, 1).empty(), "nsrc=0 rejected");
+  CHECK(!error_of(DType::kFloat32, RedOp::kAvg, 2, 0).empty(), "AVG with divisor 0 rejected");
   CHECK(error_of(DType::kFloat32, RedOp::kSum, 2, 0).empty(), "SUM ignores divisor");
 }
 
