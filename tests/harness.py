@@ -48,6 +48,47 @@ def rsdp_shm_entries() -> set[str]:
         return set()
 
 
+def shm_holders() -> dict[str, set[int]]:
+    """For every /dev/shm entry containing "rsdp": the pids that have it open or mapped."""
+    holders: dict[str, set[int]] = {}
+
+    def note(path: str, pid: int) -> None:
+        if path.startswith(SHM_DIR + "/") and not path.endswith("(deleted)"):
+            name = path[len(SHM_DIR) + 1:]
+            if "rsdp" in name.lower():
+                holders.setdefault(name, set()).add(pid)
+
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        pid = int(d)
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    if "/dev/shm/" in line:
+                        note(line.split(None, 5)[-1].strip(), pid)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    note(os.readlink(f"/proc/{pid}/fd/{fd}"), pid)
+                except OSError:
+                    pass
+        except OSError:
+            continue
+    return holders
+
+
+def own_shm_entries(own_pids: Iterable[int] = ()) -> set[str]:
+    """rsdp /dev/shm entries that are ours or nobody's: held by one of `own_pids`, or held by
+    no live process at all.  Entries held only by other processes belong to some other job
+    running on the same machine at the same time and are ignored."""
+    own = set(own_pids)
+    names = rsdp_shm_entries()
+    if not names:
+        return names
+    holders = shm_holders()
+    return {n for n in names if not holders.get(n) or holders[n] & own}
+
+
 class LaunchError(AssertionError):
     """A launch failed: a rank raised, died, hung, or left shared memory behind.
 
@@ -169,6 +210,15 @@ class WorkerContext:
         return list(st.multi_get(keys))
 
 
+def _ensure_torch_rsdp_importable() -> None:
+    """Fall back to the source tree (in-place build) when torch_rsdp is not installed."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if importlib.util.find_spec("torch_rsdp") is None and root not in sys.path:
+        sys.path.append(root)
+
+
 def _write_result(path: str, payload) -> None:
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -191,9 +241,9 @@ def _worker_main(fn, args, rank, world_size, backend, workdir, store_port, env, 
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     log_file = os.fdopen(log_fd, "w", buffering=1)
     faulthandler.enable(file=log_file, all_threads=True)
-    # Dump every thread's stack shortly before the launcher's deadline (diagnoses hangs).
-    if deadline_s > 4:
-        faulthandler.dump_traceback_later(deadline_s - 2.5, exit=False, file=log_file)
+    # The launcher sends SIGUSR1 to a rank that is still running at the deadline: dump every
+    # thread's Python stack into the log before it is killed (diagnoses hangs).
+    faulthandler.register(signal.SIGUSR1, file=log_file, all_threads=True)
 
     for k, v in env.items():
         if v is None:
@@ -208,6 +258,7 @@ def _worker_main(fn, args, rank, world_size, backend, workdir, store_port, env, 
     result_path = os.path.join(workdir, f"result{rank}.pkl")
     try:
         if backend == "rsdp" or os.environ.get("RSDP_TEST_IMPORT", "") == "1":
+            _ensure_torch_rsdp_importable()
             import torch_rsdp  # noqa: F401  (registers the "rsdp" backend)
         import torch.distributed as dist
 
@@ -354,7 +405,13 @@ def launch(
         if p.is_alive():
             hung.append(r)
     if hung:
-        # Give faulthandler's dump a moment if it has not fired yet, then kill everything.
+        # Ask the hung ranks for a stack dump (faulthandler, SIGUSR1), then kill everything.
+        for r in hung:
+            try:
+                os.kill(procs[r].pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(1.5)
         for r in hung:
             try:
                 os.kill(procs[r].pid, signal.SIGKILL)
@@ -390,13 +447,19 @@ def launch(
 
     # /dev/shm must not keep anything once every process is gone (allow a short grace period
     # for unlinks racing with process exit).
+    # An entry counts as leaked if it appeared during this launch, is still there after a
+    # grace period and no live process holds it (all our children are gone by now, so an
+    # entry held by a live process belongs to another job running at the same time).
     leaked: set[str] = set()
     if check_shm:
+        leaked = rsdp_shm_entries() - shm_before
         for _ in range(20):
-            leaked = rsdp_shm_entries() - shm_before
             if not leaked:
                 break
             time.sleep(0.1)
+            leaked &= rsdp_shm_entries()
+        if leaked:
+            leaked &= own_shm_entries()
 
     fatal = []  # always fail the launch: hangs, crashes, unexpected exit codes
     errors = []  # ranks that raised (fail only with raise_on_error)
@@ -421,20 +484,10 @@ def launch(
         msg = _format_failure("; ".join(problems), res, sorted(res.outcomes))
         if leaked:
             msg += f"\nalso leaked /dev/shm entries: {sorted(leaked)}"
-            _cleanup_shm(leaked)
         raise LaunchError(msg, res)
     if leaked:
-        _cleanup_shm(leaked)
         raise LaunchError(f"/dev/shm entries containing 'rsdp' left behind: {sorted(leaked)}", res)
     return res
-
-
-def _cleanup_shm(names: Iterable[str]) -> None:
-    for n in names:
-        try:
-            os.unlink(os.path.join(SHM_DIR, n))
-        except OSError:
-            pass
 
 
 # --------------------------------------------------------------------------------------------

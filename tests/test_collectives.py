@@ -317,8 +317,8 @@ def fam_send_recv(ctx, rec):
 def fam_recv_anysource(ctx, rec):
     """dist.recv(t) without src on rank 0 returns the sender rank."""
     W, r = ctx.world_size, ctx.rank
-    for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.uint8):
-        for n in (1, 7, LARGE):
+    for n in (1, 7, LARGE, 0):
+        for dtype in (torch.float32, torch.int64, torch.bfloat16, torch.uint8):
             with rec.case(f"{dname(dtype)} n={n}"):
                 if r == 0:
                     seen = []

@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import backend_under_test, launch, rsdp_shm_entries
+from harness import launch, own_shm_entries, rsdp_shm_entries
 
 PG_TIMEOUT = 10.0
 MISMATCH_WORDS = re.compile(r"mismatch|does not match|do not match|doesn't match|differ", re.I)
@@ -77,7 +77,8 @@ def test_sigkill_peer(ws, victim):
         assert o["iter"] >= KILL_ITER, f"rank {r} raised before the kill: {o}"
         assert o["after_kill_s"] <= PG_TIMEOUT + 5, (
             f"rank {r} raised {o['after_kill_s']:.1f}s after the kill (timeout {PG_TIMEOUT}s)")
-    assert rsdp_shm_entries() - before == set()
+    left = (rsdp_shm_entries() - before) & own_shm_entries()
+    assert left == set(), f"/dev/shm entries left behind after the kill: {sorted(left)}"
 
 
 # --------------------------------------------------------------------------------------------

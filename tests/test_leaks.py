@@ -16,10 +16,20 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from harness import launch, rsdp_shm_entries
+from harness import launch, own_shm_entries
 
 RSS_SLACK_KB = 8 * 1024
 TOTAL, WARMUP = 10_000, 1_000
+
+
+def _fd_targets() -> list[str]:
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out.append(f"{fd}->{os.readlink(f'/proc/self/fd/{fd}')}")
+        except OSError:
+            pass
+    return sorted(out)
 
 
 def measure() -> dict:
@@ -32,7 +42,9 @@ def measure() -> dict:
         "rss_kb": int(status["VmRSS"].split()[0]),
         "threads": int(status["Threads"]),
         "fds": len(os.listdir("/proc/self/fd")),
-        "shm": sorted(rsdp_shm_entries()),
+        "fd_targets": _fd_targets(),
+        # ours (held by this process) or orphaned; entries of other jobs on the machine are ignored
+        "shm": sorted(own_shm_entries([os.getpid()])),
     }
 
 
@@ -76,6 +88,7 @@ def _many_collectives_worker(ctx):
     for i in range(WARMUP):
         _one(i, r, W)
     dist.barrier()
+    time.sleep(1.0)  # let lazily-closed resources of the warm-up settle
     gc.collect()
     m0 = measure()
     t0 = time.monotonic()
@@ -94,7 +107,10 @@ def test_many_small_collectives_flat():
         m0, m1 = res[r]["warm"], res[r]["end"]
         growth = m1["rss_kb"] - m0["rss_kb"]
         assert growth < RSS_SLACK_KB, f"rank {r}: RSS grew by {growth} KiB over {TOTAL - WARMUP} collectives"
-        assert m1["fds"] == m0["fds"], f"rank {r}: open fds {m0['fds']} -> {m1['fds']}"
+        assert m1["fds"] == m0["fds"], (
+            f"rank {r}: open fds {m0['fds']} -> {m1['fds']}; only before: "
+            f"{sorted(set(m0['fd_targets']) - set(m1['fd_targets']))}, only after: "
+            f"{sorted(set(m1['fd_targets']) - set(m0['fd_targets']))}")
         assert m1["threads"] == m0["threads"], f"rank {r}: threads {m0['threads']} -> {m1['threads']}"
         assert m1["shm"] == m0["shm"], f"rank {r}: /dev/shm rsdp entries {m0['shm']} -> {m1['shm']}"
 
@@ -125,7 +141,10 @@ def test_init_destroy_cycles_flat():
         assert len(ms) == cycles
         base = ms[0]
         for c, m in enumerate(ms[1:], start=2):
-            assert m["fds"] == base["fds"], f"rank {r}: fds after cycle 1: {base['fds']}, after cycle {c}: {m['fds']}"
+            assert m["fds"] == base["fds"], (
+                f"rank {r}: fds after cycle 1: {base['fds']}, after cycle {c}: {m['fds']}; only before: "
+                f"{sorted(set(base['fd_targets']) - set(m['fd_targets']))}, only after: "
+                f"{sorted(set(m['fd_targets']) - set(base['fd_targets']))}")
             assert m["threads"] == base["threads"], (
                 f"rank {r}: threads after cycle 1: {base['threads']}, after cycle {c}: {m['threads']}")
             assert m["shm"] == base["shm"], f"rank {r}: /dev/shm {base['shm']} -> {m['shm']} (cycle {c})"

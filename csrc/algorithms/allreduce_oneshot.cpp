@@ -29,13 +29,16 @@ void allreduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, size_t o
   d.dtype = dt;
   d.redop = op;
   d.count = count;
-  c.begin(d, timeout);
   const size_t bytes = count * dtype_size(dt);
+  const bool oneshot = bytes <= oneshot_bytes && bytes <= c.half_bytes();
+  // The choice depends on a per-rank setting, so it is part of what ranks must agree on.
+  d.aux = oneshot ? 1 : 2;
+  c.begin(d, timeout);
   if (c.size() == 1) {  // every op over one rank is the identity
     c.exchange();
     return;
   }
-  if (bytes <= oneshot_bytes && bytes <= c.half_bytes())
+  if (oneshot)
     allreduce_oneshot(c, buf, count, dt, op);
   else
     allreduce_rs_ag(c, buf, count, dt, op);

@@ -6,6 +6,7 @@
 // chunk p of each segment into its staging half), then the root copies the
 // n-1 reduced chunks of the others. The work is spread over all ranks instead
 // of the root reading n*S bytes alone. Non-root buffers are never written.
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -24,9 +25,11 @@ void reduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, int root,
   d.redop = op;
   d.count = count;
   d.root = root;
-  c.begin(d, timeout);
   const int n = c.size(), me = c.rank();
   const size_t es = dtype_size(dt);
+  const bool oneshot = count * es <= std::min(oneshot_bytes, c.half_bytes());
+  d.aux = oneshot ? 1 : 2;  // per-rank setting: part of what ranks must agree on
+  c.begin(d, timeout);
   char* data = static_cast<char*>(buf);
   std::vector<const void*> srcs(n);
 
@@ -34,7 +37,7 @@ void reduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, int root,
     c.exchange();
     return;
   }
-  if (count * es <= std::min(oneshot_bytes, c.half_bytes())) {
+  if (oneshot) {
     std::memcpy(c.stage(), data, count * es);
     c.exchange();
     if (me == root) {

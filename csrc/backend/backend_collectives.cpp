@@ -12,6 +12,14 @@ namespace {
 
 void* ptr(const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; }
 
+// Several prepared collectives as one queued op: all were validated before
+// any was queued, and the one Work fails if any of them fails.
+BackendRSDP::Body sequence(std::vector<BackendRSDP::Body> bodies) {
+  return [bodies = std::move(bodies)](ShmComm& comm) {
+    for (const auto& b : bodies) b(comm);
+  };
+}
+
 }  // namespace
 
 using Work = c10::intrusive_ptr<c10d::Work>;
@@ -94,9 +102,10 @@ Work BackendRSDP::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOpt
   });
 }
 
-Work BackendRSDP::allgather(std::vector<std::vector<at::Tensor>>& outputs,
-                            std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
-  return translate_errors([&] {
+BackendRSDP::Body BackendRSDP::prepare_allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                 std::vector<at::Tensor>& inputs,
+                                                 const c10d::AllgatherOptions& opts) {
+  {
     auto c = ctx("all_gather");
     check_one(c, inputs, "input");
     RSDP_CHECK(outputs.size() == 1 && static_cast<int>(outputs[0].size()) == getSize(), "rsdp rank ",
@@ -115,38 +124,51 @@ Work BackendRSDP::allgather(std::vector<std::vector<at::Tensor>>& outputs,
       counts.push_back(o.numel());
     }
     auto timeout = op_timeout(opts.timeout);
-    return enqueue(c10d::OpType::ALLGATHER, "rsdp:all_gather", outs, [=](ShmComm& comm) {
+    return [=](ShmComm& comm) {
       std::vector<void*> ptrs;
       for (const auto& o : dense_outs) ptrs.push_back(ptr(o));
       algo::allgather(comm, ptr(in), ptrs.data(), counts.data(), dt, timeout);
       for (size_t i = 0; i < outs.size(); ++i) write_back(outs[i], dense_outs[i]);
-    });
+    };
+  }
+}
+
+Work BackendRSDP::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                            std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
+  return translate_errors([&] {
+    Body body = prepare_allgather(outputs, inputs, opts);
+    return enqueue(c10d::OpType::ALLGATHER, "rsdp:all_gather", outputs[0], std::move(body));
   });
+}
+
+BackendRSDP::Body BackendRSDP::prepare_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::AllgatherOptions& opts) {
+  auto c = ctx("all_gather_into_tensor");
+  check_tensor(c, input, "input");
+  check_same_dtype(c, input, {output}, "output");
+  RSDP_CHECK(output.numel() == input.numel() * getSize(), "rsdp rank ", global_rank_,
+             ": all_gather_into_tensor: output ", describe(output), " must have world size (",
+             getSize(), ") x input ", describe(input), " = ", input.numel() * getSize(),
+             " elements");
+  at::Tensor in = dense(input), out = output, dout = dense(output);
+  DType dt = to_dtype(c, in);
+  auto timeout = op_timeout(opts.timeout);
+  int n = getSize();
+  return [=](ShmComm& comm) {
+    std::vector<void*> ptrs;
+    std::vector<uint64_t> counts(n, in.numel());
+    char* base = static_cast<char*>(ptr(dout));
+    for (int p = 0; p < n; ++p) ptrs.push_back(base ? base + p * in.nbytes() : nullptr);
+    algo::allgather(comm, ptr(in), ptrs.data(), counts.data(), dt, timeout);
+    write_back(out, dout);
+  };
 }
 
 Work BackendRSDP::_allgather_base(at::Tensor& output, at::Tensor& input,
                                   const c10d::AllgatherOptions& opts) {
   return translate_errors([&] {
-    auto c = ctx("all_gather_into_tensor");
-    check_tensor(c, input, "input");
-    check_same_dtype(c, input, {output}, "output");
-    RSDP_CHECK(output.numel() == input.numel() * getSize(), "rsdp rank ", global_rank_,
-               ": all_gather_into_tensor: output ", describe(output), " must have world size (",
-               getSize(), ") x input ", describe(input), " = ", input.numel() * getSize(),
-               " elements");
-    at::Tensor in = dense(input), out = output, dout = dense(output);
-    DType dt = to_dtype(c, in);
-    auto timeout = op_timeout(opts.timeout);
-    int n = getSize();
     return enqueue(c10d::OpType::_ALLGATHER_BASE, "rsdp:all_gather_into_tensor", {output},
-                   [=](ShmComm& comm) {
-                     std::vector<void*> ptrs;
-                     std::vector<uint64_t> counts(n, in.numel());
-                     char* base = static_cast<char*>(ptr(dout));
-                     for (int p = 0; p < n; ++p) ptrs.push_back(base ? base + p * in.nbytes() : nullptr);
-                     algo::allgather(comm, ptr(in), ptrs.data(), counts.data(), dt, timeout);
-                     write_back(out, dout);
-                   });
+                   prepare_allgather_base(output, input, opts));
   });
 }
 
@@ -157,14 +179,16 @@ Work BackendRSDP::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outp
     RSDP_CHECK(outputs.size() == inputs.size(), "rsdp rank ", global_rank_,
                ": all_gather_coalesced: ", outputs.size(), " output lists for ", inputs.size(),
                " inputs");
-    // Validate every pair first, then run them all in one queued op.
-    std::vector<Work> works;
+    std::vector<Body> bodies;
+    std::vector<at::Tensor> all_outputs;
     for (size_t i = 0; i < inputs.size(); ++i) {
       std::vector<std::vector<at::Tensor>> o{outputs[i]};
       std::vector<at::Tensor> in{inputs[i]};
-      works.push_back(allgather(o, in, opts));
+      bodies.push_back(prepare_allgather(o, in, opts));
+      all_outputs.insert(all_outputs.end(), outputs[i].begin(), outputs[i].end());
     }
-    return works.empty() ? barrier(c10d::BarrierOptions()) : works.back();
+    return enqueue(c10d::OpType::ALLGATHER_COALESCED, "rsdp:all_gather_coalesced", all_outputs,
+                   sequence(std::move(bodies)));
   });
 }
 
@@ -175,10 +199,11 @@ Work BackendRSDP::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outpu
     RSDP_CHECK(outputs.size() == inputs.size(), "rsdp rank ", global_rank_,
                ": all_gather_into_tensor_coalesced: ", outputs.size(), " outputs for ",
                inputs.size(), " inputs");
-    // Ops on one group run in order, so the last Work completes after all.
-    Work last;
-    for (size_t i = 0; i < inputs.size(); ++i) last = _allgather_base(outputs[i], inputs[i], opts);
-    return last ? last : barrier(c10d::BarrierOptions());
+    std::vector<Body> bodies;
+    for (size_t i = 0; i < inputs.size(); ++i)
+      bodies.push_back(prepare_allgather_base(outputs[i], inputs[i], opts));
+    return enqueue(c10d::OpType::COALESCED, "rsdp:all_gather_into_tensor_coalesced", outputs,
+                   sequence(std::move(bodies)));
   });
 }
 
@@ -287,34 +312,37 @@ Work BackendRSDP::reduce_scatter(std::vector<at::Tensor>& outputs,
   });
 }
 
+BackendRSDP::Body BackendRSDP::prepare_reduce_scatter_base(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  auto c = ctx("reduce_scatter_tensor");
+  check_tensor(c, output, "output");
+  check_same_dtype(c, output, {input}, "input");
+  RSDP_CHECK(input.numel() == output.numel() * getSize(), "rsdp rank ", global_rank_,
+             ": reduce_scatter_tensor: input ", describe(input), " must have world size (",
+             getSize(), ") x output ", describe(output), " = ", output.numel() * getSize(),
+             " elements");
+  DType dt = to_dtype(c, output);
+  RedOp op = to_redop(c, opts.reduceOp, dt);
+  at::Tensor out = output, dout = dense(output);
+  at::Tensor in =
+      input.is_contiguous() && !input.is_alias_of(output) ? input : input.contiguous().clone();
+  auto timeout = op_timeout(opts.timeout);
+  int n = getSize();
+  return [=](ShmComm& comm) {
+    std::vector<const void*> ptrs;
+    std::vector<uint64_t> counts(n, out.numel());
+    const char* base = static_cast<const char*>(ptr(in));
+    for (int p = 0; p < n; ++p) ptrs.push_back(base ? base + p * out.nbytes() : nullptr);
+    algo::reduce_scatter(comm, ptrs.data(), ptr(dout), counts.data(), dt, op, timeout);
+    write_back(out, dout);
+  };
+}
+
 Work BackendRSDP::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                        const c10d::ReduceScatterOptions& opts) {
   return translate_errors([&] {
-    auto c = ctx("reduce_scatter_tensor");
-    check_tensor(c, output, "output");
-    check_same_dtype(c, output, {input}, "input");
-    RSDP_CHECK(input.numel() == output.numel() * getSize(), "rsdp rank ", global_rank_,
-               ": reduce_scatter_tensor: input ", describe(input), " must have world size (",
-               getSize(), ") x output ", describe(output), " = ", output.numel() * getSize(),
-               " elements");
-    DType dt = to_dtype(c, output);
-    RedOp op = to_redop(c, opts.reduceOp, dt);
-    at::Tensor out = output, dout = dense(output);
-    at::Tensor in = input.is_contiguous() && !input.is_alias_of(output) ? input
-                                                                         : input.contiguous().clone();
-    auto timeout = op_timeout(opts.timeout);
-    int n = getSize();
     return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "rsdp:reduce_scatter_tensor", {output},
-                   [=](ShmComm& comm) {
-                     std::vector<const void*> ptrs;
-                     std::vector<uint64_t> counts(n, out.numel());
-                     const char* base = static_cast<const char*>(ptr(in));
-                     for (int p = 0; p < n; ++p)
-                       ptrs.push_back(base ? base + p * out.nbytes() : nullptr);
-                     algo::reduce_scatter(comm, ptrs.data(), ptr(dout), counts.data(), dt, op,
-                                          timeout);
-                     write_back(out, dout);
-                   });
+                   prepare_reduce_scatter_base(output, input, opts));
   });
 }
 
@@ -325,10 +353,11 @@ Work BackendRSDP::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outpu
     RSDP_CHECK(outputs.size() == inputs.size(), "rsdp rank ", global_rank_,
                ": reduce_scatter_tensor_coalesced: ", outputs.size(), " outputs for ",
                inputs.size(), " inputs");
-    Work last;
+    std::vector<Body> bodies;
     for (size_t i = 0; i < inputs.size(); ++i)
-      last = _reduce_scatter_base(outputs[i], inputs[i], opts);
-    return last ? last : barrier(c10d::BarrierOptions());
+      bodies.push_back(prepare_reduce_scatter_base(outputs[i], inputs[i], opts));
+    return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
+                   "rsdp:reduce_scatter_tensor_coalesced", outputs, sequence(std::move(bodies)));
   });
 }
 

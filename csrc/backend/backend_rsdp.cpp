@@ -39,11 +39,19 @@ BackendRSDP::BackendRSDP(const c10::intrusive_ptr<c10d::Store>& store, int rank,
 
 BackendRSDP::~BackendRSDP() { shutdown(); }
 
-void BackendRSDP::shutdown() {
-  if (shut_down_) return;
-  shut_down_ = true;
+void BackendRSDP::shutdown() { stop(true); }
+
+void BackendRSDP::abort() {
+  if (!shut_down_.load() && comm_) comm_->abort("rsdp rank " + std::to_string(global_rank_) +
+                                         ": the process group was aborted");
+  stop(false);
+}
+
+void BackendRSDP::stop(bool drain) {
+  if (shut_down_.exchange(true)) return;
   // Order matters: stop producers of completions before the comm goes away.
-  queue_.reset();
+  // The queue object stays (stopped): a racing enqueue gets its task cancelled.
+  if (queue_) queue_->stop(drain);
   {
     std::lock_guard<std::mutex> g(p2p_mu_);
     p2p_.reset();
@@ -84,8 +92,6 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
 
 c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue_p2p(c10d::OpType type, const char* title,
                                                         at::Tensor tensor, int peer, int tag) {
-  RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", title,
-             " called after the process group was shut down");
   const bool is_send = type == c10d::OpType::SEND;
   at::Tensor buf = dense(tensor);
   auto work = c10::make_intrusive<WorkRSDP>(getRank(), type, seq_.load(),
@@ -100,17 +106,16 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue_p2p(c10d::OpType type, const
     }
     work->complete(err, src);
   };
-  P2PEngine* engine;
-  {
-    std::lock_guard<std::mutex> g(p2p_mu_);
-    if (!p2p_) p2p_ = std::make_unique<P2PEngine>(*comm_);
-    engine = p2p_.get();
-  }
-  const size_t bytes = buf.nbytes();
+  // Under the lock, so shutdown cannot free the engine in between.
+  std::lock_guard<std::mutex> g(p2p_mu_);
+  RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", title,
+             " called after the process group was shut down");
+  if (!p2p_) p2p_ = std::make_unique<P2PEngine>(*comm_);
+  void* data = buf.numel() ? buf.data_ptr() : nullptr;
   if (is_send)
-    engine->send(buf.data_ptr(), bytes, peer, tag, timeout_, std::move(done));
+    p2p_->send(data, buf.nbytes(), peer, tag, timeout_, std::move(done));
   else
-    engine->recv(buf.data_ptr(), bytes, peer, tag, timeout_, std::move(done));
+    p2p_->recv(data, buf.nbytes(), peer, tag, timeout_, std::move(done));
   return work;
 }
 

@@ -84,10 +84,15 @@ class BackendRSDP : public c10d::Backend {
 
   void setSequenceNumberForGroup() override { seq_ = 0; }
   uint64_t getSequenceNumberForGroup() override { return seq_; }
-  void abort() override { shutdown(); }
+  // shutdown: queued collectives still run (as gloo's destructor does);
+  // abort: waits fail at once and queued collectives are cancelled.
+  void abort() override;
   void shutdown() override;
 
   const rsdp::Options& options() const { return opts_; }
+
+  // One queued collective: runs on the worker with the group's comm.
+  using Body = std::function<void(ShmComm&)>;
 
   // Ring redistribution (backend_ring.cpp): recv <- the ring neighbour's send
   // (+ add). direction +1 sends to the successor.
@@ -98,7 +103,14 @@ class BackendRSDP : public c10d::Backend {
   const std::vector<int>& ring_order() const { return ring_order_; }
 
  private:
-  using Body = std::function<void(ShmComm&)>;
+  // Validate on the calling thread and return the op, for the plain and the
+  // coalesced variants alike.
+  Body prepare_allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                         std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts);
+  Body prepare_allgather_base(at::Tensor& output, at::Tensor& input,
+                              const c10d::AllgatherOptions& opts);
+  Body prepare_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                   const c10d::ReduceScatterOptions& opts);
   // Queues body on the worker; the Work completes with `outputs`.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
                                          std::vector<at::Tensor> outputs, Body body);
@@ -116,7 +128,8 @@ class BackendRSDP : public c10d::Backend {
   std::mutex p2p_mu_;
   std::unique_ptr<P2PEngine> p2p_;  // started by the first send/recv
   std::atomic<uint64_t> seq_{0};
-  bool shut_down_ = false;
+  void stop(bool drain);
+  std::atomic<bool> shut_down_{false};
 };
 
 // Converts rsdp::Error thrown on the calling thread into c10 exceptions.

@@ -4,10 +4,14 @@ namespace rsdp {
 
 OpQueue::OpQueue() : thread_([this] { loop(); }) {}
 
-OpQueue::~OpQueue() {
+OpQueue::~OpQueue() { stop(true); }
+
+void OpQueue::stop(bool drain) {
   {
     std::lock_guard<std::mutex> g(mu_);
+    if (stop_) return;
     stop_ = true;
+    drain_ = drain;
   }
   cv_.notify_all();
   thread_.join();
@@ -16,9 +20,13 @@ OpQueue::~OpQueue() {
 void OpQueue::push(Task task) {
   {
     std::lock_guard<std::mutex> g(mu_);
-    tasks_.push_back(std::move(task));
+    if (!stop_) {
+      tasks_.push_back(std::move(task));
+      cv_.notify_one();
+      return;
+    }
   }
-  cv_.notify_one();
+  task(false);  // stopped: cancel rather than leave its Work pending forever
 }
 
 void OpQueue::loop() {
@@ -27,7 +35,7 @@ void OpQueue::loop() {
     {
       std::unique_lock<std::mutex> lk(mu_);
       cv_.wait(lk, [&] { return stop_ || !tasks_.empty(); });
-      if (stop_) {
+      if (stop_ && (!drain_ || tasks_.empty())) {
         std::deque<Task> left;
         left.swap(tasks_);
         lk.unlock();

@@ -1,7 +1,8 @@
 // The worker thread of a process group: runs its collectives one at a time,
 // in the order they were issued (which is what keeps every rank's step
-// counters in lock-step). Tasks still queued at shutdown are called with
-// run=false so they can fail their Work instead of leaving it pending.
+// counters in lock-step). stop(drain=true) runs what is queued first, as
+// gloo does on destroy; stop(drain=false) calls queued tasks with run=false
+// so they fail their Work instead of leaving it pending.
 #pragma once
 
 #include <condition_variable>
@@ -17,9 +18,11 @@ class OpQueue {
   using Task = std::function<void(bool run)>;
 
   OpQueue();
-  ~OpQueue();  // cancels what is queued, finishes the running task, joins
+  ~OpQueue();  // stop(true)
 
   void push(Task task);
+  // Finishes the running task, then drains or cancels the rest; joins.
+  void stop(bool drain);
 
  private:
   void loop();
@@ -28,6 +31,7 @@ class OpQueue {
   std::condition_variable cv_;
   std::deque<Task> tasks_;
   bool stop_ = false;
+  bool drain_ = true;
   std::thread thread_;
 };
 

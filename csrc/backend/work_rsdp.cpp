@@ -21,13 +21,15 @@ int WorkRSDP::sourceRank() const {
 
 void WorkRSDP::complete(std::exception_ptr err, int src) {
   src_.store(src);
+  // The future first, then wake wait(): code that reads get_future().value()
+  // right after wait() must find it complete (gloo orders it the same way).
   if (err) {
     err = to_torch_exception(err);
-    finish(err);
     future_->setError(err);
+    finish(err);
   } else {
-    finish();
     future_->markCompleted(c10::IValue(outputs_));
+    finish();
   }
 }
 

@@ -19,7 +19,7 @@ std::string Group::who(int r) const {
 std::string Group::me() const { return "rsdp rank " + std::to_string(global(rank)); }
 
 std::string Group::key(const std::string& k) const {
-  return "rsdp/" + std::to_string(generation) + "/" + k;
+  return "rsdp/" + std::to_string(size) + "/" + std::to_string(generation) + "/" + k;
 }
 
 std::string local_node_id(const Options& opts) {
@@ -46,7 +46,9 @@ Group join_group(Bootstrap& store, int rank, int size, std::vector<int> global_r
   g.global_ranks = std::move(global_ranks);
 
   // Every rank of one incarnation draws a ticket in [gen*size+1, (gen+1)*size].
-  int64_t ticket = store.add("rsdp/joined", 1);
+  // Keyed by size too, so an incarnation of another size under a reused
+  // store prefix (e.g. a new subgroup that got an old group's name) counts apart.
+  int64_t ticket = store.add("rsdp/joined/" + std::to_string(size), 1);
   g.generation = static_cast<long>((ticket - 1) / size);
 
   std::ostringstream mine;

@@ -30,7 +30,10 @@ std::string OpDesc::describe() const {
     if (kind == OpKind::kRingShift)
       os << (redop == RedOp::kSum ? " with reduce" : "") << (direction > 0 ? ", forward" : ", backward");
     os << ", " << count << " elements";
-    if (aux) os << ", per-rank sizes #" << std::hex << (aux & 0xffff) << std::dec;
+    if ((kind == OpKind::kAllreduce || kind == OpKind::kReduce) && aux)
+      os << (aux == 1 ? ", one-shot" : ", reduce-scatter+all-gather");
+    else if (aux)
+      os << ", per-rank sizes #" << std::hex << (aux & 0xffff) << std::dec;
     if (root >= 0) os << ", root " << root;
   }
   os << ") as collective #" << seq;

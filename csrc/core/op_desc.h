@@ -29,7 +29,7 @@ const char* op_name(OpKind k);
 struct OpDesc {
   uint64_t seq = 0;    // per-group collective counter, filled in by the comm
   uint64_t count = 0;  // elements (op-specific meaning, identical on all ranks)
-  uint64_t aux = 0;    // hash of per-rank size lists (allgather_v etc.), else 0
+  uint64_t aux = 0;    // hash of per-rank size lists, or the algorithm chosen; else 0
   int32_t root = -1;
   OpKind kind = OpKind::kBarrier;
   DType dtype = DType::kUInt8;

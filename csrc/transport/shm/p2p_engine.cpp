@@ -12,9 +12,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct MsgHeader {
+  uint32_t magic;  // catches a stream that lost its framing
+  uint32_t seq;    // per-channel message number, likewise
   int64_t tag;
   uint64_t bytes;
 };
+constexpr uint32_t kMsgMagic = 0x52534450;  // "RSDP"
 constexpr size_t kHdr = sizeof(MsgHeader);
 
 void ring_write(const RingView& v, uint64_t pos, const void* src, size_t n) {
@@ -65,6 +68,10 @@ struct P2PEngine::Incoming {
 
 P2PEngine::P2PEngine(ShmComm& comm) : comm_(comm) {
   sends_.resize(comm.size());
+  send_seq_.assign(comm.size(), 0);
+  recv_seq_.assign(comm.size(), 0);
+  broken_dst_.assign(comm.size(), false);
+  broken_src_.assign(comm.size(), false);
   for (int i = 0; i < comm.size(); ++i) incoming_.push_back(std::make_unique<Incoming>());
   thread_ = std::thread([this] { run(); });
 }
@@ -124,12 +131,24 @@ void P2PEngine::run() {
       }
       submitted_.clear();
     }
-    if (progress()) continue;
-    auto now = Clock::now();
-    if (now - last_check > std::chrono::milliseconds(20)) {
-      check_deadlines();
-      last_check = now;
+    bool moved;
+    try {
+      moved = progress();
+      // On a timer, even under steady traffic, so a stuck peer cannot hide
+      // behind a busy one.
+      auto now = Clock::now();
+      if (now - last_check > std::chrono::milliseconds(20)) {
+        check_deadlines();
+        last_check = now;
+      }
+    } catch (...) {
+      // E.g. out of memory for a stashed message: fail what is pending
+      // instead of taking the process down.
+      fail_all(std::current_exception());
+      moved = true;
     }
+    if (moved) continue;
+    auto now = Clock::now();
     // Briefly poll for the doorbell, then sleep on it.
     auto spin_end = now + std::chrono::microseconds(20);
     while (bell.load(std::memory_order_acquire) == seen && Clock::now() < spin_end) cpu_relax();
@@ -139,16 +158,46 @@ void P2PEngine::run() {
     sleepers.fetch_sub(1, std::memory_order_seq_cst);
   }
   // Shutting down: whatever is still pending fails instead of hanging.
-  auto err = std::make_exception_ptr(Error(
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& r : submitted_) {
+      if (r->is_send) sends_[r->peer].push_back(std::move(r));
+      else recvs_.push_back(std::move(r));
+    }
+    submitted_.clear();
+  }
+  fail_all(std::make_exception_ptr(Error(
       ErrorKind::kPeer, comm_.group().me() + ": the process group was destroyed while this "
-                                             "send/recv was pending"));
-  std::lock_guard<std::mutex> g(mu_);
-  for (auto& r : submitted_) finish(r, err, -1);
-  for (auto& q : sends_)
+                                             "send/recv was pending")));
+}
+
+void P2PEngine::fail_all(std::exception_ptr err) {
+  for (int p = 0; p < comm_.size(); ++p) {
+    // Streams with a message half-way cannot be resumed.
+    if (!sends_[p].empty() && sends_[p].front()->header_done) broken_dst_[p] = true;
+    if (incoming_[p]->active) broken_src_[p] = true;
+  }
+  for (auto& q : sends_) {
     for (auto& r : q) finish(r, err, -1);
+    q.clear();
+  }
   for (auto& r : recvs_) finish(r, err, -1);
+  recvs_.clear();
   for (auto& in : incoming_)
     if (in->req) finish(in->req, err, -1);
+}
+
+void P2PEngine::fail_recvs_from(int src, const std::string& msg) {
+  auto err = std::make_exception_ptr(Error(ErrorKind::kPeer, msg));
+  for (auto it = recvs_.begin(); it != recvs_.end();) {
+    if ((*it)->peer == src) {
+      finish(*it, err, -1);
+      it = recvs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (incoming_[src]->req) finish(incoming_[src]->req, err, -1);
 }
 
 bool P2PEngine::progress() {
@@ -165,6 +214,14 @@ bool P2PEngine::progress() {
 bool P2PEngine::progress_send(int dst) {
   auto& q = sends_[dst];
   if (q.empty()) return false;
+  if (broken_dst_[dst]) {
+    auto err = std::make_exception_ptr(Error(
+        ErrorKind::kPeer, detail::cat(comm_.group().me(), ": send to ", comm_.group().who(dst),
+                                      " refused: an earlier send to it was abandoned half-way")));
+    for (auto& r : q) finish(r, err, -1);
+    q.clear();
+    return true;
+  }
   Request& r = *q.front();
   RingView v = comm_.ring(comm_.rank(), dst);
   uint64_t head = v.ctl->head.load(std::memory_order_relaxed);
@@ -173,7 +230,7 @@ bool P2PEngine::progress_send(int dst) {
   bool moved = false;
   if (!r.header_done) {
     if (room < kHdr) return false;
-    MsgHeader h{r.tag, r.bytes};
+    MsgHeader h{kMsgMagic, send_seq_[dst]++, r.tag, r.bytes};
     ring_write(v, head, &h, kHdr);
     head += kHdr;
     room -= kHdr;
@@ -198,6 +255,7 @@ bool P2PEngine::progress_send(int dst) {
 }
 
 bool P2PEngine::progress_incoming(int src) {
+  if (broken_src_[src]) return false;
   Incoming& in = *incoming_[src];
   RingView v = comm_.ring(src, comm_.rank());
   uint64_t tail = v.ctl->tail.load(std::memory_order_relaxed);
@@ -208,6 +266,15 @@ bool P2PEngine::progress_incoming(int src) {
     if (avail < kHdr) return false;
     MsgHeader h;
     ring_read(v, tail, &h, kHdr);
+    if (h.magic != kMsgMagic || h.seq != recv_seq_[src]) {
+      // Only a sender that died or gave up half-way leaves a torn stream.
+      broken_src_[src] = true;
+      fail_recvs_from(src, detail::cat(comm_.group().me(), ": the byte stream from ",
+                                       comm_.group().who(src),
+                                       " is corrupt (a send was abandoned half-way)"));
+      return false;
+    }
+    ++recv_seq_[src];
     tail += kHdr;
     avail -= kHdr;
     moved = in.active = true;
@@ -279,15 +346,17 @@ bool P2PEngine::deliver_stashed() {
     int src = (*s)->src;
     std::exception_ptr err;
     if ((*s)->data.size() != r.bytes) {
+      // The recv fails; the message stays for a later recv of the right size
+      // (the same rule as for a message matched on arrival).
       err = std::make_exception_ptr(Error(
           ErrorKind::kValue,
           detail::cat(comm_.group().me(), ": ", r.what(comm_.group()), " got a message of ",
                       (*s)->data.size(), " bytes from ", comm_.group().who(src),
                       "; the receive tensor must have exactly the size that was sent")));
-    } else if (r.bytes) {
-      std::memcpy(r.data, (*s)->data.data(), r.bytes);
+    } else {
+      if (r.bytes) std::memcpy(r.data, (*s)->data.data(), r.bytes);
+      stash_.erase(s);
     }
-    stash_.erase(s);
     finish(*it, err, src);
     it = recvs_.erase(it);
     any = true;
@@ -298,7 +367,8 @@ bool P2PEngine::deliver_stashed() {
 void P2PEngine::check_deadlines() {
   const Group& g = comm_.group();
   auto fail_if_stuck = [&](std::unique_ptr<Request>& r) -> bool {
-    bool dead = r->peer >= 0 && !comm_.peer_alive(r->peer);
+    bool dead = r->peer >= 0 && (!comm_.peer_alive(r->peer) ||
+                                 (!r->is_send && broken_src_[r->peer]));
     if (!dead && !r->deadline.expired()) return false;
     std::string msg =
         dead ? detail::cat(g.me(), ": ", r->what(g), " failed: ", g.who(r->peer), " (pid ",
@@ -312,8 +382,11 @@ void P2PEngine::check_deadlines() {
   for (int dst = 0; dst < static_cast<int>(sends_.size()); ++dst) {
     auto& q = sends_[dst];
     // A send stuck half-way leaves the byte stream to that peer unusable, so
-    // everything queued behind it fails too.
-    if (q.empty() || !fail_if_stuck(q.front())) continue;
+    // everything queued behind it fails too, and so does every later send.
+    if (q.empty()) continue;
+    const bool started = q.front()->header_done;
+    if (!fail_if_stuck(q.front())) continue;
+    if (started) broken_dst_[dst] = true;
     auto err = std::make_exception_ptr(Error(
         ErrorKind::kPeer, detail::cat(g.me(), ": send to ", g.who(dst),
                                       " not attempted: an earlier send to it failed")));

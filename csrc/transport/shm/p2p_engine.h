@@ -17,6 +17,7 @@
 #include <functional>
 #include <list>
 #include <memory>
+#include <string>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -52,6 +53,8 @@ class P2PEngine {
   bool deliver_stashed();
   void check_deadlines();
   void finish(std::unique_ptr<Request>& r, std::exception_ptr err, int src);
+  void fail_all(std::exception_ptr err);
+  void fail_recvs_from(int src, const std::string& msg);
   void submit(std::unique_ptr<Request> r);
 
   ShmComm& comm_;
@@ -64,6 +67,8 @@ class P2PEngine {
   std::list<std::unique_ptr<Request>> recvs_;                // posted, in order
   std::list<std::unique_ptr<Stashed>> stash_;                // arrived early, in order
   std::vector<std::unique_ptr<Incoming>> incoming_;          // per src
+  std::vector<uint32_t> send_seq_, recv_seq_;                // message numbers per channel
+  std::vector<bool> broken_dst_, broken_src_;                // streams torn half-way
   std::thread thread_;
 };
 

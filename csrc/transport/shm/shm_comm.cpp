@@ -64,10 +64,16 @@ void ShmComm::attach(Bootstrap& store) {
     seg_ = ShmSegment::create(name, bytes);
     auto* h = reinterpret_cast<SegmentHeader*>(seg_.data());
     *h = SegmentHeader{kShmMagic, static_cast<uint64_t>(n), layout_.half, layout_.ring};
-    store.set(group_.key("shm/name"), name);
     std::vector<std::string> keys;
     for (int r = 1; r < n; ++r) keys.push_back(group_.key("shm/attached/" + std::to_string(r)));
-    bool all = store.wait(keys, group_.timeout);
+    bool all = false;
+    try {
+      store.set(group_.key("shm/name"), name);
+      all = store.wait(keys, group_.timeout);
+    } catch (...) {
+      ShmSegment::unlink(name);  // a store failure must not leave the name behind
+      throw;
+    }
     // Unlink as soon as every peer holds a mapping (or gave up): from here on
     // no crash can leave the name behind.
     ShmSegment::unlink(name);
@@ -123,6 +129,14 @@ void ShmComm::exchange() {
   for (int p = 0; p < n; ++p) {
     if (p == group_.rank) continue;
     const OpDesc& theirs = ctl(p).desc[s & 1];
+    // Same step but a different collective number: the step counters have
+    // diverged (e.g. different algorithms were chosen); nothing can realign them.
+    if (theirs.seq != desc_.seq)
+      fail(ErrorKind::kMismatch,
+           detail::cat(group_.me(), ": collective mismatch: this rank is at ", desc_.describe(),
+                       " but ", group_.who(p), " is at ", theirs.describe(),
+                       " in the same step; the ranks ran different numbers of steps (do all "
+                       "ranks use the same RSDP_* settings?)"));
     if (!(theirs == desc_))
       RSDP_FAIL(ErrorKind::kMismatch, group_.me(), ": collective mismatch: this rank called ",
                 desc_.describe(), " but ", group_.who(p), " called ", theirs.describe(),

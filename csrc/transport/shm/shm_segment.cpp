@@ -60,7 +60,12 @@ ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
               "RSDP_SHM_BYTES");
   }
   ShmSegment s;
-  s.addr_ = map_fd(fd, bytes, name);
+  try {
+    s.addr_ = map_fd(fd, bytes, name);
+  } catch (...) {
+    shm_unlink(name.c_str());
+    throw;
+  }
   s.bytes_ = bytes;
   return s;
 }
