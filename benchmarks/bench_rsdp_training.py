@@ -1,0 +1,406 @@
+#!/usr/bin/env python3
+"""Training benchmark: RSDP vs FSDP2 vs DDP on the RTP/RSDP seed's TransformerLM, one run.
+
+    python benchmarks/bench_rsdp_training.py --small            # 4 CPU ranks, ~2 minutes
+    python benchmarks/bench_rsdp_training.py                    # the seed's config (see below)
+    python benchmarks/bench_rsdp_training.py --small --runs rsdp:rsdp,fsdp2:gloo --steps 20
+    python benchmarks/bench_rsdp_training.py --d-model 512 --layers 6 --batch 16
+
+Every run is ``strategy:backend``; the default compares (a) rsdp:rsdp -- RSDP
+(``torch_rsdp.rsdp.shard``) over the "rsdp" backend, (b) fsdp2:rsdp -- torch FSDP2
+(``fully_shard`` on every block, then on the root, over ``init_device_mesh("cpu", (W,))``),
+(c) fsdp2:gloo, (d) ddp:rsdp and ddp:gloo. Each run spawns ``--world-size`` fresh ranks (so peak
+RSS is per strategy), builds the same model from the same seed, trains with Adam on the same
+synthetic token batches (rank r takes rows [r*B, (r+1)*B) of each global batch), and reports:
+
+* tokens/s: global tokens per step / step time, where the step time is the median over the
+  timed steps (after ``--warmup``) of each rank's step time, taken on the slowest rank. With
+  more ranks than cores, every run gets RSDP_SPIN_US=0 unless it is set (a spinning rank
+  steals the core its peer needs; on the 2-core machine spinning made RSDP ~2.5x slower);
+* peak parameter-related memory per rank (max over ranks), measured during one extra step by
+  ``training_models.ParamMemoryTracker`` (method printed with the results), split into
+  parameters / gradients / optimizer state / gathered-or-communication buffers;
+* peak RSS per rank (VmHWM, max over ranks) and its growth over the RSS before the model was built;
+* the loss of the last step (mean over ranks): all strategies compute the same math, so these
+  agree to rounding.
+
+The seed's config (vocab 10240, d_model 2048, ffn 2048, 32 heads, 10 layers, seq 32, batch 32;
+~295 M parameters, 1.2 GB in float32) needs ~5 GB per DDP rank with Adam and about 150 s per step
+on a 2-core machine: use ``--small`` there. A run that fails (e.g. RSDP not importable yet) is
+reported as "not available: <reason>" and the others still run; the exit code is 1 only if
+every run failed. Targets (printed as PASS/MISS, never failing the exit code): RSDP peak
+parameter memory <= 0.5x FSDP2's and <= 0.3x DDP's; RSDP tokens/s >= 0.8x FSDP2's on the
+same backend. Results: ``<out>/training_<name>.md``, ``.json``, ``.png``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import training_models as tm  # noqa: E402
+
+SEED_CONFIG = dict(vocab=10240, d_model=2048, ffn=2048, heads=32, layers=10, seq=32, batch=32)
+SMALL_CONFIG = dict(vocab=2048, d_model=256, ffn=512, heads=4, layers=4, seq=32, batch=8)
+DEFAULT_RUNS = "rsdp:rsdp,fsdp2:rsdp,fsdp2:gloo,ddp:rsdp,ddp:gloo"
+TARGETS = {"mem_vs_fsdp2": 0.5, "mem_vs_ddp": 0.3, "tps_vs_fsdp2": 0.8}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--small", action="store_true",
+                   help="preset for a 2-core machine: " + ", ".join(
+                       f"{k} {v}" for k, v in SMALL_CONFIG.items()))
+    for k, default in SEED_CONFIG.items():
+        p.add_argument(f"--{k.replace('_', '-')}", type=int, default=None,
+                       help=f"default {default} (seed), {SMALL_CONFIG[k]} with --small"
+                            + ("; sequences per rank per step" if k == "batch" else ""))
+    p.add_argument("--runs", default=DEFAULT_RUNS,
+                   help="comma-separated strategy:backend (strategies rsdp, fsdp2, ddp)")
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
+    p.add_argument("--steps", type=int, default=8, help="timed steps")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="repeat all runs, alternating, and report each run's median step time "
+                        "over rounds (use 2-3 on a busy machine)")
+    p.add_argument("--no-memory", action="store_true", help="skip the memory-tracked step")
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per rank (default cores // world size)")
+    p.add_argument("--timeout", type=int, default=600, help="process-group timeout, seconds")
+    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                 "results"))
+    p.add_argument("--name", default=None, help="file name stem (default small / seed / custom)")
+    args = p.parse_args(argv)
+    base = SMALL_CONFIG if args.small else SEED_CONFIG
+    custom = False
+    for k in SEED_CONFIG:
+        if getattr(args, k) is None:
+            setattr(args, k, base[k])
+        elif getattr(args, k) != base[k]:
+            custom = True
+    args.name = args.name or ("custom" if custom else ("small" if args.small else "seed"))
+    args.threads = args.threads or tm.default_threads(args.world_size)
+    runs = []
+    for item in args.runs.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        strategy, _, backend = item.partition(":")
+        backend = backend or "rsdp"
+        if strategy not in tm.STRATEGIES:
+            p.error(f"unknown strategy {strategy!r} in --runs")
+        runs.append((strategy, backend))
+    if not runs:
+        p.error("--runs is empty")
+    args.runs = runs
+    return args
+
+
+def model_config(args) -> dict:
+    return {k: getattr(args, k) for k in SEED_CONFIG}
+
+
+# --------------------------------------------------------------------------------- one rank
+
+
+def global_batch(step: int, args):
+    g = torch.Generator().manual_seed(args.seed * 1_000_003 + step)
+    return torch.randint(0, args.vocab, (args.world_size * args.batch, args.seq + 1), generator=g)
+
+
+def train_step(model, opt, step, rank, args):
+    toks = global_batch(step, args)[rank * args.batch:(rank + 1) * args.batch]
+    opt.zero_grad(set_to_none=True)
+    loss = tm.lm_loss(model(toks[:, :-1]), toks[:, 1:])
+    loss.backward()
+    opt.step()
+    return loss.item()
+
+
+def worker(rank: int, args, strategy: str, backend: str, port: int, out_dir: str):
+    try:
+        _worker(rank, args, strategy, backend, port, out_dir)
+    except BaseException as exc:  # noqa: BLE001
+        with open(os.path.join(out_dir, f"error{rank}.txt"), "w") as f:
+            f.write(f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+        raise
+
+
+def _worker(rank, args, strategy, backend, port, out_dir):
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")  # FSDP2, harmless here
+    torch.set_num_threads(args.threads)
+    tm.tune_for_oversubscription(args.world_size)
+    if backend == "rsdp":
+        import torch_rsdp  # noqa: F401
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=args.world_size,
+                            timeout=datetime.timedelta(seconds=args.timeout))
+    W = args.world_size
+    dev = torch.device("cpu")
+    rss_reset = tm.reset_peak_rss()
+    rss_base = tm.proc_status_kib("VmRSS") * 1024
+    torch.manual_seed(args.seed)
+    model = tm.TransformerLM(args.vocab, args.d_model, args.ffn, args.heads, args.layers,
+                             args.seq)
+    n_params = tm.count_params(model)
+    t0 = time.perf_counter()
+    model = tm.wrap(model, strategy, dev)
+    wrap_s = time.perf_counter() - t0
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    times, losses = [], []
+    for step in range(args.warmup + args.steps):
+        t0 = time.perf_counter()
+        losses.append(train_step(model, opt, step, rank, args))
+        if step >= args.warmup:
+            times.append(time.perf_counter() - t0)
+    mem_peak, mem_bd, mem_samples = float("nan"), dict.fromkeys(tm.ParamMemoryTracker.CATS, 0), 0
+    if not args.no_memory:
+        dist.barrier()
+        tracker = tm.ParamMemoryTracker(model, opt)
+        with tracker:
+            train_step(model, opt, args.warmup + args.steps, rank, args)
+        mem_peak, mem_bd, mem_samples = tracker.peak, tracker.peak_breakdown, tracker.samples
+    rss_peak = tm.proc_status_kib("VmHWM") * 1024
+    mine = [tm.median(times), max(times), mem_peak,
+            *(mem_bd[c] for c in tm.ParamMemoryTracker.CATS),
+            rss_peak, rss_base, losses[-1], wrap_s, mem_samples]
+    every = tm.gather_floats(mine)
+    if rank == 0:
+        col = lambda i: [r[i] for r in every]  # noqa: E731
+        step_s = max(col(0))
+        peak_rank = max(range(W), key=lambda r: every[r][2])
+        res = {
+            "strategy": strategy, "backend": backend, "world_size": W, "params": n_params,
+            "tokens_per_step": W * args.batch * args.seq, "timed_steps": len(times),
+            "step_s_median_per_rank": col(0), "step_s": step_s,
+            "tokens_per_s": W * args.batch * args.seq / step_s,
+            "mem_peak_bytes": every[peak_rank][2],
+            "mem_breakdown_bytes": dict(zip(tm.ParamMemoryTracker.CATS, every[peak_rank][3:7])),
+            "mem_peak_bytes_per_rank": col(2),
+            "rss_peak_bytes": max(col(7)), "rss_peak_bytes_per_rank": col(7),
+            "rss_base_bytes": max(col(8)),
+            "rss_growth_bytes": max(a - b for a, b in zip(col(7), col(8))),
+            "rss_peak_reset": rss_reset,
+            "final_loss": sum(col(9)) / W, "losses_rank0": losses, "wrap_s": max(col(10)),
+            "mem_samples": int(every[0][11]), "threads_per_rank": args.threads,
+        }
+        with open(os.path.join(out_dir, "result.json"), "w") as f:
+            json.dump(res, f)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+# --------------------------------------------------------------------------------- driver
+
+
+def run_one(args, strategy, backend) -> dict:
+    label = f"{strategy}:{backend}"
+    why = tm.backend_import(backend)
+    if why is None and strategy == "rsdp":
+        _, why = tm.rsdp_import()
+        why = None if why is None else f"rsdp: not available: {why}"
+    if why is not None:
+        print(f"=== {label}: skipped: {why}", flush=True)
+        return {"strategy": strategy, "backend": backend, "error": why}
+    print(f"=== {label}: {args.world_size} ranks, {args.threads} thread(s)/rank ...", flush=True)
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as tmp:
+        try:
+            mp.start_processes(worker, args=(args, strategy, backend, tm.free_port(), tmp),
+                               nprocs=args.world_size, start_method="spawn")
+            with open(os.path.join(tmp, "result.json")) as f:
+                res = json.load(f)
+        except Exception as exc:  # noqa: BLE001
+            errs = sorted(n for n in os.listdir(tmp) if n.startswith("error"))
+            msg = (open(os.path.join(tmp, errs[0])).read() if errs
+                   else f"{type(exc).__name__}: {exc}")
+            first = msg.strip().splitlines()[0] if msg.strip() else repr(exc)
+            if strategy == "rsdp" and not first.startswith("rsdp:"):
+                first = f"rsdp: not available: {first}"
+            print(f"=== {label}: FAILED: {first}", flush=True)
+            print("    " + msg.strip().replace("\n", "\n    ")[-3000:], flush=True)
+            return {"strategy": strategy, "backend": backend, "error": first}
+    res["wall_s"] = time.perf_counter() - t0
+    print(f"=== {label}: {res['tokens_per_s']:,.0f} tokens/s, step {res['step_s'] * 1e3:.1f} ms, "
+          f"param mem {tm.fmt_bytes(res['mem_peak_bytes'])}, peak RSS "
+          f"{tm.fmt_bytes(res['rss_peak_bytes'])}, loss {res['final_loss']:.4f} "
+          f"({res['wall_s']:.0f} s)", flush=True)
+    return res
+
+
+def evaluate_targets(results: list) -> list:
+    ok = {(r["strategy"], r["backend"]): r for r in results if "error" not in r}
+    rs = ok.get(("rsdp", "rsdp"))
+    out = []
+
+    def first(strategy, prefer="rsdp"):
+        cands = [r for (s, b), r in ok.items() if s == strategy]
+        cands.sort(key=lambda r: r["backend"] != prefer)
+        return cands[0] if cands else None
+
+    specs = [("RSDP peak param memory <= 0.5x FSDP2", "mem_vs_fsdp2", first("fsdp2"),
+              "mem_peak_bytes", True),
+             ("RSDP peak param memory <= 0.3x DDP", "mem_vs_ddp", first("ddp"),
+              "mem_peak_bytes", True),
+             ("RSDP tokens/s >= 0.8x FSDP2 (same backend)", "tps_vs_fsdp2",
+              ok.get(("fsdp2", "rsdp")), "tokens_per_s", False)]
+    for text, key, other, field, lower in specs:
+        limit = TARGETS[key]
+        if rs is None or other is None or not (rs[field] == rs[field]) or not other[field]:
+            out.append({"target": text, "key": key, "limit": limit, "ratio": None,
+                        "status": "n/a", "against": None})
+            continue
+        ratio = rs[field] / other[field]
+        status = "PASS" if (ratio <= limit if lower else ratio >= limit) else "MISS"
+        out.append({"target": text, "key": key, "limit": limit, "ratio": ratio, "status": status,
+                    "against": f"{other['strategy']}:{other['backend']}"})
+    return out
+
+
+def render(args, results, targets, meta) -> str:
+    hdr = ["strategy", "backend", "tokens/s", "step ms", "param mem/rank", "params", "grads",
+           "optim", "buffers", "peak RSS/rank", "RSS growth", "final loss"]
+    rows = []
+    for r in results:
+        label = {"rsdp": "RSDP", "fsdp2": "FSDP2", "ddp": "DDP"}[r["strategy"]]
+        if "error" in r:
+            err = r["error"] if r["error"].startswith("rsdp:") else "not available: " + r["error"]
+            rows.append([label, r["backend"], err[:100]] + ["-"] * 9)
+            continue
+        bd = r["mem_breakdown_bytes"]
+        rows.append([label, r["backend"], f"{r['tokens_per_s']:,.0f}", f"{r['step_s'] * 1e3:.1f}",
+                     tm.fmt_bytes(r["mem_peak_bytes"]), *(tm.fmt_bytes(bd[c]) for c in
+                                                          tm.ParamMemoryTracker.CATS),
+                     tm.fmt_bytes(r["rss_peak_bytes"]), tm.fmt_bytes(r["rss_growth_bytes"]),
+                     f"{r['final_loss']:.4f}"])
+    cfg = model_config(args)
+    lines = [f"## Training benchmark ({args.name}): RSDP vs FSDP2 vs DDP", "",
+             f"Model: TransformerLM vocab {cfg['vocab']}, d_model {cfg['d_model']}, ffn "
+             f"{cfg['ffn']}, heads {cfg['heads']}, layers {cfg['layers']}, seq {cfg['seq']}, "
+             f"batch {cfg['batch']}/rank; {meta['params'] / 1e6:.2f} M parameters "
+             f"({tm.fmt_bytes(meta['params'] * 4)} float32); Adam; {args.world_size} ranks x "
+             f"{args.threads} thread(s) on {meta['cpus']} CPU(s); {args.warmup} warm-up + "
+             f"{args.steps} timed steps x {args.rounds} round(s); {meta['rsdp_env']}; "
+             f"torch {torch.__version__}; "
+             f"load average before/after: "
+             f"{meta['load_before']} / {meta['load_after']}.", "",
+             tm.md_table(hdr, rows), "",
+             "tokens/s = global tokens per step / (median step time, slowest rank). "
+             "param mem/rank = " + tm.METHOD, "", "Targets:", ""]
+    for t in targets:
+        ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
+        lines.append(f"- {t['status']}: {t['target']} (ratio {ratio}"
+                     + (f" vs {t['against']})" if t["against"] else ")"))
+    return "\n".join(lines) + "\n"
+
+
+def plot(path, results, title) -> bool:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # noqa: BLE001
+        print(f"note: no plot ({exc})")
+        return False
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return False
+    labels = [f"{r['strategy']}\n{r['backend']}" for r in ok]
+    colors = {"rsdp": "tab:red", "fsdp2": "tab:blue", "ddp": "tab:gray"}
+    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.4))
+    a1.bar(labels, [r["tokens_per_s"] for r in ok], color=[colors[r["strategy"]] for r in ok])
+    a1.set_ylabel("tokens/s (higher is better)")
+    a1.set_title("throughput (median step, slowest rank)")
+    bottom = [0.0] * len(ok)
+    shades = {"params": "tab:green", "grads": "tab:orange", "optim": "tab:purple",
+              "buffers": "tab:brown"}
+    for cat in tm.ParamMemoryTracker.CATS:
+        vals = [r["mem_breakdown_bytes"][cat] / 2**20 for r in ok]
+        a2.bar(labels, vals, bottom=bottom, label=cat, color=shades[cat])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    a2.set_ylabel("MiB per rank (lower is better)")
+    a2.set_title("peak parameter-related memory")
+    a2.legend(fontsize=8)
+    a3.bar(labels, [r["rss_peak_bytes"] / 2**20 for r in ok],
+           color=[colors[r["strategy"]] for r in ok], alpha=0.35, label="peak RSS")
+    a3.bar(labels, [r["rss_growth_bytes"] / 2**20 for r in ok],
+           color=[colors[r["strategy"]] for r in ok], label="growth during training")
+    a3.set_ylabel("MiB per rank (lower is better)")
+    a3.set_title("peak RSS (VmHWM), max over ranks")
+    a3.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cfg = model_config(args)
+    with torch.device("meta"):  # count parameters without allocating them
+        probe = tm.TransformerLM(cfg["vocab"], cfg["d_model"], cfg["ffn"], cfg["heads"],
+                                 cfg["layers"], cfg["seq"])
+    meta = {"params": tm.count_params(probe),
+            "cpus": os.cpu_count(), "load_before": tm.load_average(),
+            "started": datetime.datetime.now().isoformat(timespec="seconds"),
+            "cpu_model": platform.processor() or platform.machine(),
+            "rsdp_env": tm.tune_for_oversubscription(args.world_size)}
+    del probe
+    print(f"TransformerLM {cfg}, {meta['params'] / 1e6:.2f} M params; runs: "
+          + ", ".join(f"{s}:{b}" for s, b in args.runs) + f"; load average {meta['load_before']}",
+          flush=True)
+    t0 = time.perf_counter()
+    rounds = [[run_one(args, s, b) for s, b in args.runs] for _ in range(max(1, args.rounds))]
+    results = []
+    for i in range(len(args.runs)):  # merge rounds: median step time, first round's memory
+        ok = [rd[i] for rd in rounds if "error" not in rd[i]]
+        if not ok:
+            results.append(rounds[0][i])
+            continue
+        r = dict(ok[0])
+        r["step_s_rounds"] = [x["step_s"] for x in ok]
+        r["step_s"] = tm.median(r["step_s_rounds"])
+        r["tokens_per_s"] = r["tokens_per_step"] / r["step_s"]
+        r["rss_peak_bytes"] = max(x["rss_peak_bytes"] for x in ok)
+        r["rss_growth_bytes"] = max(x["rss_growth_bytes"] for x in ok)
+        results.append(r)
+    meta["load_after"] = tm.load_average()
+    meta["wall_s"] = time.perf_counter() - t0
+    targets = evaluate_targets(results)
+    text = render(args, results, targets, meta)
+    print("\n" + text)
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, f"training_{args.name}")
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    with open(stem + ".json", "w") as f:
+        json.dump({"config": cfg, "args": {k: v for k, v in vars(args).items() if k != "runs"},
+                   "runs": [f"{s}:{b}" for s, b in args.runs], "meta": meta,
+                   "memory_method": tm.METHOD, "results": results, "targets": targets}, f,
+                  indent=1)
+    plotted = plot(stem + ".png", results,
+                   f"TransformerLM {args.name}: {meta['params'] / 1e6:.1f} M "
+                   f"params, {args.world_size} ranks (load {meta['load_before']})")
+    print(f"wrote {stem}.md, {stem}.json" + (f", {stem}.png" if plotted else "")
+          + f" ({meta['wall_s']:.0f} s)")
+    return 0 if any("error" not in r for r in results) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

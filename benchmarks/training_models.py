@@ -1,0 +1,422 @@
+"""Shared pieces of the training benchmark and the chess fine-tuning example.
+
+* :class:`TransformerLM` -- the RTP/RSDP seed's benchmark model: token + position embedding,
+  ``layers`` pre-norm decoder blocks (causal multi-head self-attention with separate q/k/v/o
+  ``nn.Linear`` projections, then a two-layer feed-forward; LayerNorm before each), a final
+  LayerNorm and an output projection. Only ``nn.Linear`` / ``nn.Embedding`` / ``nn.LayerNorm``,
+  so RSDP can shard every large weight.
+* :func:`wrap` -- applies one strategy: ``rsdp`` (``torch_rsdp.rsdp.shard``), ``fsdp2``
+  (``fully_shard`` on every block, then on the root, over ``init_device_mesh("cpu", (W,))``) or
+  ``ddp`` (``DistributedDataParallel``, ``gradient_as_bucket_view=True``).
+* :class:`ParamMemoryTracker` -- measures peak *parameter-related* memory (see its docstring).
+* process helpers: spawning ranks, peak RSS, thread counts, markdown tables.
+"""
+from __future__ import annotations
+
+import math
+import os
+import socket
+import statistics
+import sys
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:  # an uninstalled checkout: find torch_rsdp in the repository root
+    sys.path.append(REPO)
+
+STRATEGIES = ("rsdp", "fsdp2", "ddp")
+
+# --------------------------------------------------------------------------------- the model
+
+
+class Block(nn.Module):
+    """Pre-norm decoder block: x + Attn(LN(x)), then x + FFN(LN(x)); causal attention."""
+
+    def __init__(self, d_model: int, heads: int, ffn: int):
+        super().__init__()
+        if d_model % heads:
+            raise ValueError(f"d_model {d_model} is not divisible by heads {heads}")
+        self.heads = heads
+        self.ln1 = nn.LayerNorm(d_model)
+        self.q = nn.Linear(d_model, d_model)
+        self.k = nn.Linear(d_model, d_model)
+        self.v = nn.Linear(d_model, d_model)
+        self.o = nn.Linear(d_model, d_model)
+        self.ln2 = nn.LayerNorm(d_model)
+        self.ff1 = nn.Linear(d_model, ffn)
+        self.ff2 = nn.Linear(ffn, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        h = self.ln1(x)
+        split = lambda y: y.view(b, t, self.heads, d // self.heads).transpose(1, 2)  # noqa: E731
+        a = F.scaled_dot_product_attention(split(self.q(h)), split(self.k(h)), split(self.v(h)),
+                                           is_causal=True)
+        x = x + self.o(a.transpose(1, 2).reshape(b, t, d))
+        return x + self.ff2(F.gelu(self.ff1(self.ln2(x))))
+
+
+class TransformerLM(nn.Module):
+    def __init__(self, vocab: int, d_model: int, ffn: int, heads: int, layers: int,
+                 seq_len: int, checkpoint_activations: bool = False):
+        super().__init__()
+        self.vocab = vocab
+        self.checkpoint_activations = checkpoint_activations
+        self.tok = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(seq_len, d_model)
+        self.blocks = nn.ModuleList(Block(d_model, heads, ffn) for _ in range(layers))
+        self.ln_f = nn.LayerNorm(d_model)
+        self.out = nn.Linear(d_model, vocab)
+        with torch.no_grad():  # GPT-2 style initialisation (identical on every rank per seed)
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Embedding)):
+                    nn.init.normal_(m.weight, std=0.02)
+                if isinstance(m, nn.Linear) and m.bias is not None:
+                    nn.init.zeros_(m.bias)
+            for blk in self.blocks:  # scale the residual projections
+                blk.o.weight.mul_(1 / math.sqrt(2 * layers))
+                blk.ff2.weight.mul_(1 / math.sqrt(2 * layers))
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        x = self.tok(idx) + self.pos(pos)
+        ckpt = self.checkpoint_activations and torch.is_grad_enabled()
+        for blk in self.blocks:
+            if ckpt:
+                x = torch.utils.checkpoint.checkpoint(blk, x, use_reentrant=False)
+            else:
+                x = blk(x)
+        return self.out(self.ln_f(x))
+
+
+def lm_loss(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1),
+                           ignore_index=ignore_index)
+
+
+def count_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+# --------------------------------------------------------------------------------- strategies
+
+
+def rsdp_import():
+    """``(torch_rsdp.rsdp module, None)`` or ``(None, reason)``."""
+    try:
+        import torch_rsdp  # noqa: F401  (registers the backend)
+        import torch_rsdp.rsdp as rsdp
+        if not callable(getattr(rsdp, "shard", None)):
+            return None, "torch_rsdp.rsdp has no shard()"
+        return rsdp, None
+    except Exception as exc:  # noqa: BLE001
+        return None, f"{type(exc).__name__}: {exc}"
+
+
+def backend_import(backend: str):
+    """None if ``backend`` can be used here, else the reason it cannot."""
+    if backend in ("gloo", "nccl", "mpi"):
+        return None
+    if backend == "rsdp":
+        try:
+            import torch_rsdp  # noqa: F401
+            return None
+        except Exception as exc:  # noqa: BLE001
+            return f"cannot import torch_rsdp ({type(exc).__name__}: {exc})"
+    return f"unknown backend {backend!r}"
+
+
+def wrap(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
+    """Applies ``strategy`` to ``model`` (identically initialised on every rank). Collective."""
+    world = dist.get_world_size()
+    if strategy == "rsdp":
+        rsdp, why = rsdp_import()
+        if rsdp is None:
+            raise RuntimeError(f"rsdp: not available: {why}")
+        return rsdp.shard(model)
+    if strategy == "fsdp2":
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        mesh = init_device_mesh(device.type, (world,))
+        for blk in model.blocks:
+            fully_shard(blk, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        return model
+    if strategy == "ddp":
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
+                   gradient_as_bucket_view=True)
+    raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+
+
+# ------------------------------------------------------------------------------------ memory
+
+
+def _local(t):
+    if t is None:
+        return None
+    loc = getattr(t, "_local_tensor", None)  # DTensor
+    return loc if loc is not None else t
+
+
+class ParamMemoryTracker(TorchDispatchMode):
+    """Peak bytes of parameters + gradients + optimizer state + gathered/communication buffers.
+
+    Method: while active (one training step), after **every** dispatched aten/c10d op, and
+    after every RSDP rotation-buffer allocation, the tracker sums the bytes of the distinct
+    live storages (each storage counted once, at its current size) of
+
+    * ``params``: every tensor in any module's ``_parameters`` (so FSDP2's unsharded
+      parameters while a block is unsharded, DDP's full replicas, RSDP's local shards) and
+      ``model.parameters()`` (FSDP2: the local shard of each DTensor);
+    * ``grads``: their ``.grad`` (DDP: views of the gradient buckets);
+    * ``optim``: every tensor in ``optimizer.state``;
+    * ``buffers``: FSDP2's per-parameter all-gather outputs and unsharded parameters (also
+      while not registered on a module, e.g. prefetched) and their gradients; every tensor
+      passed to or returned by a c10d / functional-collective / fsdp op (all-gather and
+      reduce-scatter flat buffers, DDP buckets); and RSDP's rotation / gradient-accumulator
+      buffers (reported by ``torch_rsdp.rsdp.memory.alloc_buffer``).
+
+    Buffers are held through storage weak references, so tracking never extends a lifetime.
+    Memory only grows at allocations, and every allocation is an op (or an RSDP buffer), so
+    sampling after each op sees the peak, up to temporaries internal to one op. Activations
+    are not counted (peak RSS covers everything).
+    """
+
+    CATS = ("params", "grads", "optim", "buffers")
+
+    def __init__(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None):
+        super().__init__()
+        self.model = model
+        self.optimizer = optimizer
+        self.modules = list(model.modules())
+        self.fsdp_params = []
+        for m in self.modules:
+            get_state = getattr(m, "_get_fsdp_state", None)
+            if get_state is not None:
+                pg = get_state()._fsdp_param_group
+                if pg is not None:
+                    self.fsdp_params.extend(pg.fsdp_params)
+        self._refs: dict = {}  # storage cdata -> StorageWeakRef
+        self.peak = 0
+        self.peak_breakdown = dict.fromkeys(self.CATS, 0)
+        self.samples = 0
+        self._prev_rsdp = None
+
+    # --- registration of communication / rotation buffers
+    def track(self, t) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+        t = _local(t)
+        if not isinstance(t, torch.Tensor) or t.is_meta:
+            return
+        try:
+            s = t.untyped_storage()
+        except Exception:  # noqa: BLE001  (exotic subclasses)
+            return
+        ref = StorageWeakRef(s)
+        self._refs.setdefault(ref.cdata, ref)
+
+    # Hooks called by torch_rsdp.rsdp.memory while this tracker is installed as its _ACTIVE.
+    def _on_alloc(self, t) -> None:
+        self.track(t)
+        self.sample()
+
+    def _on_release(self, bufs) -> None:
+        pass  # we count storage while it is really alive (weak refs), not while RSDP holds it
+
+    def __getattr__(self, name):
+        if name.startswith("_on_"):  # a hook added to torch_rsdp later: ignore it
+            return lambda *a, **k: None
+        raise AttributeError(name)
+
+    def __enter__(self):
+        try:
+            import torch_rsdp.rsdp.memory as rmem
+            self._prev_rsdp, rmem._ACTIVE = rmem._ACTIVE, self
+        except Exception:  # noqa: BLE001
+            pass
+        self.sample()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            import torch_rsdp.rsdp.memory as rmem
+            rmem._ACTIVE = self._prev_rsdp
+        except Exception:  # noqa: BLE001
+            pass
+        self.sample()
+        self._refs.clear()
+        return super().__exit__(*exc)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func.namespace in ("c10d", "_c10d_functional", "c10d_functional", "fsdp"):
+            for t in tree_flatten((args, kwargs, out))[0]:
+                if isinstance(t, torch.Tensor):
+                    self.track(t)
+        self.sample()
+        return out
+
+    # --- sampling
+    def sample(self) -> int:
+        seen: dict = {}
+        by_cat = dict.fromkeys(self.CATS, 0)
+
+        def add(t, cat):
+            t = _local(t)
+            if t is None or not isinstance(t, torch.Tensor):
+                return
+            try:
+                s = t.untyped_storage()
+            except Exception:  # noqa: BLE001
+                return
+            ptr, n = s.data_ptr(), s.nbytes()
+            if n and ptr not in seen:
+                seen[ptr] = cat
+                by_cat[cat] += n
+
+        params = []
+        for m in self.modules:
+            params.extend(m._parameters.values())
+        params.extend(self.model.parameters())
+        for p in params:
+            add(p, "params")
+        for p in params:
+            if p is not None:
+                add(p.grad, "grads")
+        if self.optimizer is not None:
+            for st in self.optimizer.state.values():
+                for v in st.values():
+                    if isinstance(v, torch.Tensor):
+                        add(v, "optim")
+        for fp in self.fsdp_params:
+            for t in getattr(fp, "all_gather_outputs", ()):
+                add(t, "buffers")
+            up = getattr(fp, "_unsharded_param", None)
+            if up is not None:
+                add(up, "buffers")
+                add(up.grad, "buffers")
+        dead = []
+        for key, ref in self._refs.items():
+            if ref.expired():
+                dead.append(key)
+                continue
+            s = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+            ptr, n = s.data_ptr(), s.nbytes()
+            if n and ptr not in seen:
+                seen[ptr] = "buffers"
+                by_cat["buffers"] += n
+            del s
+        for key in dead:
+            del self._refs[key]
+        total = sum(by_cat.values())
+        self.samples += 1
+        if total > self.peak:
+            self.peak, self.peak_breakdown = total, by_cat
+        return total
+
+
+METHOD = ("peak parameter-related memory = max over one training step of the bytes of distinct "
+          "live storages of parameters + gradients + optimizer state + gathered/communication "
+          "buffers (FSDP2 all-gather outputs and unsharded params/grads, collective in/out "
+          "buffers, RSDP rotation/accumulator buffers), sampled after every dispatched op "
+          "(TorchDispatchMode) and every RSDP buffer allocation; max over ranks. Activations "
+          "are not included. Peak RSS: VmHWM from /proc/self/status (reset via clear_refs "
+          "after start-up where allowed), max over ranks.")
+
+
+# ------------------------------------------------------------------------------------ process
+
+
+def proc_status_kib(field: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    if field == "VmHWM":
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return 0
+
+
+def reset_peak_rss() -> bool:
+    """Resets VmHWM to the current RSS (Linux: write 5 to clear_refs)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def tune_for_oversubscription(local_world: int) -> str:
+    """With more ranks on this machine than cores, waiting rsdp ranks must not spin (the peer
+    they wait for may need the core): sets RSDP_SPIN_US=0 unless the user set it. Call before
+    init_process_group. Returns the setting in effect, for the report."""
+    if "RSDP_SPIN_US" not in os.environ and local_world > (os.cpu_count() or 1):
+        os.environ["RSDP_SPIN_US"] = "0"
+    return f"RSDP_SPIN_US={os.environ.get('RSDP_SPIN_US', 'default')}"
+
+
+def default_threads(local_world: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, local_world))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def gather_floats(values, device=None) -> list:
+    """All-gather a list of floats from every rank: returns [rank][i]."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def fmt_bytes(n: float) -> str:
+    if n is None or n != n:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def md_table(header, rows) -> str:
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    fmt = lambda r: "| " + " | ".join(str(c).rjust(w) if i else str(c).ljust(w)  # noqa: E731
+                                      for i, (c, w) in enumerate(zip(r, widths))) + " |"
+    sep = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":"
+                         for i, w in enumerate(widths)) + "|"
+    return "\n".join([fmt(header), sep] + [fmt(r) for r in rows])
+
+
+def load_average() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+__all__ = ["Block", "TransformerLM", "lm_loss", "count_params", "STRATEGIES", "wrap",
+           "rsdp_import", "backend_import", "ParamMemoryTracker", "METHOD", "proc_status_kib",
+           "reset_peak_rss", "tune_for_oversubscription", "default_threads", "free_port",
+           "gather_floats", "median", "fmt_bytes", "md_table", "load_average"]

@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""Fine-tune a small causal language model on chess moves with RSDP, FSDP2 or DDP.
+
+    torchrun --nproc-per-node 4 examples/finetune_chess.py --strategy rsdp
+    python examples/finetune_chess.py --strategy rsdp --nproc 4          # spawns its own ranks
+    python examples/finetune_chess.py --strategy fsdp2 --backend gloo --nproc 4
+    python examples/finetune_chess.py --compare --nproc 4                # all strategies, one table
+    python examples/finetune_chess.py --nproc 4 --save /tmp/chess.pt     # then, to fine-tune it:
+    python examples/finetune_chess.py --nproc 4 --init-from /tmp/chess.pt --lr 3e-4 --seed 1
+
+The data (examples/chess_data.py) are games the project generates itself, in coordinate
+notation, tokenised by character; nothing is downloaded. The model is the benchmark's
+TransformerLM (benchmarks/training_models.py). Strategies:
+
+* ``rsdp``  -- ``torch_rsdp.rsdp.shard(model)``: weights sharded, shards rotate around the ring;
+* ``fsdp2`` -- ``fully_shard`` on every block, then on the root (1-D device mesh);
+* ``ddp``   -- ``DistributedDataParallel`` (``no_sync`` on all but the last micro-batch).
+
+Batch sizes follow the usual recipe: ``--batch-size-per-device`` sequences per forward;
+``--gradient-accumulation-steps`` micro-batches per optimizer step; the total batch is
+per-device x world size x accumulation (``--total-batch-size`` sets the accumulation for you).
+``--checkpoint-activations`` recomputes each block's activations in backward.
+
+Rank 0 prints the loss every ``--log-every`` steps, tokens/s, the peak parameter-related memory
+per rank (parameters + gradients + optimizer state + gathered/rotation buffers, measured during
+the last step, see training_models.ParamMemoryTracker) and peak RSS, and at the end a summary:
+held-out loss and the fraction of greedy next-move predictions that are legal moves.
+
+``--compare`` trains every run of ``--runs`` (default rsdp:rsdp, fsdp2:rsdp, ddp:rsdp,
+fsdp2:gloo) one after another in the same processes, from the same initial weights on the same
+batches, and prints one comparison table (peak RSS is reset between runs where Linux allows;
+it can only grow). Backends other than ``--backend`` run on extra process groups.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import math
+import os
+import sys
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+import chess_data  # noqa: E402
+import training_models as tm  # noqa: E402
+
+DEFAULT_COMPARE = "rsdp:rsdp,fsdp2:rsdp,ddp:rsdp,fsdp2:gloo"
+
+
+def build_parser():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--strategy", choices=tm.STRATEGIES, default="rsdp")
+    p.add_argument("--backend", default="rsdp", help="rsdp, gloo (CPU) or nccl (GPU)")
+    p.add_argument("--compare", action="store_true", help="train every run of --runs in turn")
+    p.add_argument("--runs", default=DEFAULT_COMPARE, help="strategy:backend list for --compare")
+    p.add_argument("--nproc", type=int, default=None,
+                   help="spawn this many ranks on this machine (instead of torchrun)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                   help="auto: cuda when available and the backend is not gloo")
+    # data and model
+    p.add_argument("--seq-len", type=int, default=64)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--ffn", type=int, default=512)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--checkpoint-activations", action="store_true")
+    # optimisation
+    p.add_argument("--steps", type=int, default=40, help="optimizer steps")
+    p.add_argument("--batch-size-per-device", type=int, default=4)
+    p.add_argument("--gradient-accumulation-steps", type=int, default=2)
+    p.add_argument("--total-batch-size", type=int, default=None,
+                   help="if set: accumulation = total / (per-device x world)")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup-steps", type=int, default=5)
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--seed", type=int, default=0, help="initial weights and data")
+    # checkpoints, reporting
+    p.add_argument("--init-from", default=None, help="full state dict to start from")
+    p.add_argument("--save", default=None, help="rank 0 saves the full state dict here")
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--skip-steps", type=int, default=3, help="warm-up steps not timed")
+    p.add_argument("--eval-prompts", type=int, default=16, help="legal-move prompts per rank")
+    p.add_argument("--no-memory", action="store_true", help="do not track memory in the last step")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per rank")
+    p.add_argument("--timeout", type=int, default=600, help="process-group timeout, seconds")
+    p.add_argument("--json-out", default=None, help="rank 0 writes the results here")
+    return p
+
+
+# --------------------------------------------------------------------------------- one run
+
+
+class Run:
+    """One strategy on one process group: model, optimizer, data, training, evaluation."""
+
+    def __init__(self, args, strategy, backend, group, device, data):
+        self.args, self.strategy, self.backend = args, strategy, backend
+        self.group, self.device, self.data = group, device, data
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.log = print if dist.get_rank() == 0 else (lambda *a, **k: None)
+
+    def build(self):
+        a = self.args
+        torch.manual_seed(a.seed)
+        model = tm.TransformerLM(self.data.vocab_size, a.d_model, a.ffn, a.heads, a.layers,
+                                 a.seq_len, checkpoint_activations=a.checkpoint_activations)
+        self.n_params = tm.count_params(model)
+        if a.init_from:
+            model.load_state_dict(torch.load(a.init_from, map_location="cpu", weights_only=True))
+        model.to(self.device)
+        if self.strategy == "rsdp":
+            rsdp, why = tm.rsdp_import()
+            if rsdp is None:
+                raise RuntimeError(f"rsdp: not available: {why}")
+            model = rsdp.shard(model, group=self.group)
+        elif self.strategy == "fsdp2":
+            from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+            from torch.distributed.fsdp import fully_shard
+            mesh = (init_device_mesh(self.device.type, (self.world,)) if self.group is None
+                    else DeviceMesh.from_group(self.group, self.device.type))
+            for blk in model.blocks:
+                fully_shard(blk, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+        else:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+            model = DDP(model, process_group=self.group, gradient_as_bucket_view=True,
+                        device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.model = model
+        decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+        other = [p for n, p in model.named_parameters() if p.ndim < 2]
+        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
+                                      {"params": other, "weight_decay": 0.0}], lr=a.lr)
+        warm, total = max(1, a.warmup_steps), max(1, a.steps)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda s: min((s + 1) / warm, 0.5 * (1 + math.cos(
+                math.pi * min(1.0, max(0, s - warm) / max(1, total - warm)))) * 0.9 + 0.1))
+
+    def indices(self, step, micro):
+        a = self.args
+        B = a.batch_size_per_device
+        base = (step * a.gradient_accumulation_steps + micro) * self.world * B
+        return range(base + self.rank * B, base + (self.rank + 1) * B)
+
+    def mean(self, x: float) -> float:
+        t = torch.tensor([x], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, group=self.group)
+        return t.item() / self.world
+
+    def train(self):
+        a = self.args
+        accum, B = a.gradient_accumulation_steps, a.batch_size_per_device
+        tokens_per_step = self.world * B * accum * a.seq_len
+        self.data.prefetch(i for s in range(a.steps) for m in range(accum)
+                           for i in self.indices(s, m))
+        times, losses, mem = [], [], None
+        skip = min(a.skip_steps, max(0, a.steps - 2))  # keep >= 1 timed step when possible
+        t_run = time.perf_counter()
+        for step in range(a.steps):
+            last = step == a.steps - 1
+            tracker = (tm.ParamMemoryTracker(self.model, self.opt)
+                       if last and not a.no_memory and a.steps > 1 else None)
+            t0 = time.perf_counter()
+            with tracker if tracker is not None else contextlib.nullcontext():
+                step_loss = 0.0
+                for micro in range(accum):
+                    x, y = self.data.batch(self.indices(step, micro))
+                    x, y = x.to(self.device), y.to(self.device)
+                    sync = (self.strategy != "ddp" or micro == accum - 1)
+                    with contextlib.nullcontext() if sync else self.model.no_sync():
+                        loss = tm.lm_loss(self.model(x), y, chess_data.IGNORE) / accum
+                        loss.backward()
+                    step_loss += loss.item()
+                self.opt.step()
+                self.sched.step()
+                self.opt.zero_grad(set_to_none=True)
+            dt = time.perf_counter() - t0
+            if tracker is not None:
+                mem = tracker
+            elif step >= skip:
+                times.append(dt)
+            if step % a.log_every == 0 or last:
+                mean_loss = self.mean(step_loss)
+                losses.append((step + 1, mean_loss))
+                recent = times[-a.log_every:] or [dt]
+                self.log(f"[{self.strategy}:{self.backend}] step {step + 1:4d}/{a.steps}  "
+                         f"loss {mean_loss:.4f}  lr {self.sched.get_last_lr()[0]:.2e}  "
+                         f"{tm.median(recent) * 1e3:7.1f} ms/step  "
+                         f"{tokens_per_step / tm.median(recent):9,.0f} tokens/s", flush=True)
+        elapsed = time.perf_counter() - t_run
+        if not times:  # a single step: it was also the memory-tracked one
+            times.append(dt)
+        per_rank = tm.gather_floats([tm.median(times), mem.peak if mem else float("nan"),
+                                     tm.proc_status_kib("VmHWM") * 1024.0,
+                                     *((mem.peak_breakdown[c] if mem else 0.0)
+                                       for c in tm.ParamMemoryTracker.CATS)], self.device)
+        step_s = max(r[0] for r in per_rank)
+        peak_rank = max(range(self.world), key=lambda r: per_rank[r][1]
+                        if per_rank[r][1] == per_rank[r][1] else -1)
+        self.result = {
+            "strategy": self.strategy, "backend": self.backend, "world_size": self.world,
+            "params": self.n_params, "tokens_per_step": tokens_per_step, "steps": a.steps,
+            "timed_steps": len(times), "step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
+            "mem_peak_bytes": per_rank[peak_rank][1],
+            "mem_breakdown_bytes": dict(zip(tm.ParamMemoryTracker.CATS, per_rank[peak_rank][3:])),
+            "rss_peak_bytes": max(r[2] for r in per_rank), "losses": losses,
+            "final_loss": losses[-1][1], "elapsed_s": elapsed,
+        }
+
+    @torch.no_grad()
+    def evaluate(self):
+        """Held-out loss, and the share of greedy next moves that are legal."""
+        a, data = self.args, self.data
+        B = a.batch_size_per_device
+        base = data.EVAL_OFFSET + self.rank * max(B, a.eval_prompts)
+        x, y = data.batch(range(base, base + B))
+        eval_loss = self.mean(tm.lm_loss(self.model(x.to(self.device)), y.to(self.device),
+                                         chess_data.IGNORE).item())
+        legal = float("nan")
+        if a.eval_prompts > 0:
+            max_plies = max(1, (a.seq_len - 8) // 5)
+            prompts = data.move_prompts(range(base, base + a.eval_prompts),
+                                        (min(2, max_plies), max_plies))
+            buf = torch.full((len(prompts), a.seq_len), chess_data.PAD, dtype=torch.long)
+            pos = []
+            for i, (ids, _) in enumerate(prompts):
+                buf[i, :len(ids)] = torch.tensor(ids)
+                pos.append(len(ids))
+            start = list(pos)
+            for _ in range(6):  # a move is at most 5 characters, then a space
+                logits = self.model(buf.to(self.device)).float().cpu()
+                for i in range(len(prompts)):
+                    if pos[i] < a.seq_len:
+                        buf[i, pos[i]] = logits[i, pos[i] - 1].argmax()
+                        pos[i] += 1
+            texts = [data.decode(buf[i, start[i]:pos[i]].tolist()) for i in range(len(prompts))]
+            legal = self.mean(chess_data.legal_fraction(texts, [p for _, p in prompts]))
+            self.result["sample_completion"] = texts[0]
+        self.result.update(eval_loss=eval_loss, legal_move_rate=legal)
+
+    def save(self, path):
+        if self.strategy == "rsdp":
+            import torch_rsdp.rsdp as rsdp
+            sd = rsdp.full_state_dict(self.model)
+        elif self.strategy == "fsdp2":
+            from torch.distributed.checkpoint.state_dict import (StateDictOptions,
+                                                                 get_model_state_dict)
+            sd = get_model_state_dict(self.model, options=StateDictOptions(
+                full_state_dict=True, cpu_offload=True))
+        else:
+            sd = self.model.module.state_dict()
+        if dist.get_rank() == 0:
+            torch.save({k: v.detach().cpu() for k, v in sd.items()}, path)
+            self.log(f"saved full state dict ({len(sd)} tensors) to {path}")
+
+
+# --------------------------------------------------------------------------------- per process
+
+
+def resolve_device(args):
+    if args.device == "cuda" or (args.device == "auto" and torch.cuda.is_available()
+                                 and args.backend != "gloo"):
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        return torch.device("cuda", local)
+    return torch.device("cpu")
+
+
+def summary_table(results) -> str:
+    hdr = ["strategy", "backend", "tokens/s", "step ms", "param mem/rank", "params", "grads",
+           "optim", "buffers", "peak RSS/rank", "final loss", "eval loss", "legal moves"]
+    rows = []
+    for r in results:
+        if "error" in r:
+            err = r["error"] if r["error"].startswith("rsdp:") else "not available: " + r["error"]
+            rows.append([r["strategy"], r["backend"], err[:90]] + ["-"] * (len(hdr) - 3))
+            continue
+        bd = r["mem_breakdown_bytes"]
+        rows.append([r["strategy"], r["backend"], f"{r['tokens_per_s']:,.0f}",
+                     f"{r['step_s'] * 1e3:.1f}", tm.fmt_bytes(r["mem_peak_bytes"]),
+                     *(tm.fmt_bytes(bd[c]) for c in tm.ParamMemoryTracker.CATS),
+                     tm.fmt_bytes(r["rss_peak_bytes"]), f"{r['final_loss']:.4f}",
+                     f"{r['eval_loss']:.4f}", f"{100 * r['legal_move_rate']:.0f}%"])
+    return tm.md_table(hdr, rows)
+
+
+def process_main(args) -> int:
+    warnings.filterwarnings("ignore", message=".*returned a view tensor.*")  # FSDP2 root output
+    backends = {args.backend} | ({b for _, b in args.runs} if args.compare else set())
+    world_env = int(os.environ.get("WORLD_SIZE", "1"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world_env)))
+    torch.set_num_threads(args.threads or tm.default_threads(local_world))
+    rsdp_env = tm.tune_for_oversubscription(local_world)  # ranks > cores: no spinning
+    unavailable = {b: tm.backend_import(b) for b in backends}
+    main_backend = args.backend if unavailable[args.backend] is None else "gloo"
+    device = resolve_device(args)
+    dist.init_process_group(main_backend, timeout=datetime.timedelta(seconds=args.timeout),
+                            device_id=device if device.type == "cuda" else None)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    log = print if rank == 0 else (lambda *a, **k: None)
+    if args.total_batch_size:
+        per = args.batch_size_per_device * world
+        if args.total_batch_size % per:
+            raise SystemExit(f"--total-batch-size {args.total_batch_size} is not a multiple of "
+                             f"per-device {args.batch_size_per_device} x world {world}")
+        args.gradient_accumulation_steps = args.total_batch_size // per
+    groups = {main_backend: None}
+    for b in sorted(backends):
+        if b not in groups and unavailable[b] is None:
+            groups[b] = dist.new_group(backend=b)
+    runs = args.runs if args.compare else [(args.strategy, args.backend)]
+    data = chess_data.ChessMoves(args.seq_len, args.seed)
+    total = args.batch_size_per_device * world * args.gradient_accumulation_steps
+    log(f"chess fine-tuning: {world} ranks ({local_world} per node), device {device}, "
+        f"{torch.get_num_threads()} thread(s)/rank; batch {args.batch_size_per_device}/device x "
+        f"{world} x accumulation {args.gradient_accumulation_steps} = {total} sequences of "
+        f"{args.seq_len} tokens per step; {args.steps} steps; vocab {data.vocab_size}; {rsdp_env}; "
+        f"load average {tm.load_average()}", flush=True)
+    log(f"sample game: {data.text(0)}", flush=True)
+    results = []
+    for strategy, backend in runs:
+        why = unavailable.get(backend)
+        if why is None and strategy == "rsdp":
+            why = tm.rsdp_import()[1]
+            why = None if why is None else f"rsdp: not available: {why}"
+        if why is not None:
+            log(f"=== {strategy}:{backend}: skipped: {why}", flush=True)
+            results.append({"strategy": strategy, "backend": backend, "error": why})
+            continue
+        tm.reset_peak_rss()
+        run = Run(args, strategy, backend, groups[backend], device, data)
+        run.build()
+        log(f"=== {strategy}:{backend}: {run.n_params / 1e6:.2f} M parameters"
+            + (", activation checkpointing" if args.checkpoint_activations else ""), flush=True)
+        run.train()
+        run.evaluate()
+        if args.save and not args.compare:
+            run.save(args.save)
+        r = run.result
+        log(f"=== {strategy}:{backend}: {r['tokens_per_s']:,.0f} tokens/s "
+            f"({r['step_s'] * 1e3:.0f} ms/step, median of {r['timed_steps']} timed steps), "
+            f"peak param memory/rank {tm.fmt_bytes(r['mem_peak_bytes'])}, peak RSS/rank "
+            f"{tm.fmt_bytes(r['rss_peak_bytes'])}, final loss {r['final_loss']:.4f}, held-out "
+            f"loss {r['eval_loss']:.4f}, legal next moves {100 * r['legal_move_rate']:.0f}% "
+            f"(e.g. {r.get('sample_completion', '')!r}), {r['elapsed_s']:.0f} s", flush=True)
+        results.append(r)
+        del run
+        gc.collect()
+        dist.barrier()
+    log("\n" + summary_table(results))
+    log(f"\nparam mem = {tm.METHOD}\nload average now: {tm.load_average()}", flush=True)
+    if rank == 0 and args.json_out:
+        with open(args.json_out, "w") as f:
+            json.dump({"args": {k: v for k, v in vars(args).items() if k != "runs"},
+                       "runs": [f"{s}:{b}" for s, b in runs], "results": results}, f, indent=1)
+    dist.destroy_process_group()
+    return 0 if any("error" not in r for r in results) else 2
+
+
+def spawned(local_rank, args, port):
+    os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank),
+                      WORLD_SIZE=str(args.nproc), LOCAL_WORLD_SIZE=str(args.nproc),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    rc = process_main(args)
+    if rc:
+        sys.exit(rc)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    runs = []
+    for item in args.runs.split(","):
+        s, _, b = item.strip().partition(":")
+        if s:
+            if s not in tm.STRATEGIES:
+                raise SystemExit(f"unknown strategy {s!r} in --runs")
+            runs.append((s, b or args.backend))
+    args.runs = runs
+    if args.nproc and "RANK" not in os.environ:
+        try:
+            mp.start_processes(spawned, args=(args, tm.free_port()), nprocs=args.nproc,
+                               start_method="spawn")
+        except mp.ProcessExitedException as exc:
+            return exc.exit_code or 1
+        return 0
+    return process_main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
