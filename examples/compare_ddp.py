@@ -18,8 +18,6 @@ not match, or they differ between the ranks of one run.
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -30,18 +28,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "train_ddp.py")
-BUILTIN_BACKENDS = {"gloo", "nccl", "mpi", "ucc", "xccl"}
-# Let an uninstalled checkout work: torch_rsdp is found in the repository root as a fallback
-# (appended, so an installed torch_rsdp takes precedence).
-sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def load_backend(name: str) -> None:
-    """Import torch_<name> (it registers the backend) and its compiled torch_<name>._C, if any."""
-    if name not in BUILTIN_BACKENDS:
-        importlib.import_module(f"torch_{name}")
-        if importlib.util.find_spec(f"torch_{name}._C") is not None:
-            importlib.import_module(f"torch_{name}._C")
+# train_ddp (beside this file) owns backend loading and the checkout fallback.
+sys.path.insert(0, HERE)
+from train_ddp import BUILTIN_BACKENDS, load_backend  # noqa: E402
 
 
 def parse_args(argv=None):
