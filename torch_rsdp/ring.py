@@ -52,7 +52,7 @@ def ring_shift(tensor: torch.Tensor, out: Optional[torch.Tensor] = None, *, grou
     """
     if out is None:
         out = torch.empty_like(tensor)
-    work = rsdp_backend(group).ring_shift(tensor, out, direction, None)
+    work = rsdp_backend(group).ring_shift(tensor, out, direction, None, async_op)
     return _run(work, out, async_op)
 
 
@@ -69,5 +69,5 @@ def ring_shift_reduce(tensor: torch.Tensor, local: torch.Tensor,
     """
     if out is None:
         out = torch.empty_like(tensor)
-    work = rsdp_backend(group).ring_shift(tensor, out, direction, local)
+    work = rsdp_backend(group).ring_shift(tensor, out, direction, local, async_op)
     return _run(work, out, async_op)

@@ -36,7 +36,7 @@ Work BackendRSDP::broadcast(std::vector<at::Tensor>& tensors, const c10d::Broadc
     return enqueue(c10d::OpType::BROADCAST, "rsdp:broadcast", tensors, [=](ShmComm& comm) {
       algo::broadcast(comm, ptr(d), d.numel(), dt, root, timeout);
       write_back(t, d);
-    });
+    }, opts.asyncOp);
   });
 }
 
@@ -52,7 +52,7 @@ Work BackendRSDP::allreduce(std::vector<at::Tensor>& tensors, const c10d::Allred
     return enqueue(c10d::OpType::ALLREDUCE, "rsdp:all_reduce", tensors, [=](ShmComm& comm) {
       algo::allreduce(comm, ptr(d), d.numel(), dt, op, oneshot, timeout);
       write_back(t, d);
-    });
+    }, opts.asyncOp);
   });
 }
 
@@ -79,7 +79,7 @@ Work BackendRSDP::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                        t.copy_(buf.narrow(0, off, t.numel()).view(t.sizes()));
                        off += t.numel();
                      }
-                   });
+                   }, opts.asyncOp);
   });
 }
 
@@ -98,7 +98,7 @@ Work BackendRSDP::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOpt
     return enqueue(c10d::OpType::REDUCE, "rsdp:reduce", tensors, [=](ShmComm& comm) {
       algo::reduce(comm, ptr(d), d.numel(), dt, op, root, oneshot, timeout);
       if (is_root) write_back(t, d);
-    });
+    }, opts.asyncOp);
   });
 }
 
@@ -137,7 +137,7 @@ Work BackendRSDP::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                             std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
   return translate_errors([&] {
     Body body = prepare_allgather(outputs, inputs, opts);
-    return enqueue(c10d::OpType::ALLGATHER, "rsdp:all_gather", outputs[0], std::move(body));
+    return enqueue(c10d::OpType::ALLGATHER, "rsdp:all_gather", outputs[0], std::move(body), opts.asyncOp);
   });
 }
 
@@ -168,7 +168,7 @@ Work BackendRSDP::_allgather_base(at::Tensor& output, at::Tensor& input,
                                   const c10d::AllgatherOptions& opts) {
   return translate_errors([&] {
     return enqueue(c10d::OpType::_ALLGATHER_BASE, "rsdp:all_gather_into_tensor", {output},
-                   prepare_allgather_base(output, input, opts));
+                   prepare_allgather_base(output, input, opts), opts.asyncOp);
   });
 }
 
@@ -188,7 +188,7 @@ Work BackendRSDP::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outp
       all_outputs.insert(all_outputs.end(), outputs[i].begin(), outputs[i].end());
     }
     return enqueue(c10d::OpType::ALLGATHER_COALESCED, "rsdp:all_gather_coalesced", all_outputs,
-                   sequence(std::move(bodies)));
+                   sequence(std::move(bodies)), opts.asyncOp);
   });
 }
 
@@ -203,7 +203,7 @@ Work BackendRSDP::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outpu
     for (size_t i = 0; i < inputs.size(); ++i)
       bodies.push_back(prepare_allgather_base(outputs[i], inputs[i], opts));
     return enqueue(c10d::OpType::COALESCED, "rsdp:all_gather_into_tensor_coalesced", outputs,
-                   sequence(std::move(bodies)));
+                   sequence(std::move(bodies)), opts.asyncOp);
   });
 }
 
@@ -238,7 +238,7 @@ Work BackendRSDP::gather(std::vector<std::vector<at::Tensor>>& outputs,
       for (const auto& o : dense_outs) ptrs.push_back(ptr(o));
       algo::gather(comm, ptr(in), ptrs.data(), in.numel(), dt, root, timeout);
       for (size_t i = 0; i < outs.size(); ++i) write_back(outs[i], dense_outs[i]);
-    });
+    }, opts.asyncOp);
   });
 }
 
@@ -273,7 +273,7 @@ Work BackendRSDP::scatter(std::vector<at::Tensor>& outputs,
       for (const auto& i : ins) ptrs.push_back(ptr(i));
       algo::scatter(comm, ptrs.data(), ptr(dout), dout.numel(), dt, root, timeout);
       write_back(out, dout);
-    });
+    }, opts.asyncOp);
   });
 }
 
@@ -308,7 +308,7 @@ Work BackendRSDP::reduce_scatter(std::vector<at::Tensor>& outputs,
                      algo::reduce_scatter(comm, ptrs.data(), ptr(dout), counts.data(), dt, op,
                                           timeout);
                      write_back(out, dout);
-                   });
+                   }, opts.asyncOp);
   });
 }
 
@@ -342,7 +342,7 @@ Work BackendRSDP::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                        const c10d::ReduceScatterOptions& opts) {
   return translate_errors([&] {
     return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "rsdp:reduce_scatter_tensor", {output},
-                   prepare_reduce_scatter_base(output, input, opts));
+                   prepare_reduce_scatter_base(output, input, opts), opts.asyncOp);
   });
 }
 
@@ -357,7 +357,7 @@ Work BackendRSDP::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outpu
     for (size_t i = 0; i < inputs.size(); ++i)
       bodies.push_back(prepare_reduce_scatter_base(outputs[i], inputs[i], opts));
     return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
-                   "rsdp:reduce_scatter_tensor_coalesced", outputs, sequence(std::move(bodies)));
+                   "rsdp:reduce_scatter_tensor_coalesced", outputs, sequence(std::move(bodies)), opts.asyncOp);
   });
 }
 
@@ -417,7 +417,7 @@ Work BackendRSDP::alltoall_base(at::Tensor& output, at::Tensor& input,
                      algo::alltoall(comm, sp.data(), sbytes.data(), rp.data(), rbytes.data(), dt,
                                     timeout);
                      write_back(out, dout);
-                   });
+                   }, opts.asyncOp);
   });
 }
 
@@ -451,7 +451,7 @@ Work BackendRSDP::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Ten
       }
       algo::alltoall(comm, sp.data(), sbytes.data(), rp.data(), rbytes.data(), dt, timeout);
       for (int p = 0; p < n; ++p) write_back(outs[p], douts[p]);
-    });
+    }, opts.asyncOp);
   });
 }
 

@@ -8,7 +8,8 @@ namespace rsdp {
 
 c10::intrusive_ptr<c10d::Work> BackendRSDP::ring_shift(const at::Tensor& send,
                                                        const at::Tensor& recv, int direction,
-                                                       const std::optional<at::Tensor>& add) {
+                                                       const std::optional<at::Tensor>& add,
+                                                       bool async_op) {
   return translate_errors([&] {
     const char* name = add ? "ring_shift_reduce" : "ring_shift";
     auto c = ctx(name);
@@ -36,7 +37,8 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::ring_shift(const at::Tensor& send,
                                       direction, local.defined() ? local.data_ptr() : nullptr,
                                       timeout);
                      write_back(out, dout);
-                   });
+                   },
+                   async_op);
   });
 }
 

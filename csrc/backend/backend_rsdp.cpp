@@ -64,13 +64,14 @@ std::chrono::milliseconds BackendRSDP::op_timeout(std::chrono::milliseconds t) c
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const char* title,
-                                                    std::vector<at::Tensor> outputs, Body body) {
+                                                    std::vector<at::Tensor> outputs, Body body,
+                                                    bool async_op) {
   RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", title,
              " called after the process group was shut down");
   auto work = c10::make_intrusive<WorkRSDP>(getRank(), type, ++seq_, std::move(outputs), title);
   ShmComm* comm = comm_.get();
   const std::string name = title;
-  queue_->push([work, comm, name, body = std::move(body)](bool run) mutable {
+  OpQueue::Task task = [work, comm, name, body = std::move(body)](bool run) mutable {
     std::exception_ptr err;
     if (!run) {
       err = std::make_exception_ptr(Error(
@@ -86,7 +87,8 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
     // buffer freed right after wait() is really freed.
     body = nullptr;
     work->complete(err);
-  });
+  };
+  if (async_op || !queue_->run_inline_if_idle(task)) queue_->push(std::move(task));
   return work;
 }
 
@@ -155,7 +157,7 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::barrier(const c10d::BarrierOptions& 
     auto t = op_timeout(opts.timeout);
     // The worker runs ops in order, so this completes after all earlier ones.
     return enqueue(c10d::OpType::BARRIER, "rsdp:barrier", {},
-                   [t](ShmComm& c) { algo::barrier(c, t); });
+                   [t](ShmComm& c) { algo::barrier(c, t); }, opts.asyncOp);
   });
 }
 

@@ -97,7 +97,8 @@ class BackendRSDP : public c10d::Backend {
   // Ring redistribution (backend_ring.cpp): recv <- the ring neighbour's send
   // (+ add). direction +1 sends to the successor.
   c10::intrusive_ptr<c10d::Work> ring_shift(const at::Tensor& send, const at::Tensor& recv,
-                                            int direction, const std::optional<at::Tensor>& add);
+                                            int direction, const std::optional<at::Tensor>& add,
+                                            bool async_op);
   // {rank this one sends to, rank it receives from} for a direction.
   std::vector<int> ring_neighbours(int direction) const;
   const std::vector<int>& ring_order() const { return ring_order_; }
@@ -112,8 +113,11 @@ class BackendRSDP : public c10d::Backend {
   Body prepare_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                    const c10d::ReduceScatterOptions& opts);
   // Queues body on the worker; the Work completes with `outputs`.
+  // A blocking op (async_op false) runs on the calling thread when the
+  // worker is idle.
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
-                                         std::vector<at::Tensor> outputs, Body body);
+                                         std::vector<at::Tensor> outputs, Body body,
+                                         bool async_op = true);
   c10::intrusive_ptr<c10d::Work> enqueue_p2p(c10d::OpType type, const char* title,
                                              at::Tensor tensor, int peer, int tag);
   OpContext ctx(const char* op) const { return OpContext{global_rank_, op}; }

@@ -26,7 +26,7 @@ PYBIND11_MODULE(_C, m) {
       .def("ring_neighbours", &rsdp::BackendRSDP::ring_neighbours, py::arg("direction") = 1,
            "[rank sent to, rank received from] for a direction (+1 or -1).")
       .def("ring_shift", &rsdp::BackendRSDP::ring_shift, py::arg("send"), py::arg("recv"),
-           py::arg("direction") = 1, py::arg("add") = std::nullopt,
+           py::arg("direction") = 1, py::arg("add") = std::nullopt, py::arg("async_op") = true,
            py::call_guard<py::gil_scoped_release>());
 
   m.def(

@@ -34,7 +34,7 @@ void OpQueue::loop() {
     Task task;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return stop_ || !tasks_.empty(); });
+      cv_.wait(lk, [&] { return (stop_ || !tasks_.empty()) && !busy_; });
       if (stop_ && (!drain_ || tasks_.empty())) {
         std::deque<Task> left;
         left.swap(tasks_);
@@ -44,9 +44,27 @@ void OpQueue::loop() {
       }
       task = std::move(tasks_.front());
       tasks_.pop_front();
+      busy_ = true;
     }
     task(true);
+    std::lock_guard<std::mutex> g(mu_);
+    busy_ = false;
   }
+}
+
+bool OpQueue::run_inline_if_idle(const Task& task) {
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    if (stop_ || busy_ || !tasks_.empty()) return false;
+    busy_ = true;
+  }
+  task(true);
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    busy_ = false;
+  }
+  cv_.notify_all();  // the worker may hold tasks queued meanwhile
+  return true;
 }
 
 }  // namespace rsdp

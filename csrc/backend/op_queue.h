@@ -21,6 +21,10 @@ class OpQueue {
   ~OpQueue();  // stop(true)
 
   void push(Task task);
+  // Runs task on the calling thread if nothing is queued or running (so
+  // issue order is kept) and returns true; else returns false. A blocking
+  // collective then costs no thread hand-off.
+  bool run_inline_if_idle(const Task& task);
   // Finishes the running task, then drains or cancels the rest; joins.
   void stop(bool drain);
 
@@ -32,6 +36,7 @@ class OpQueue {
   std::deque<Task> tasks_;
   bool stop_ = false;
   bool drain_ = true;
+  bool busy_ = false;  // a task runs, on the worker or inline
   std::thread thread_;
 };
 
