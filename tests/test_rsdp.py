@@ -151,6 +151,72 @@ def fam_embedding(ctx, rec):
             _check_layer(ctx, make, make_idx, name)
 
 
+class Attn(nn.Module):
+    """nn.MultiheadAttention used as self- or cross-attention, with optional masks."""
+
+    def __init__(self, E, H, bias=True, batch_first=True, cross=False, masks=False):
+        super().__init__()
+        self.mha = nn.MultiheadAttention(E, H, bias=bias, batch_first=batch_first)
+        self.cross, self.masks, self.bf = cross, masks, batch_first
+
+    def inputs(self, x):
+        q = x[:, :-1] * 0.5 + 0.1 if self.cross else x  # shorter, different queries
+        if not self.bf:
+            q, x = q.transpose(0, 1), x.transpose(0, 1)
+        B, Tk = (x.shape[1], x.shape[0]) if not self.bf else (x.shape[0], x.shape[1])
+        Tq = (q.shape[1] if self.bf else q.shape[0])
+        kpm = am = None
+        if self.masks:
+            kpm = torch.zeros(B, Tk, dtype=torch.bool)
+            kpm[0, -1] = True
+            am = torch.ones(Tq, Tk, dtype=torch.bool).triu(2)
+        return q, x, kpm, am
+
+    def forward(self, x, need_weights=False):
+        q, kv, kpm, am = self.inputs(x)
+        y, w = self.mha(q, kv, kv, key_padding_mask=kpm, attn_mask=am, need_weights=need_weights)
+        return (y, w) if need_weights else y
+
+
+def fam_attention(ctx, rec):
+    import torch_rsdp.rsdp as rsdp
+
+    E = 12
+    x = _float_input(lambda q: (2 + q % 2, 5, E))
+    cases = [
+        ("self 6 heads batch_first", lambda: Attn(E, 6)),
+        ("self 3 heads seq-first (a rank without heads at W=4)", lambda: Attn(E, 3, batch_first=False)),
+        ("self no bias", lambda: Attn(E, 4, bias=False)),
+        ("cross with key padding + causal masks", lambda: Attn(E, 4, cross=True, masks=True)),
+    ]
+    for name, make in cases:
+        with rec.case(name):
+            model, ref = _check_layer(ctx, make, x, name)
+            assert isinstance(model.mha, rsdp.RSDPMultiheadAttention), type(model.mha)
+            H = model.mha.num_heads
+            m = -(-H // ctx.world_size)
+            heads = max(0, min(m, H - ctx.rank * m))
+            assert model.mha.in_proj_weight.shape == (3 * heads * E // H, E)
+            assert model.mha.out_proj.weight.shape == (E, heads * E // H)
+            with torch.no_grad():
+                xi = x(ctx.rank)
+                (y, w), (ry, rw) = model(xi, True), ref(xi, True)
+                _close(y, ry, f"{name}: output with need_weights")
+                _close(w, rw, f"{name}: attention weights (averaged over heads)")
+    with rec.case("TransformerEncoderLayer (attention + MLP sharded) and full state dict"):
+        def make():
+            return nn.TransformerEncoderLayer(E, 4, dim_feedforward=20, dropout=0.0,
+                                              batch_first=True)
+        model, ref = _check_layer(ctx, make, x, "encoder layer")
+        assert isinstance(model.self_attn, rsdp.RSDPMultiheadAttention)
+        full = rsdp.full_state_dict(model, rank0_only=False)
+        for k, v in ref.state_dict().items():
+            assert torch.equal(full[k], v), f"full state dict: {k} differs"
+        model.eval()
+        with torch.no_grad():  # the inference fast path must not bypass the sharded module
+            _close(model(x(ctx.rank)), ref.eval()(x(ctx.rank)), "encoder layer eval")
+
+
 class Block(nn.Module):
     def __init__(self, d, h):
         super().__init__()
@@ -389,6 +455,7 @@ def _as_ckpt(model):
 FAMILIES = {
     "linear": fam_linear,
     "embedding": fam_embedding,
+    "attention": fam_attention,
     "transformer": fam_transformer,
     "adam": fam_adam,
     "memory": fam_memory,

@@ -13,6 +13,7 @@ from .memory import MemoryTracker
 from .state_dict import full_state_dict, load_full_state_dict, local_shard_of
 from .ring_plan import RingPlan
 from .shard_state import MixedPrecision
+from .sharded_attention import RSDPMultiheadAttention, shard_attention
 from .sharded_embedding import RSDPEmbedding, shard_embedding
 from .sharded_linear import RSDPLinear, shard_linear
 
@@ -25,6 +26,8 @@ __all__ = [
     "RingPlan",
     "RSDPLinear",
     "RSDPEmbedding",
+    "RSDPMultiheadAttention",
+    "shard_attention",
     "shard_linear",
     "shard_embedding",
     "full_state_dict",

@@ -9,10 +9,11 @@ What happens, in order:
 1. The ring order of ``group`` is learnt (:class:`.RingPlan`, collective).
 2. With ``sync_module_states`` every parameter and buffer is broadcast from group rank 0, so
    all ranks start from the same model (like DDP; the model is still whole at this point).
-3. Every plain ``nn.Linear`` / ``nn.Embedding`` accepted by ``filter`` (and with at least
-   ``min_numel`` weight elements, and no parameter shared with another module) is sharded in
-   place: its class becomes :class:`.RSDPLinear` / :class:`.RSDPEmbedding` and its parameters
-   become this rank's shards; the full tensors are dropped.
+3. Every plain ``nn.Linear`` / ``nn.Embedding`` / ``nn.MultiheadAttention`` accepted by
+   ``filter`` (and with at least ``min_numel`` weight elements, and no parameter shared with
+   another module) is sharded in place: its class becomes :class:`.RSDPLinear` /
+   :class:`.RSDPEmbedding` / :class:`.RSDPMultiheadAttention` (split by heads) and its
+   parameters become this rank's shards; the full tensors are dropped.
 4. All other parameters stay replicated; their gradients are averaged over the group after
    every backward (:class:`.ReplicatedGradSync`).
 
@@ -31,6 +32,7 @@ import torch.nn as nn
 from .replicated import ReplicatedGradSync
 from .ring_plan import RingPlan
 from .shard_state import MixedPrecision
+from .sharded_attention import RSDPMultiheadAttention, can_shard_attention, shard_attention
 from .sharded_embedding import RSDPEmbedding, can_shard_embedding, shard_embedding
 from .sharded_linear import RSDPLinear, shard_linear
 
@@ -93,7 +95,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
 
     sharded = {}
     for name, mod in list(model.named_modules()):
-        if isinstance(mod, (RSDPLinear, RSDPEmbedding)):
+        if isinstance(mod, (RSDPLinear, RSDPEmbedding, RSDPMultiheadAttention)):
             continue
         if any(id(p) in shared for p in mod.parameters(recurse=False)):
             continue
@@ -105,6 +107,8 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
                 sharded[name] = shard_linear(mod, plan, split, mp_policy)
         elif can_shard_embedding(mod) and mod.weight.numel() >= min_numel:
             sharded[name] = shard_embedding(mod, plan, mp_policy)
+        elif can_shard_attention(mod) and mod.in_proj_weight.numel() >= min_numel:
+            sharded[name] = shard_attention(mod, plan, mp_policy)
 
     local = set()
     for mod in sharded.values():

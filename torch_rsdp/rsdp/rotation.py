@@ -102,3 +102,53 @@ def counter_rotate(plan: RingPlan, src: torch.Tensor, *, visit: Optional[Visit] 
         pw.wait()
     release_buffers(w, local)
     return acc
+
+
+def rotate_accumulate(plan: RingPlan, src: torch.Tensor, step: Callable[[int, torch.Tensor,
+                                                                          torch.Tensor], None],
+                      *, grad_dtype: Optional[torch.dtype] = None, direction: int = -1,
+                      label: str = "RSDP::rotate_accumulate") -> torch.Tensor:
+    """Backward schedule for layers whose gradient contribution to shard ``j`` needs shard
+    ``j`` itself (attention: the weights enter the gradient through the softmax). Returns the
+    flat gradient *sum* of this rank's own shard.
+
+    ``step(j, shard_j, out)`` runs once per shard, own first, and must overwrite shard ``j``'s
+    region of ``out`` with this rank's contribution. The accumulator *trails* the weights: it
+    travels in the same direction, one op behind, so the rank that holds shard ``j`` also holds
+    ``j``'s accumulator and adds to it right after using the weights. After ``W - 1`` hops the
+    accumulator holds every rank's contribution and one last hop takes it to its owner (``W``
+    hops instead of :func:`counter_rotate`'s ``W - 1``). Weights rotate in place, so buffers
+    are weight (1), accumulator (1, becomes the gradient) and contribution (1).
+    """
+    W = plan.world
+    d = direction
+    gdt = grad_dtype or src.dtype
+    acc = alloc_buffer(src.numel(), gdt, src.device, zero=True)
+    local = w = None
+    pw: Optional[Pending] = None
+    pg: Optional[Pending] = None
+    for t in range(W):
+        if t == 0:
+            cur = src
+        else:
+            pw.wait()
+            cur = w
+        if t == 0:
+            step(plan.origin(d, 0), cur, acc)
+        else:
+            if pg is not None:
+                pg.wait()  # `local` is read by the accumulator op in flight
+            if local is None:
+                local = alloc_buffer(src.numel(), gdt, src.device, zero=True)
+            step(plan.origin(d, t), cur, local)
+        if t < W - 1:
+            if w is None:
+                w = alloc_buffer(src.numel(), src.dtype, src.device)
+            pw = plan.shift(cur, w, d, label + "::weights")  # in place from t = 1 on
+        if t > 0:
+            pg = plan.shift_reduce(acc, local, acc, d, label + "::grads")
+    if W > 1:
+        pg.wait()
+        plan.shift(acc, acc, d, label + "::home").wait()
+    release_buffers(w, local)
+    return acc

@@ -41,13 +41,18 @@ class ShardState:
 
     ``full``: name -> full parameter (``None`` entries are skipped);
     ``take(name, full, j)``: rank ``j``'s shard of ``full`` (a slice);
-    ``dims``: name -> the dimension the parameter is split along (to reassemble it).
+    ``dims``: name -> the dimension the parameter is split along (to reassemble it);
+    ``assemble(name, shards)`` (optional) rebuilds a full parameter from every rank's shard
+    when it is not simply their concatenation along ``dims[name]``.
+    Names may be dotted (``"out_proj.weight"``): the parameter then lives on a submodule.
     """
 
     def __init__(self, module: nn.Module, plan: RingPlan, full: Dict[str, torch.Tensor],
                  take: Callable[[str, torch.Tensor, int], torch.Tensor],
-                 dims: Dict[str, int], mp: Optional[MixedPrecision] = None):
+                 dims: Dict[str, int], mp: Optional[MixedPrecision] = None,
+                 assemble: Optional[Callable[[str, list], torch.Tensor]] = None):
         self.plan = plan
+        self._assemble = assemble
         self.take = take
         self.dims = dims
         self.mp = mp or MixedPrecision()
@@ -63,12 +68,20 @@ class ShardState:
                 view = self.layout.view(self.flat, n, r)
                 view.copy_(take(n, old, r))
                 requires_grad = old.requires_grad if isinstance(old, nn.Parameter) else True
-                setattr(module, n, nn.Parameter(view, requires_grad=requires_grad))
+                owner, attr = _owner(module, n)
+                setattr(owner, attr, nn.Parameter(view, requires_grad=requires_grad))
         self.module_ref = module
 
     # ----------------------------------------------------------------------------------------
     def param(self, name: str) -> nn.Parameter:
-        return getattr(self.module_ref, name)
+        owner, attr = _owner(self.module_ref, name)
+        return getattr(owner, attr)
+
+    def assemble(self, name: str, shards: list) -> torch.Tensor:
+        """The full parameter ``name`` from every rank's shard of it (in rank order)."""
+        if self._assemble is not None:
+            return self._assemble(name, shards)
+        return torch.cat(shards, dim=self.dims[name])
 
     def local_flat(self) -> torch.Tensor:
         """This rank's flat storage, rebuilt first if a parameter no longer views it."""
@@ -117,3 +130,9 @@ class ShardState:
         if acc.dtype != self.flat.dtype:
             acc = acc.to(self.flat.dtype)
         return {n: self.layout.view(acc, n, self.plan.rank) for n in self.names}
+
+
+def _owner(module: nn.Module, name: str):
+    """(module holding parameter ``name``, its attribute name) for a possibly dotted name."""
+    path, _, attr = name.rpartition(".")
+    return (module.get_submodule(path) if path else module), attr

@@ -23,15 +23,20 @@ __all__ = ["full_state_dict", "load_full_state_dict", "local_shard_of", "sharded
 
 
 def sharded_owner(model: nn.Module, key: str) -> Optional[Tuple[ShardState, str]]:
-    """(ShardState, local name) when ``key`` names a sharded parameter, else None."""
-    mod_name, _, pname = key.rpartition(".")
-    try:
-        mod = model.get_submodule(mod_name) if mod_name else model
-    except AttributeError:
-        return None
-    st = getattr(mod, "_rsdp", None)
-    if isinstance(st, ShardState) and pname in st.names:
-        return st, pname
+    """(ShardState, local name) when ``key`` names a sharded parameter, else None.
+
+    The state may sit on an ancestor of the parameter's module (an attention module owns its
+    ``out_proj.weight``), so every split of ``key`` into module path and name is tried."""
+    parts = key.split(".")
+    for cut in range(len(parts) - 1, -1, -1):
+        mod_name, pname = ".".join(parts[:cut]), ".".join(parts[cut:])
+        try:
+            mod = model.get_submodule(mod_name) if mod_name else model
+        except AttributeError:
+            continue
+        st = getattr(mod, "_rsdp", None)
+        if isinstance(st, ShardState) and pname in st.names:
+            return st, pname
     return None
 
 
@@ -62,8 +67,8 @@ def full_state_dict(model: nn.Module, rank0_only: bool = True) -> Dict[str, torc
         if id(st) != cur_id:  # keys of one module are adjacent; free the previous module's
             cur_id, parts = id(st), _gather_flat(st, rank0_only)
         if parts is not None:
-            out[key] = torch.cat([st.layout.view(parts[j], name, j)
-                                  for j in range(st.plan.world)], dim=st.dims[name])
+            out[key] = st.assemble(name, [st.layout.view(parts[j], name, j)
+                                          for j in range(st.plan.world)])
     return out if keep else {}
 
 
