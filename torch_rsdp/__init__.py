@@ -7,6 +7,7 @@ Importing the package registers the backend (idempotently) for CPU tensors.
 """
 from ._registration import BACKEND_NAME, register
 from .ring import ring_neighbours, ring_shift, ring_shift_reduce
+from .topology import comm_stats, reset_comm_stats, topology
 
 __version__ = "0.1.0"
 
@@ -14,6 +15,9 @@ register()
 
 __all__ = [
     "BACKEND_NAME",
+    "comm_stats",
+    "reset_comm_stats",
+    "topology",
     "register",
     "ring_neighbours",
     "ring_shift",

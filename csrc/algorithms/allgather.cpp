@@ -27,8 +27,9 @@ void gather_steps(ShmComm& c, const void* in, void* const* outs, const uint64_t*
   if (receive && outs[me] != in && counts[me]) std::memcpy(outs[me], in, counts[me] * es);
   size_t off = 0;
   do {
-    std::memcpy(c.stage(), src + off, clip(counts[me] * es, off, seg));
-    c.exchange();
+    const size_t mine = clip(counts[me] * es, off, seg);
+    std::memcpy(c.stage(), src + off, mine);
+    c.exchange(mine);
     if (receive)
       for (int p = 0; p < n; ++p)
         if (p != me)

@@ -16,7 +16,7 @@ namespace algo {
 void allreduce_oneshot(ShmComm& c, void* buf, size_t count, DType dt, RedOp op) {
   const int n = c.size();
   std::memcpy(c.stage(), buf, count * dtype_size(dt));
-  c.exchange();
+  c.exchange(count * dtype_size(dt));
   std::vector<const void*> srcs(n);
   for (int p = 0; p < n; ++p) srcs[p] = c.peer(p);
   reduce_n(buf, srcs.data(), n, count, dt, op, n);

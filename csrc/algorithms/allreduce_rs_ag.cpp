@@ -36,13 +36,13 @@ void allreduce_rs_ag(ShmComm& c, void* buf, size_t count, DType dt, RedOp op) {
     char* st = c.stage();
     for (int p = 0; p < n; ++p)
       if (p != me) std::memcpy(st + p * sub * es, at(p), len(p) * es);
-    c.exchange();
+    c.exchange((seg - len(me)) * es);
 
     for (int q = 0; q < n; ++q) srcs[q] = q == me ? at(me) : c.peer(q) + me * sub * es;
     char* mine = c.stage() + me * sub * es;
     reduce_n(mine, srcs.data(), n, len(me), dt, op, n);
     std::memcpy(at(me), mine, len(me) * es);
-    c.exchange();
+    c.exchange(len(me) * es);
 
     for (int p = 0; p < n; ++p)
       if (p != me) std::memcpy(at(p), c.peer(p) + p * sub * es, len(p) * es);

@@ -46,11 +46,14 @@ void alltoall(ShmComm& c, const void* const* sends, const uint64_t* send_bytes,
   const size_t slot = slot_elems(c.half_bytes(), n, 1);
   for (size_t off = 0; off < most; off += slot) {
     char* st = c.stage();
+    size_t staged = 0;
     for (int p = 0; p < n; ++p)
-      if (p != me)
-        std::memcpy(st + p * slot, static_cast<const char*>(sends[p]) + off,
-                    clip(send_bytes[p], off, slot));
-    c.exchange();
+      if (p != me) {
+        const size_t len = clip(send_bytes[p], off, slot);
+        std::memcpy(st + p * slot, static_cast<const char*>(sends[p]) + off, len);
+        staged += len;
+      }
+    c.exchange(staged);
     for (int p = 0; p < n; ++p)
       if (p != me)
         std::memcpy(static_cast<char*>(recvs[p]) + off, c.peer(p) + me * slot,

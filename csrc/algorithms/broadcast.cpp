@@ -28,7 +28,7 @@ void broadcast(ShmComm& c, void* buf, size_t count, DType dt, int root, Millis t
   do {  // at least one step, so even empty broadcasts check descriptors
     size_t n = clip(bytes, off, seg);
     if (c.rank() == root) std::memcpy(c.stage(), p + off, n);
-    c.exchange();
+    c.exchange(c.rank() == root ? n : 0);
     if (c.rank() != root) std::memcpy(p + off, c.peer(root), n);
     off += seg;
   } while (off < bytes);

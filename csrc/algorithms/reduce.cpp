@@ -39,7 +39,7 @@ void reduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, int root,
   }
   if (oneshot) {
     std::memcpy(c.stage(), data, count * es);
-    c.exchange();
+    c.exchange(me == root ? 0 : count * es);
     if (me == root) {
       for (int p = 0; p < n; ++p) srcs[p] = c.peer(p);
       reduce_n(data, srcs.data(), n, count, dt, op, n);
@@ -57,12 +57,12 @@ void reduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, int root,
     char* st = c.stage();
     for (int p = 0; p < n; ++p)
       if (p != me) std::memcpy(st + p * sub * es, at(p), len(p) * es);
-    c.exchange();
+    c.exchange((seg - len(me)) * es);
 
     for (int q = 0; q < n; ++q) srcs[q] = q == me ? at(me) : c.peer(q) + me * sub * es;
     void* dst = me == root ? static_cast<void*>(at(me)) : c.stage() + me * sub * es;
     reduce_n(dst, srcs.data(), n, len(me), dt, op, n);
-    c.exchange();
+    c.exchange(me == root ? 0 : len(me) * es);
 
     if (me == root)
       for (int p = 0; p < n; ++p)

@@ -36,9 +36,14 @@ void reduce_scatter(ShmComm& c, const void* const* ins, void* out, const uint64_
   size_t off = 0;
   do {
     char* st = c.stage();
+    size_t staged = 0;
     for (int p = 0; p < n; ++p)
-      if (p != me) std::memcpy(st + p * sub * es, piece(p, off), clip(counts[p], off, sub) * es);
-    c.exchange();
+      if (p != me) {
+        const size_t len = clip(counts[p], off, sub) * es;
+        std::memcpy(st + p * sub * es, piece(p, off), len);
+        staged += len;
+      }
+    c.exchange(staged);
     for (int q = 0; q < n; ++q) srcs[q] = q == me ? piece(me, off) : c.peer(q) + me * sub * es;
     reduce_n(static_cast<char*>(out) + off * es, srcs.data(), n, clip(counts[me], off, sub), dt,
              op, n);

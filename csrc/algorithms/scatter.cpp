@@ -32,7 +32,7 @@ void scatter(ShmComm& c, const void* const* ins, void* out, size_t count, DType 
       for (int p = 0; p < n; ++p)
         if (p != me) std::memcpy(st + p * slot, static_cast<const char*>(ins[p]) + off, len);
     }
-    c.exchange();
+    c.exchange(me == root ? len * (n - 1) : 0);
     if (me != root) std::memcpy(dst + off, c.peer(root) + me * slot, len);
     off += slot;
   } while (off < bytes);

@@ -3,9 +3,8 @@
 // back afterwards.
 #include <numeric>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/collectives.h"
 #include "backend/backend_rsdp.h"
-#include "transport/shm/shm_comm.h"
 
 namespace rsdp {
 namespace {
@@ -15,7 +14,7 @@ void* ptr(const at::Tensor& t) { return t.numel() ? t.data_ptr() : nullptr; }
 // Several prepared collectives as one queued op: all were validated before
 // any was queued, and the one Work fails if any of them fails.
 BackendRSDP::Body sequence(std::vector<BackendRSDP::Body> bodies) {
-  return [bodies = std::move(bodies)](ShmComm& comm) {
+  return [bodies = std::move(bodies)](GroupComm& comm) {
     for (const auto& b : bodies) b(comm);
   };
 }
@@ -33,8 +32,8 @@ Work BackendRSDP::broadcast(std::vector<at::Tensor>& tensors, const c10d::Broadc
     DType dt = to_dtype(c, t);
     int root = static_cast<int>(opts.rootRank);
     auto timeout = op_timeout(opts.timeout);
-    return enqueue(c10d::OpType::BROADCAST, "rsdp:broadcast", tensors, [=](ShmComm& comm) {
-      algo::broadcast(comm, ptr(d), d.numel(), dt, root, timeout);
+    return enqueue(c10d::OpType::BROADCAST, "rsdp:broadcast", tensors, [=](GroupComm& comm) {
+      coll::broadcast(comm, ptr(d), d.numel(), dt, root, timeout);
       write_back(t, d);
     }, opts.asyncOp);
   });
@@ -48,9 +47,8 @@ Work BackendRSDP::allreduce(std::vector<at::Tensor>& tensors, const c10d::Allred
     DType dt = to_dtype(c, t);
     RedOp op = to_redop(c, opts.reduceOp, dt);
     auto timeout = op_timeout(opts.timeout);
-    size_t oneshot = opts_.oneshot_bytes;
-    return enqueue(c10d::OpType::ALLREDUCE, "rsdp:all_reduce", tensors, [=](ShmComm& comm) {
-      algo::allreduce(comm, ptr(d), d.numel(), dt, op, oneshot, timeout);
+    return enqueue(c10d::OpType::ALLREDUCE, "rsdp:all_reduce", tensors, [=](GroupComm& comm) {
+      coll::allreduce(comm, ptr(d), d.numel(), dt, op, timeout);
       write_back(t, d);
     }, opts.asyncOp);
   });
@@ -65,15 +63,14 @@ Work BackendRSDP::allreduce_coalesced(std::vector<at::Tensor>& tensors,
     DType dt = to_dtype(c, tensors[0]);
     RedOp op = to_redop(c, opts.reduceOp, dt);
     auto timeout = op_timeout(opts.timeout);
-    size_t oneshot = opts_.oneshot_bytes;
     std::vector<at::Tensor> ts = tensors;
     return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "rsdp:all_reduce_coalesced", tensors,
-                   [=](ShmComm& comm) {
+                   [=](GroupComm& comm) {
                      // One flat buffer: one op, one set of synchronisations.
                      std::vector<at::Tensor> flat;
                      for (const auto& t : ts) flat.push_back(t.reshape({-1}));
                      at::Tensor buf = at::cat(flat);
-                     algo::allreduce(comm, ptr(buf), buf.numel(), dt, op, oneshot, timeout);
+                     coll::allreduce(comm, ptr(buf), buf.numel(), dt, op, timeout);
                      int64_t off = 0;
                      for (const auto& t : ts) {
                        t.copy_(buf.narrow(0, off, t.numel()).view(t.sizes()));
@@ -93,10 +90,9 @@ Work BackendRSDP::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOpt
     RedOp op = to_redop(c, opts.reduceOp, dt);
     int root = static_cast<int>(opts.rootRank);
     auto timeout = op_timeout(opts.timeout);
-    size_t oneshot = opts_.oneshot_bytes;
     bool is_root = getRank() == root;
-    return enqueue(c10d::OpType::REDUCE, "rsdp:reduce", tensors, [=](ShmComm& comm) {
-      algo::reduce(comm, ptr(d), d.numel(), dt, op, root, oneshot, timeout);
+    return enqueue(c10d::OpType::REDUCE, "rsdp:reduce", tensors, [=](GroupComm& comm) {
+      coll::reduce(comm, ptr(d), d.numel(), dt, op, root, timeout);
       if (is_root) write_back(t, d);
     }, opts.asyncOp);
   });
@@ -124,10 +120,10 @@ BackendRSDP::Body BackendRSDP::prepare_allgather(std::vector<std::vector<at::Ten
       counts.push_back(o.numel());
     }
     auto timeout = op_timeout(opts.timeout);
-    return [=](ShmComm& comm) {
+    return [=](GroupComm& comm) {
       std::vector<void*> ptrs;
       for (const auto& o : dense_outs) ptrs.push_back(ptr(o));
-      algo::allgather(comm, ptr(in), ptrs.data(), counts.data(), dt, timeout);
+      coll::allgather(comm, ptr(in), ptrs.data(), counts.data(), dt, timeout);
       for (size_t i = 0; i < outs.size(); ++i) write_back(outs[i], dense_outs[i]);
     };
   }
@@ -154,12 +150,12 @@ BackendRSDP::Body BackendRSDP::prepare_allgather_base(at::Tensor& output, at::Te
   DType dt = to_dtype(c, in);
   auto timeout = op_timeout(opts.timeout);
   int n = getSize();
-  return [=](ShmComm& comm) {
+  return [=](GroupComm& comm) {
     std::vector<void*> ptrs;
     std::vector<uint64_t> counts(n, in.numel());
     char* base = static_cast<char*>(ptr(dout));
     for (int p = 0; p < n; ++p) ptrs.push_back(base ? base + p * in.nbytes() : nullptr);
-    algo::allgather(comm, ptr(in), ptrs.data(), counts.data(), dt, timeout);
+    coll::allgather(comm, ptr(in), ptrs.data(), counts.data(), dt, timeout);
     write_back(out, dout);
   };
 }
@@ -233,10 +229,10 @@ Work BackendRSDP::gather(std::vector<std::vector<at::Tensor>>& outputs,
     }
     DType dt = to_dtype(c, in);
     auto timeout = op_timeout(opts.timeout);
-    return enqueue(c10d::OpType::GATHER, "rsdp:gather", outs, [=](ShmComm& comm) {
+    return enqueue(c10d::OpType::GATHER, "rsdp:gather", outs, [=](GroupComm& comm) {
       std::vector<void*> ptrs;
       for (const auto& o : dense_outs) ptrs.push_back(ptr(o));
-      algo::gather(comm, ptr(in), ptrs.data(), in.numel(), dt, root, timeout);
+      coll::gather(comm, ptr(in), ptrs.data(), in.numel(), dt, root, timeout);
       for (size_t i = 0; i < outs.size(); ++i) write_back(outs[i], dense_outs[i]);
     }, opts.asyncOp);
   });
@@ -268,10 +264,10 @@ Work BackendRSDP::scatter(std::vector<at::Tensor>& outputs,
     }
     DType dt = to_dtype(c, out);
     auto timeout = op_timeout(opts.timeout);
-    return enqueue(c10d::OpType::SCATTER, "rsdp:scatter", outputs, [=](ShmComm& comm) {
+    return enqueue(c10d::OpType::SCATTER, "rsdp:scatter", outputs, [=](GroupComm& comm) {
       std::vector<const void*> ptrs;
       for (const auto& i : ins) ptrs.push_back(ptr(i));
-      algo::scatter(comm, ptrs.data(), ptr(dout), dout.numel(), dt, root, timeout);
+      coll::scatter(comm, ptrs.data(), ptr(dout), dout.numel(), dt, root, timeout);
       write_back(out, dout);
     }, opts.asyncOp);
   });
@@ -302,10 +298,10 @@ Work BackendRSDP::reduce_scatter(std::vector<at::Tensor>& outputs,
     }
     auto timeout = op_timeout(opts.timeout);
     return enqueue(c10d::OpType::REDUCE_SCATTER, "rsdp:reduce_scatter", outputs,
-                   [=](ShmComm& comm) {
+                   [=](GroupComm& comm) {
                      std::vector<const void*> ptrs;
                      for (const auto& i : ins) ptrs.push_back(ptr(i));
-                     algo::reduce_scatter(comm, ptrs.data(), ptr(dout), counts.data(), dt, op,
+                     coll::reduce_scatter(comm, ptrs.data(), ptr(dout), counts.data(), dt, op,
                                           timeout);
                      write_back(out, dout);
                    }, opts.asyncOp);
@@ -328,12 +324,12 @@ BackendRSDP::Body BackendRSDP::prepare_reduce_scatter_base(
       input.is_contiguous() && !input.is_alias_of(output) ? input : input.contiguous().clone();
   auto timeout = op_timeout(opts.timeout);
   int n = getSize();
-  return [=](ShmComm& comm) {
+  return [=](GroupComm& comm) {
     std::vector<const void*> ptrs;
     std::vector<uint64_t> counts(n, out.numel());
     const char* base = static_cast<const char*>(ptr(in));
     for (int p = 0; p < n; ++p) ptrs.push_back(base ? base + p * out.nbytes() : nullptr);
-    algo::reduce_scatter(comm, ptrs.data(), ptr(dout), counts.data(), dt, op, timeout);
+    coll::reduce_scatter(comm, ptrs.data(), ptr(dout), counts.data(), dt, op, timeout);
     write_back(out, dout);
   };
 }
@@ -405,7 +401,7 @@ Work BackendRSDP::alltoall_base(at::Tensor& output, at::Tensor& input,
     DType dt = to_dtype(c, input);
     auto timeout = op_timeout(opts.timeout);
     return enqueue(c10d::OpType::ALLTOALL_BASE, "rsdp:all_to_all_single", {output},
-                   [=](ShmComm& comm) {
+                   [=](GroupComm& comm) {
                      std::vector<const void*> sp;
                      std::vector<void*> rp;
                      const char* ib = static_cast<const char*>(ptr(in));
@@ -414,7 +410,7 @@ Work BackendRSDP::alltoall_base(at::Tensor& output, at::Tensor& input,
                        sp.push_back(ib ? ib + soffs[p] : nullptr);
                        rp.push_back(ob ? ob + roffs[p] : nullptr);
                      }
-                     algo::alltoall(comm, sp.data(), sbytes.data(), rp.data(), rbytes.data(), dt,
+                     coll::alltoall(comm, sp.data(), sbytes.data(), rp.data(), rbytes.data(), dt,
                                     timeout);
                      write_back(out, dout);
                    }, opts.asyncOp);
@@ -442,14 +438,14 @@ Work BackendRSDP::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Ten
     }
     DType dt = to_dtype(c, inputs[0]);
     auto timeout = op_timeout(opts.timeout);
-    return enqueue(c10d::OpType::ALLTOALL, "rsdp:all_to_all", outputs, [=](ShmComm& comm) {
+    return enqueue(c10d::OpType::ALLTOALL, "rsdp:all_to_all", outputs, [=](GroupComm& comm) {
       std::vector<const void*> sp;
       std::vector<void*> rp;
       for (int p = 0; p < n; ++p) {
         sp.push_back(ptr(ins[p]));
         rp.push_back(ptr(douts[p]));
       }
-      algo::alltoall(comm, sp.data(), sbytes.data(), rp.data(), rbytes.data(), dt, timeout);
+      coll::alltoall(comm, sp.data(), sbytes.data(), rp.data(), rbytes.data(), dt, timeout);
       for (int p = 0; p < n; ++p) write_back(outs[p], douts[p]);
     }, opts.asyncOp);
   });

@@ -1,8 +1,7 @@
 // BackendRSDP::ring_shift: the ring-redistribution primitive as a queued op.
 #include "backend/backend_rsdp.h"
 #include "patterns/ring_order.h"
-#include "primitives/ring_shift.h"
-#include "transport/shm/shm_comm.h"
+#include "algorithms/collectives.h"
 
 namespace rsdp {
 
@@ -32,8 +31,8 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::ring_shift(const at::Tensor& send,
     std::vector<int> order = ring_order_;
     auto timeout = timeout_;
     return enqueue(c10d::OpType::UNKNOWN, add ? "rsdp:ring_shift_reduce" : "rsdp:ring_shift",
-                   {recv}, [=](ShmComm& comm) {
-                     rsdp::ring_shift(comm, order, in.data_ptr(), dout.data_ptr(), in.numel(), dt,
+                   {recv}, [=](GroupComm& comm) {
+                     coll::ring_shift(comm, order, in.data_ptr(), dout.data_ptr(), in.numel(), dt,
                                       direction, local.defined() ? local.data_ptr() : nullptr,
                                       timeout);
                      write_back(out, dout);

@@ -2,15 +2,13 @@
 // The collective overrides live in backend_collectives.cpp.
 #include "backend/backend_rsdp.h"
 
-#include <set>
 
-#include "algorithms/algorithms.h"
+#include "algorithms/collectives.h"
+#include "algorithms/group_comm.h"
 #include "backend/op_queue.h"
 #include "backend/store_bootstrap.h"
 #include "core/group.h"
-#include "patterns/ring_order.h"
 #include "transport/shm/p2p_engine.h"
-#include "transport/shm/shm_comm.h"
 
 namespace rsdp {
 
@@ -24,20 +22,17 @@ BackendRSDP::BackendRSDP(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     StoreBootstrap boot(store);
     Group g = join_group(boot, rank, size, std::move(global_ranks), std::move(group_name),
                          timeout, opts_);
-    std::set<std::string> nodes;
-    for (const auto& p : g.peers) nodes.insert(p.node);
-    RSDP_CHECK(nodes.size() == 1, g.me(), ": process group '", g.name, "' spans ", nodes.size(),
-               " nodes, but this build of rsdp connects ranks of one node only (shared "
-               "memory); run all ranks on one machine or set RSDP_NODE_ID to the same value");
-    std::vector<std::string> node_of;
-    for (const auto& p : g.peers) node_of.push_back(p.node);
-    ring_order_ = rsdp::ring_order(node_of);
-    comm_ = std::make_unique<ShmComm>(g, boot, opts_);
+    comm_ = std::make_unique<GroupComm>(g, boot, opts_);
+    ring_order_ = comm_->topo.node_major_order();
     queue_ = std::make_unique<OpQueue>();
   });
 }
 
 BackendRSDP::~BackendRSDP() { shutdown(); }
+
+const Topology& BackendRSDP::topology() const { return comm_->topo; }
+
+Traffic& BackendRSDP::traffic() const { return comm_->traffic; }
 
 void BackendRSDP::shutdown() { stop(true); }
 
@@ -69,7 +64,7 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
   RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", title,
              " called after the process group was shut down");
   auto work = c10::make_intrusive<WorkRSDP>(getRank(), type, ++seq_, std::move(outputs), title);
-  ShmComm* comm = comm_.get();
+  GroupComm* comm = comm_.get();
   const std::string name = title;
   OpQueue::Task task = [work, comm, name, body = std::move(body)](bool run) mutable {
     std::exception_ptr err;
@@ -112,8 +107,17 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue_p2p(c10d::OpType type, const
   std::lock_guard<std::mutex> g(p2p_mu_);
   RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", title,
              " called after the process group was shut down");
-  if (!p2p_) p2p_ = std::make_unique<P2PEngine>(*comm_);
   void* data = buf.numel() ? buf.data_ptr() : nullptr;
+  if (comm_->multi_node()) {
+    // Across nodes every pair talks through the network transport, which
+    // also matches receives from any source.
+    if (is_send)
+      comm_->net->p2p_send(data, buf.nbytes(), peer, tag, timeout_, std::move(done));
+    else
+      comm_->net->p2p_recv(data, buf.nbytes(), peer, tag, timeout_, std::move(done));
+    return work;
+  }
+  if (!p2p_) p2p_ = std::make_unique<P2PEngine>(*comm_->shm);
   if (is_send)
     p2p_->send(data, buf.nbytes(), peer, tag, timeout_, std::move(done));
   else
@@ -157,7 +161,7 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::barrier(const c10d::BarrierOptions& 
     auto t = op_timeout(opts.timeout);
     // The worker runs ops in order, so this completes after all earlier ones.
     return enqueue(c10d::OpType::BARRIER, "rsdp:barrier", {},
-                   [t](ShmComm& c) { algo::barrier(c, t); }, opts.asyncOp);
+                   [t](GroupComm& c) { coll::barrier(c, t); }, opts.asyncOp);
   });
 }
 

@@ -21,7 +21,9 @@
 
 namespace rsdp {
 
-class ShmComm;
+struct GroupComm;
+struct Topology;
+struct Traffic;
 class OpQueue;
 class P2PEngine;
 
@@ -92,7 +94,7 @@ class BackendRSDP : public c10d::Backend {
   const rsdp::Options& options() const { return opts_; }
 
   // One queued collective: runs on the worker with the group's comm.
-  using Body = std::function<void(ShmComm&)>;
+  using Body = std::function<void(GroupComm&)>;
 
   // Ring redistribution (backend_ring.cpp): recv <- the ring neighbour's send
   // (+ add). direction +1 sends to the successor.
@@ -102,6 +104,9 @@ class BackendRSDP : public c10d::Backend {
   // {rank this one sends to, rank it receives from} for a direction.
   std::vector<int> ring_neighbours(int direction) const;
   const std::vector<int>& ring_order() const { return ring_order_; }
+  // Where the group's ranks live (core/topology.h), and its traffic counters.
+  const Topology& topology() const;
+  Traffic& traffic() const;
 
  private:
   // Validate on the calling thread and return the op, for the plain and the
@@ -127,7 +132,7 @@ class BackendRSDP : public c10d::Backend {
   int global_rank_;
   std::chrono::milliseconds timeout_;
   std::vector<int> ring_order_;  // group ranks, node-adjacent
-  std::unique_ptr<ShmComm> comm_;
+  std::unique_ptr<GroupComm> comm_;
   std::unique_ptr<OpQueue> queue_;
   std::mutex p2p_mu_;
   std::unique_ptr<P2PEngine> p2p_;  // started by the first send/recv

@@ -7,6 +7,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/backend_rsdp.h"
+#include "core/topology.h"
+#include "core/traffic.h"
 
 namespace py = pybind11;
 
@@ -27,7 +29,39 @@ PYBIND11_MODULE(_C, m) {
            "[rank sent to, rank received from] for a direction (+1 or -1).")
       .def("ring_shift", &rsdp::BackendRSDP::ring_shift, py::arg("send"), py::arg("recv"),
            py::arg("direction") = 1, py::arg("add") = std::nullopt, py::arg("async_op") = true,
-           py::call_guard<py::gil_scoped_release>());
+           py::call_guard<py::gil_scoped_release>())
+      .def(
+          "topology",
+          [](const rsdp::BackendRSDP& b) {
+            const rsdp::Topology& t = b.topology();
+            py::dict d;
+            d["rank"] = t.rank;
+            d["size"] = t.size();
+            d["node"] = t.node();
+            d["num_nodes"] = t.num_nodes();
+            d["local_rank"] = t.local_rank();
+            d["local_size"] = t.local_size();
+            d["nodes"] = t.nodes;
+            d["rail"] = t.rail(t.local_rank());
+            d["leaders"] = t.leaders();
+            d["uniform"] = t.uniform();
+            d["describe"] = t.describe();
+            return d;
+          },
+          "Where the group's ranks live: nodes, local rank/size, rail, leaders.")
+      .def(
+          "comm_stats",
+          [](const rsdp::BackendRSDP& b) {
+            const rsdp::Traffic& t = b.traffic();
+            py::dict d;
+            d["intra_node_bytes"] = t.intra_bytes.load();
+            d["inter_node_bytes"] = t.inter_bytes.load();
+            d["intra_node_messages"] = t.intra_msgs.load();
+            d["inter_node_messages"] = t.inter_msgs.load();
+            return d;
+          },
+          "Payload bytes/messages this rank sent inside its node and to other nodes.")
+      .def("reset_comm_stats", [](const rsdp::BackendRSDP& b) { b.traffic().reset(); });
 
   m.def(
       "create_backend",

@@ -19,7 +19,7 @@ std::string Group::who(int r) const {
 std::string Group::me() const { return "rsdp rank " + std::to_string(global(rank)); }
 
 std::string Group::key(const std::string& k) const {
-  return "rsdp/" + std::to_string(size) + "/" + std::to_string(generation) + "/" + k;
+  return "rsdp/" + std::to_string(size) + "/" + std::to_string(generation) + "/" + scope + k;
 }
 
 std::string local_node_id(const Options& opts) {

@@ -30,6 +30,9 @@ struct Group {
   // carry it so a new incarnation never reads a stale key.
   long generation = 0;
   std::vector<PeerInfo> peers;
+  // Extra store-key namespace of a subgroup built from this group (e.g. the
+  // ranks of one node), so its keys never meet the parent's.
+  std::string scope;
 
   int global(int group_rank) const { return global_ranks[group_rank]; }
   // "rank 3" or, inside a subgroup, "rank 3 (group rank 1)"; used in errors.

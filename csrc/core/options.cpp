@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/error.h"
 
@@ -41,6 +42,27 @@ Options Options::from_env() {
   if (const char* v = env("RSDP_SPIN_US")) o.spin_us = std::atoi(v);
   if (const char* v = env("RSDP_DEBUG")) o.debug = std::strcmp(v, "0") != 0;
   if (const char* v = env("RSDP_NODE_ID")) o.node_id = v;
+  struct Algo {
+    const char* var;
+    std::string* into;
+    const char* names;  // accepted values, space-separated
+  };
+  const Algo algos[] = {
+      {"RSDP_ALGO_ALLREDUCE", &o.algo_allreduce, "auto oneshot rs_ag hier ring"},
+      {"RSDP_ALGO_ALLGATHER", &o.algo_allgather, "auto hier ring"},
+      {"RSDP_ALGO_REDUCE_SCATTER", &o.algo_reduce_scatter, "auto hier ring"},
+      {"RSDP_ALGO_BROADCAST", &o.algo_broadcast, "auto hier tree"},
+      {"RSDP_ALGO_REDUCE", &o.algo_reduce, "auto hier tree"},
+      {"RSDP_ALGO_BARRIER", &o.algo_barrier, "auto hier flat"},
+  };
+  for (const Algo& a : algos) {
+    const char* v = env(a.var);
+    if (!v) continue;
+    std::string names = std::string(" ") + a.names + " ";
+    RSDP_CHECK(names.find(std::string(" ") + v + " ") != std::string::npos, "environment variable ",
+               a.var, "='", v, "' names no algorithm; choose one of: ", a.names);
+    *a.into = v;
+  }
   RSDP_CHECK(o.shm_bytes >= 8192, "RSDP_SHM_BYTES must be at least 8K, got ", o.shm_bytes);
   return o;
 }

@@ -20,6 +20,10 @@ struct Options {
   bool debug = false;
   // Explicit node identity (empty: host name + boot id).
   std::string node_id;
+  // Forced algorithms, from RSDP_ALGO_<OP> ("auto" when unset); the names
+  // each op accepts are in algorithms/select.h.
+  std::string algo_allreduce = "auto", algo_allgather = "auto", algo_reduce_scatter = "auto",
+              algo_broadcast = "auto", algo_reduce = "auto", algo_barrier = "auto";
 
   static Options from_env();
 };

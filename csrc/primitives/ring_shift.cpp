@@ -34,7 +34,7 @@ void ring_shift(ShmComm& c, const std::vector<int>& order, const void* send, voi
   do {
     const size_t n = clip(bytes, off, seg);
     std::memcpy(c.stage(), in + off, n);
-    c.exchange();
+    c.exchange(n);
     const char* theirs = c.peer(nb.recv_from);
     if (extra) {
       const void* srcs[2] = {theirs, extra + off};

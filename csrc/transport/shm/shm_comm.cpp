@@ -31,8 +31,8 @@ constexpr int kSleepSliceUs = 20000;  // futex slice between deadline/liveness c
 
 }  // namespace
 
-ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts)
-    : group_(group), opts_(opts) {
+ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traffic* traffic)
+    : group_(group), opts_(opts), traffic_(traffic) {
   layout_.size = group_.size;
   // Slotted algorithms need at least one 64-byte slot per rank in a half.
   layout_.half = round_up(std::max<size_t>(opts.shm_bytes / 2, 64u * group_.size), 4096);
@@ -118,7 +118,8 @@ char* ShmComm::stage() { return seg_.data() + layout_.stage_offset(group_.rank, 
 
 const char* ShmComm::peer(int p) const { return seg_.data() + layout_.stage_offset(p, step_); }
 
-void ShmComm::exchange() {
+void ShmComm::exchange(size_t staged) {
+  if (traffic_ && staged && group_.size > 1) traffic_->add(true, staged);
   const uint32_t s = ++step_;
   RankCtl& me = ctl(group_.rank);
   me.desc[s & 1] = desc_;

@@ -26,6 +26,7 @@
 #include "core/group.h"
 #include "core/op_desc.h"
 #include "core/options.h"
+#include "core/traffic.h"
 #include "transport/shm/peer_watch.h"
 #include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_segment.h"
@@ -40,7 +41,8 @@ struct RingView {
 
 class ShmComm {
  public:
-  ShmComm(const Group& group, Bootstrap& store, const Options& opts);
+  // traffic (optional) counts the bytes this rank stages for its peers.
+  ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traffic* traffic = nullptr);
   ~ShmComm();
 
   const Group& group() const { return group_; }
@@ -54,7 +56,9 @@ class ShmComm {
   void begin(OpDesc desc, std::chrono::milliseconds timeout);
   const OpDesc& desc() const { return desc_; }
   char* stage();                  // this rank's half for the next step
-  void exchange();                // publish the step, wait for every peer
+  // Publish the step and wait for every peer; `staged` is how many bytes of
+  // the half this rank filled for its peers (for the traffic counters).
+  void exchange(size_t staged = 0);
   const char* peer(int p) const;  // p's half of the last exchanged step
 
   // --- point-to-point channels (used by the P2P engine) ---
@@ -78,6 +82,7 @@ class ShmComm {
 
   Group group_;
   Options opts_;
+  Traffic* traffic_;
   ShmLayout layout_;
   ShmSegment seg_;
   std::unique_ptr<PeerWatch> watch_;

@@ -1,0 +1,53 @@
+// Everything a process group communicates through: its topology, the shared
+// memory of its node, and (when it spans nodes) the network.
+//
+// On one node, `shm` covers the whole group and the network is never opened.
+// Across nodes, `shm` covers only this node's ranks (a subgroup numbered by
+// local rank) and `net` connects every pair of group ranks. Hierarchical
+// algorithms compose flat ones on these two; see algorithms/collectives.h.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "core/bootstrap.h"
+#include "core/group.h"
+#include "core/options.h"
+#include "core/topology.h"
+#include "core/traffic.h"
+#include "transport/shm/shm_comm.h"
+#include "transport/ucx/net_comm.h"
+
+namespace rsdp {
+
+struct GroupComm {
+  GroupComm(const Group& group, Bootstrap& store, const Options& opts);
+  ~GroupComm();
+
+  Group group;
+  Topology topo;
+  Options opts;
+  Traffic traffic;
+  std::unique_ptr<ShmComm> shm;  // this node's ranks
+  std::unique_ptr<NetComm> net;  // null on one node
+
+  bool multi_node() const { return net != nullptr; }
+  int rank() const { return group.rank; }
+  int size() const { return group.size; }
+
+  // Starts a collective that crosses nodes: numbers it (all ranks count the
+  // same collectives, so the numbers agree) and hands it to the network.
+  void begin_net(OpDesc desc, std::chrono::milliseconds timeout);
+
+  void abort(const std::string& why);
+  bool broken() const;
+
+ private:
+  uint64_t net_seq_ = 0;
+};
+
+// The subgroup of `g` on this rank's node, numbered by local rank; its store
+// keys live apart from the parent's.
+Group node_group(const Group& g, const Topology& t);
+
+}  // namespace rsdp

@@ -1,0 +1,112 @@
+// NetComm: owns the UCX context and the two workers, exchanges worker
+// addresses through the store, and hands the work to the collective engine
+// (ucx_coll.cpp) and the point-to-point engine (ucx_p2p.cpp).
+#include "transport/ucx/net_comm.h"
+
+#include <stdexcept>
+
+#include "core/error.h"
+#include "transport/ucx/ucx_coll.h"
+#include "transport/ucx/ucx_p2p.h"
+#include "transport/ucx/ucx_wire.h"
+#include "transport/ucx/ucx_worker.h"
+
+namespace rsdp {
+
+struct NetComm::Impl {
+  // Declaration order is teardown order, reversed: the engines (thread,
+  // endpoints, requests) go before their workers, the workers before the
+  // context.
+  Group group;
+  UcxContext ctx;
+  UcxWorker coll_worker, p2p_worker;
+  std::unique_ptr<UcxCollectives> coll;
+  std::unique_ptr<UcxP2P> p2p;
+
+  Impl(const Group& g, std::vector<int> node_of, Bootstrap& store, const Options& opts,
+       Traffic* traffic)
+      : group(g), ctx(g.me(), g.size), coll_worker(ctx, g.me()), p2p_worker(ctx, g.me()) {
+    RSDP_CHECK(static_cast<int>(node_of.size()) == group.size, group.me(), ": node_of has ",
+               node_of.size(), " entries for a group of size ", group.size);
+    RSDP_CHECK(group.size <= (1 << ucx_wire::kRankBits), group.me(), ": groups of more than ",
+               1 << ucx_wire::kRankBits, " ranks are not supported by the UCX transport");
+    coll = std::make_unique<UcxCollectives>(group, coll_worker, node_of, opts, traffic);
+    std::vector<std::string> coll_addrs(group.size), p2p_addrs(group.size);
+    if (group.size > 1) exchange_addresses(store, coll_addrs, p2p_addrs);
+    for (int r = 0; r < group.size; ++r)
+      if (r != group.rank) coll->connect(r, coll_addrs[r]);
+    p2p = std::make_unique<UcxP2P>(group, p2p_worker, std::move(p2p_addrs), node_of, traffic,
+                                   opts.debug);
+  }
+
+  void exchange_addresses(Bootstrap& store, std::vector<std::string>& coll_addrs,
+                          std::vector<std::string>& p2p_addrs) {
+    auto key = [&](int r) { return group.key("ucx/addr/" + std::to_string(r)); };
+    store.set(key(group.rank),
+              hex_encode(coll_worker.address()) + ":" + hex_encode(p2p_worker.address()));
+    std::vector<std::string> keys;
+    for (int r = 0; r < group.size; ++r) keys.push_back(key(r));
+    if (!store.wait(keys, group.timeout)) {
+      std::string missing;
+      int n = 0;
+      for (int r = 0; r < group.size; ++r)
+        if (!store.check(keys[r])) missing += (n++ ? ", " : "") + group.who(r);
+      RSDP_FAIL(ErrorKind::kTimeout, group.me(), ": timed out after ",
+                group.timeout.count() / 1000.0, " s waiting for ", missing,
+                " to publish the UCX address", n == 1 ? "" : "es", " of group '", group.name,
+                "'");
+    }
+    for (int r = 0; r < group.size; ++r) {
+      if (r == group.rank) continue;
+      std::string v = store.get(keys[r]);
+      auto colon = v.find(':');
+      try {
+        if (colon == std::string::npos) throw std::invalid_argument("no ':'");
+        coll_addrs[r] = hex_decode(v.substr(0, colon));
+        p2p_addrs[r] = hex_decode(v.substr(colon + 1));
+      } catch (const std::invalid_argument&) {
+        RSDP_FAIL(ErrorKind::kSystem, group.me(), ": malformed UCX address record of ",
+                  group.who(r), " in the store");
+      }
+    }
+  }
+};
+
+NetComm::NetComm(const Group& group, std::vector<int> node_of, Bootstrap& store,
+                 const Options& opts, Traffic* traffic)
+    : impl_(std::make_unique<Impl>(group, std::move(node_of), store, opts, traffic)) {}
+
+NetComm::~NetComm() = default;
+
+const Group& NetComm::group() const { return impl_->group; }
+int NetComm::rank() const { return impl_->group.rank; }
+int NetComm::size() const { return impl_->group.size; }
+
+void NetComm::begin(const OpDesc& desc, Deadline deadline) { impl_->coll->begin(desc, deadline); }
+
+void NetComm::isend(int peer, const void* buf, size_t bytes, uint32_t step) {
+  impl_->coll->isend(peer, buf, bytes, step);
+}
+
+void NetComm::irecv(int peer, void* buf, size_t bytes, uint32_t step) {
+  impl_->coll->irecv(peer, buf, bytes, step);
+}
+
+void NetComm::wait() { impl_->coll->wait(); }
+
+void NetComm::p2p_send(const void* buf, size_t bytes, int dst, int tag,
+                       std::chrono::milliseconds timeout, Done done) {
+  impl_->p2p->send(buf, bytes, dst, tag, timeout, std::move(done));
+}
+
+void NetComm::p2p_recv(void* buf, size_t bytes, int src, int tag,
+                       std::chrono::milliseconds timeout, Done done) {
+  impl_->p2p->recv(buf, bytes, src, tag, timeout, std::move(done));
+}
+
+void NetComm::abort(const std::string& why) {
+  impl_->coll->abort(why);
+  impl_->p2p->abort(why);
+}
+
+}  // namespace rsdp

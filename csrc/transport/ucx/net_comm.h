@@ -1,0 +1,86 @@
+// The network transport of a process group that spans nodes: UCX's UCP tag
+// API between every pair of group ranks (UCX picks the wire: TCP here,
+// InfiniBand or shared memory where UCX_TLS allows).
+//
+// Two UCX workers per group, so the two users never share one:
+//  * the collective worker, driven only by the thread running collectives
+//    (one at a time, like ShmComm): post isend/irecv for the current op,
+//    then wait() for all of them;
+//  * the point-to-point worker, driven by its own progress thread (started
+//    by the first send/recv) for torch.distributed send/recv/recv-any-source.
+// Worker addresses are exchanged through the c10d store at construction.
+//
+// Every collective message carries the sender's OpDesc and step; a receiver
+// whose own descriptor differs raises a mismatch naming both sides, never
+// reads a wrong-sized message. Endpoints use UCX peer error handling, so a
+// dead peer fails the waits that involve it; every wait also has the op's
+// deadline. Messages to ranks on the same node count as intra-node traffic,
+// others as inter-node.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/bootstrap.h"
+#include "core/deadline.h"
+#include "core/group.h"
+#include "core/op_desc.h"
+#include "core/options.h"
+#include "core/traffic.h"
+
+namespace rsdp {
+
+class NetComm {
+ public:
+  // Collective over the group: every rank constructs one. node_of[r] is
+  // group rank r's node index (for traffic accounting and error messages).
+  NetComm(const Group& group, std::vector<int> node_of, Bootstrap& store, const Options& opts,
+          Traffic* traffic);
+  ~NetComm();
+  NetComm(const NetComm&) = delete;
+  NetComm& operator=(const NetComm&) = delete;
+
+  const Group& group() const;
+  int rank() const;
+  int size() const;
+
+  // --- collectives (one thread at a time) ---
+  // Sets the op that the next messages belong to: desc.seq must already be
+  // assigned by the caller (identical on all ranks), and tags use it. Can be
+  // called several times for one op (each stage of a hierarchical op).
+  void begin(const OpDesc& desc, Deadline deadline);
+  // Post a message of the current op to / from group rank `peer`. `step`
+  // (< 2^20) tells messages of one op apart; buffers must stay valid until
+  // wait() returns. A zero-byte message is still sent (it synchronises).
+  void isend(int peer, const void* buf, size_t bytes, uint32_t step);
+  void irecv(int peer, void* buf, size_t bytes, uint32_t step);
+  // Completes everything posted since the last wait(). Throws rsdp::Error:
+  // kMismatch when a peer's descriptor or size differs, kTimeout at the
+  // deadline (naming the peers still outstanding), kPeer when UCX reports
+  // the peer unreachable. After a timeout or peer failure the comm is
+  // unusable (every later begin() throws).
+  void wait();
+
+  // --- point to point (any thread) ---
+  // done(err, src) runs on the progress thread when the transfer finished;
+  // src is the sender (useful for src == -1, any source).
+  using Done = std::function<void(std::exception_ptr, int src)>;
+  void p2p_send(const void* buf, size_t bytes, int dst, int tag, std::chrono::milliseconds timeout,
+                Done done);
+  void p2p_recv(void* buf, size_t bytes, int src, int tag, std::chrono::milliseconds timeout,
+                Done done);
+
+  // Makes every current and future wait fail with `why`.
+  void abort(const std::string& why);
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rsdp

@@ -1,0 +1,420 @@
+// See ucx_coll.h.
+#include "transport/ucx/ucx_coll.h"
+
+#include <algorithm>
+#include <cstring>
+#include <iostream>
+
+#include "transport/ucx/ucx_wire.h"
+
+namespace rsdp {
+
+using ucx_wire::WireHeader;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t kHdr = sizeof(WireHeader);
+constexpr int kSleepSliceMs = 20;
+// After a mismatch, how long the other messages of the op get to complete
+// before the group is given up.
+constexpr auto kMismatchGrace = std::chrono::seconds(2);
+
+}  // namespace
+
+// One UCX request. Its completion (callback or immediate) is queued on
+// `sink` and handled by the wait loop, never inside UCX's callback.
+struct UcxCollectives::Slot {
+  Op* op = nullptr;
+  std::vector<Slot*>* sink = nullptr;
+  void* req = nullptr;
+  bool used = false, done = false;
+  ucs_status_t status = UCS_OK;
+  size_t length = 0;
+};
+
+struct UcxCollectives::Op {
+  bool is_send = false;
+  int peer = 0;
+  uint32_t step = 0;
+  char* buf = nullptr;
+  size_t bytes = 0;
+  OpDesc desc;
+  WireHeader hdr{};          // send: ours; recv: the sender's
+  ucp_dt_iov_t iov[2]{};     // send: header + inline payload
+  std::vector<char> bounce;  // recv: header + inline payload
+  Slot head, body;
+  bool finished = false;
+  ErrorKind kind = ErrorKind::kPeer;
+  std::string error;
+};
+
+struct UcxCollectives::Peer {
+  UcxCollectives* self;
+  ucp_ep_h ep = nullptr;
+  std::string failed;  // UCX's reason, set by the error handler
+
+  // Runs inside ucp_worker_progress: only note it; wait() acts on it.
+  void note_failure(ucs_status_t s) {
+    if (failed.empty()) failed = ucx_status_text(s);
+    self->peer_failed_ = true;
+  }
+};
+
+namespace {
+
+void send_cb(void*, ucs_status_t s, void* user) {
+  auto* slot = static_cast<UcxCollectives::Slot*>(user);
+  slot->done = true;
+  slot->status = s;
+  slot->sink->push_back(slot);
+}
+
+void recv_cb(void*, ucs_status_t s, const ucp_tag_recv_info_t* info, void* user) {
+  auto* slot = static_cast<UcxCollectives::Slot*>(user);
+  slot->done = true;
+  slot->status = s;
+  if (s == UCS_OK) slot->length = info->length;
+  slot->sink->push_back(slot);
+}
+
+void ep_error(void* arg, ucp_ep_h, ucs_status_t s) {
+  static_cast<UcxCollectives::Peer*>(arg)->note_failure(s);
+}
+
+}  // namespace
+
+UcxCollectives::UcxCollectives(const Group& group, UcxWorker& worker, std::vector<int> node_of,
+                               const Options& opts, Traffic* traffic)
+    : group_(group), worker_(worker), node_of_(std::move(node_of)), opts_(opts),
+      traffic_(traffic) {
+  for (int r = 0; r < group_.size; ++r) peers_.push_back(std::unique_ptr<Peer>(new Peer{this}));
+}
+
+UcxCollectives::~UcxCollectives() {
+  try {
+    release_requests();
+  } catch (...) {
+    // Nothing sensible to do in a destructor; UCX reclaims the rest with the worker.
+  }
+}
+
+void UcxCollectives::connect(int peer, const std::string& address) {
+  peers_[peer]->ep = worker_.connect(address, ep_error, peers_[peer].get());
+  if (opts_.debug)
+    std::cerr << group_.me() << ": ucx: group '" << group_.name << "': collective endpoint to "
+              << group_.who(peer) << " (node "
+              << node_of_[peer]
+              << (node_of_[peer] == node_of_[group_.rank] ? ", same node)" : ", other node)")
+              << std::endl;
+}
+
+void UcxCollectives::check_usable(const char* what) const {
+  if (!broken_.empty())
+    RSDP_FAIL(ErrorKind::kPeer, group_.me(), ": ", what,
+              " refused: the group is unusable after an earlier failure (", broken_,
+              "); destroy it and create a new one");
+}
+
+void UcxCollectives::begin(const OpDesc& desc, Deadline deadline) {
+  if (aborted_.load() && broken_.empty()) {
+    std::lock_guard<std::mutex> g(abort_mu_);
+    broken_ = abort_why_;
+  }
+  check_usable(op_name(desc.kind));
+  desc_ = desc;
+  deadline_ = deadline;
+  begun_ = true;
+}
+
+UcxCollectives::Op& UcxCollectives::new_op(bool is_send, int peer, const void* buf, size_t bytes,
+                                           uint32_t step) {
+  check_usable(op_name(desc_.kind));
+  RSDP_CHECK(begun_, group_.me(), ": NetComm::", is_send ? "isend" : "irecv", " before begin()");
+  RSDP_CHECK(peer >= 0 && peer < group_.size && peer != group_.rank, group_.me(), ": ",
+             desc_.describe(), ": ", is_send ? "send to" : "recv from", " group rank ", peer,
+             " is invalid (group size ", group_.size, "; never to itself through UCX)");
+  RSDP_CHECK(step < (1u << ucx_wire::kStepBits), group_.me(), ": ", desc_.describe(), ": step ",
+             step, " does not fit in the tag");
+  if (nops_ == pool_.size()) pool_.push_back(std::make_unique<Op>());
+  Op& op = *pool_[nops_++];
+  op.is_send = is_send;
+  op.peer = peer;
+  op.step = step;
+  op.buf = const_cast<char*>(static_cast<const char*>(buf));
+  op.bytes = bytes;
+  op.desc = desc_;
+  op.finished = false;
+  op.kind = ErrorKind::kPeer;
+  op.error.clear();
+  op.head = Slot{&op, &completed_};
+  op.body = Slot{&op, &completed_};
+  ++open_;
+  return op;
+}
+
+void UcxCollectives::isend(int peer, const void* buf, size_t bytes, uint32_t step) {
+  Op& op = new_op(true, peer, buf, bytes, step);
+  op.hdr = ucx_wire::make_header(desc_, step, bytes);
+  const uint64_t tag = ucx_wire::coll_tag(group_.rank, desc_.seq, step, false);
+  if (bytes <= ucx_wire::kInlineMax) {
+    op.iov[0] = {&op.hdr, kHdr};
+    op.iov[1] = {op.buf, bytes};
+    post_send(op.head, peer, op.iov, bytes ? 2 : 1, tag | ucx_wire::kHeaderBit,
+              ucp_dt_make_iov());
+  } else {
+    post_send(op.head, peer, &op.hdr, kHdr, tag | ucx_wire::kHeaderBit, ucp_dt_make_contig(1));
+    post_send(op.body, peer, buf, bytes, tag, ucp_dt_make_contig(1));
+  }
+  if (traffic_) traffic_->add(node_of_[peer] == node_of_[group_.rank], bytes);
+}
+
+void UcxCollectives::irecv(int peer, void* buf, size_t bytes, uint32_t step) {
+  Op& op = new_op(false, peer, buf, bytes, step);
+  op.bounce.resize(kHdr + ucx_wire::kInlineMax);
+  post_recv(op.head, op.bounce.data(), op.bounce.size(),
+            ucx_wire::coll_tag(peer, desc_.seq, step, true));
+}
+
+void UcxCollectives::post_send(Slot& s, int peer, const void* buf, size_t count, uint64_t tag,
+                               ucp_datatype_t dt) {
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FIELD_DATATYPE;
+  p.cb.send = send_cb;
+  p.user_data = &s;
+  p.datatype = dt;
+  s.used = true;
+  ucs_status_ptr_t r = ucp_tag_send_nbx(peers_[peer]->ep, buf, count, tag, &p);
+  if (UCS_PTR_IS_PTR(r)) {
+    s.req = r;
+    return;
+  }
+  s.done = true;  // completed (or failed) at once: no callback follows
+  s.status = UCS_PTR_STATUS(r);
+  completed_.push_back(&s);
+}
+
+void UcxCollectives::post_recv(Slot& s, void* buf, size_t bytes, uint64_t tag) {
+  ucp_request_param_t p{};
+  // UCX 1.13 leaves recv_info (the length) unset when a receive completes at
+  // once, so always take the callback, which reports it.
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.cb.recv = recv_cb;
+  p.user_data = &s;
+  s.used = true;
+  ucs_status_ptr_t r = ucp_tag_recv_nbx(worker_.get(), buf, bytes, tag, ~0ull, &p);
+  if (UCS_PTR_IS_PTR(r)) {
+    s.req = r;  // the callback may already have run
+    return;
+  }
+  s.done = true;
+  s.status = UCS_PTR_STATUS(r);
+  completed_.push_back(&s);
+}
+
+void UcxCollectives::finish(Op& op, ErrorKind kind, std::string err) {
+  if (op.finished) return;
+  op.finished = true;
+  op.kind = kind;
+  op.error = std::move(err);
+  --open_;
+  if (op.error.empty()) return;
+  if (kind == ErrorKind::kMismatch && mismatch_.empty()) mismatch_ = op.error;
+  if (kind != ErrorKind::kMismatch && peer_error_.empty()) peer_error_ = op.error;
+}
+
+void UcxCollectives::handle(Slot& s) {
+  if (s.req) ucp_request_free(s.req);
+  s.req = nullptr;
+  Op& op = *s.op;
+  if (op.finished) return;  // the other half of a send that already failed
+  auto failed = [&] {
+    const std::string& why = peers_[op.peer]->failed;
+    return detail::cat(group_.me(), ": ", op.desc.describe(), ": ",
+                       op.is_send ? "send to " : "recv from ", group_.who(op.peer), " (step ",
+                       op.step, ") failed: ", why.empty() ? ucx_status_text(s.status) : why);
+  };
+  if (op.is_send) {
+    if (s.status != UCS_OK) finish(op, ErrorKind::kPeer, failed());
+    else if (op.head.done && (!op.body.used || op.body.done)) finish(op);
+  } else if (&s == &op.head) {
+    if (s.status == UCS_ERR_MESSAGE_TRUNCATED)
+      finish(op, ErrorKind::kMismatch,
+             detail::cat(group_.me(), ": ", op_name(op.desc.kind), ": ", group_.who(op.peer),
+                         " sent a message of more than ", kHdr + ucx_wire::kInlineMax,
+                         " bytes where a header was expected (step ", op.step,
+                         "; is it running a different version of torch_rsdp?)"));
+    else if (s.status != UCS_OK) finish(op, ErrorKind::kPeer, failed());
+    else on_header(op);
+  } else if (!op.error.empty()) {
+    finish(op, op.kind, op.error);  // the drain after a mismatch
+  } else if (s.status == UCS_OK && s.length == op.bytes) {
+    finish(op);
+  } else if (s.status == UCS_OK || s.status == UCS_ERR_MESSAGE_TRUNCATED) {
+    finish(op, ErrorKind::kMismatch,
+           detail::cat(group_.me(), ": ", op_name(op.desc.kind), ": the payload from ",
+                       group_.who(op.peer), " has ",
+                       s.status == UCS_OK ? std::to_string(s.length) : std::string("more"),
+                       " bytes, though its header announced ", op.hdr.bytes, " (step ", op.step,
+                       ")"));
+  } else {
+    finish(op, ErrorKind::kPeer, failed());
+  }
+}
+
+void UcxCollectives::on_header(Op& op) {
+  const std::string me_op = group_.me() + ": " + op_name(op.desc.kind) + ": ";
+  const std::string who = group_.who(op.peer);
+  const size_t len = op.head.length;
+  std::memcpy(&op.hdr, op.bounce.data(), std::min(len, kHdr));
+  if (len < kHdr || op.hdr.magic != ucx_wire::kMagic)
+    return finish(op, ErrorKind::kMismatch,
+                  detail::cat(me_op, "malformed message of ", len, " bytes from ", who, " (step ",
+                              op.step, "; is it running a different version of torch_rsdp?)"));
+  const OpDesc theirs = ucx_wire::header_desc(op.hdr);
+  std::string err;
+  if (!(theirs == op.desc) || op.hdr.step != op.step || op.hdr.bytes != op.bytes) {
+    err = detail::cat(me_op, who, " is running ", theirs.describe(), " but this rank is running ",
+                      op.desc.describe());
+    if (op.hdr.bytes != op.bytes || op.hdr.step != op.step)
+      err += detail::cat("; it sent ", op.hdr.bytes, " bytes for step ", op.hdr.step,
+                         " where this rank expects ", op.bytes, " bytes for step ", op.step);
+    err += ". All ranks must issue the same collectives, in the same order, with the same sizes "
+           "and dtypes";
+  }
+  if (op.hdr.bytes <= ucx_wire::kInlineMax) {
+    if (err.empty() && len != kHdr + op.bytes)
+      err = detail::cat(me_op, "the message from ", who, " has ", len - kHdr,
+                        " payload bytes, though its header announced ", op.hdr.bytes);
+    if (err.empty() && op.bytes) std::memcpy(op.buf, op.bounce.data() + kHdr, op.bytes);
+    return finish(op, ErrorKind::kMismatch, err);
+  }
+  // The payload follows as its own message. After a mismatch it is drained
+  // into nothing, so that the sender is not left waiting for it.
+  if (!err.empty()) {
+    op.kind = ErrorKind::kMismatch;
+    op.error = err;
+    if (mismatch_.empty()) mismatch_ = err;
+  }
+  post_recv(op.body, err.empty() ? op.buf : nullptr, err.empty() ? op.bytes : 0,
+            ucx_wire::coll_tag(op.peer, op.desc.seq, op.step, false));
+}
+
+std::string UcxCollectives::outstanding(bool only_failed_peers) const {
+  std::string out;
+  int n = 0;
+  for (size_t i = 0; i < nops_; ++i) {
+    const Op& op = *pool_[i];
+    const std::string& why = peers_[op.peer]->failed;
+    if (op.finished || (only_failed_peers && why.empty())) continue;
+    if (++n > 8) continue;
+    out += detail::cat(n > 1 ? ", " : "", group_.who(op.peer), " (step ", op.step,
+                       op.is_send ? ", send" : ", recv", ")");
+    if (only_failed_peers) out += ": unreachable, " + why;
+  }
+  if (n > 8) out += detail::cat(" and ", n - 8, " more");
+  return out;
+}
+
+void UcxCollectives::wait() {
+  if (nops_ == 0) return;
+  const auto spin_end = Clock::now() + std::chrono::microseconds(opts_.spin_us);
+  Clock::time_point mismatch_at{};
+  for (;;) {
+    bool busy = worker_.progress();
+    while (!completed_.empty()) {
+      Slot* s = completed_.back();
+      completed_.pop_back();
+      handle(*s);  // may post (and complete at once) a payload receive
+    }
+    if (!peer_error_.empty()) fail(ErrorKind::kPeer, peer_error_);
+    if (open_ == 0) break;
+    if (aborted_.load()) {
+      std::string why;
+      {
+        std::lock_guard<std::mutex> g(abort_mu_);
+        why = abort_why_;
+      }
+      fail(ErrorKind::kPeer, why);
+    }
+    if (peer_failed_) {
+      std::string who = outstanding(true);
+      if (!who.empty())
+        fail(ErrorKind::kPeer,
+             detail::cat(group_.me(), ": ", desc_.describe(), " failed while waiting for ", who,
+                         " (the peer exited, or gave up after an error of its own)"));
+    }
+    if (deadline_.expired())
+      fail(ErrorKind::kTimeout,
+           detail::cat(group_.me(), ": ", desc_.describe(), " timed out after ",
+                       deadline_.budget().count() / 1000.0, " s waiting for ",
+                       outstanding(false)));
+    if (!mismatch_.empty()) {
+      // The peer that disagrees may never send the rest of this op.
+      auto now = Clock::now();
+      if (mismatch_at == Clock::time_point{}) mismatch_at = now;
+      else if (now - mismatch_at > kMismatchGrace) fail(ErrorKind::kMismatch, mismatch_);
+    }
+    if (!busy && Clock::now() >= spin_end) worker_.sleep(kSleepSliceMs);
+  }
+  nops_ = 0;
+  if (!mismatch_.empty()) {
+    std::string msg;
+    msg.swap(mismatch_);
+    RSDP_FAIL(ErrorKind::kMismatch, msg);
+  }
+}
+
+void UcxCollectives::abort(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> g(abort_mu_);
+    if (abort_why_.empty()) abort_why_ = why.empty() ? group_.me() + ": aborted" : why;
+  }
+  aborted_.store(true);
+  worker_.signal();
+}
+
+void UcxCollectives::fail(ErrorKind kind, const std::string& msg) {
+  broken_ = msg;
+  begun_ = false;
+  release_requests();
+  mismatch_.clear();
+  peer_error_.clear();
+  RSDP_FAIL(kind, msg, "; the group is unusable from now on");
+}
+
+// Cancels the receives, closes every endpoint (which fails the sends) and
+// progresses until UCX gave back every request, so that no buffer is touched
+// after this returns. Bounded: a request UCX still holds after that is
+// released unfinished.
+void UcxCollectives::release_requests() {
+  auto each_pending = [&](auto fn) {
+    for (size_t i = 0; i < nops_; ++i)
+      for (Slot* s : {&pool_[i]->head, &pool_[i]->body})
+        if (s->req && !s->done) fn(*pool_[i], *s);
+  };
+  each_pending([&](Op& op, Slot& s) {
+    if (!op.is_send) ucp_request_cancel(worker_.get(), s.req);
+  });
+  std::vector<ucp_ep_h*> eps;
+  for (auto& p : peers_) eps.push_back(&p->ep);
+  worker_.close_endpoints(eps, std::chrono::milliseconds(2000), /*flush=*/broken_.empty());
+  Deadline dl(std::chrono::milliseconds(1000));
+  for (;;) {
+    bool pending = false;
+    each_pending([&](Op&, Slot&) { pending = true; });
+    if (!pending || dl.expired()) break;
+    if (!worker_.progress()) worker_.sleep(5);
+  }
+  for (size_t i = 0; i < nops_; ++i)
+    for (Slot* s : {&pool_[i]->head, &pool_[i]->body}) {
+      if (s->req) ucp_request_free(s->req);
+      s->req = nullptr;
+    }
+  nops_ = open_ = 0;
+  completed_.clear();
+}
+
+}  // namespace rsdp

@@ -1,0 +1,89 @@
+// The collective half of NetComm: isend/irecv of the current op over the
+// collective UCX worker, and wait(), the only place that worker progresses.
+//
+// A collective receive is a small state machine: first the header message
+// (which may carry the payload inline), then, once the header agreed with
+// this rank's op, the separate payload (ucx_wire.h explains the split). A
+// header that disagrees is a mismatch; the payload it announces is still
+// consumed (a zero-byte receive, which UCX completes as truncated without
+// moving the data), so the sender's send completes and the group stays usable.
+// A timeout, a dead peer or abort() instead cancels and closes everything and
+// leaves the group unusable.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "core/deadline.h"
+#include "core/error.h"
+#include "core/group.h"
+#include "core/op_desc.h"
+#include "core/options.h"
+#include "core/traffic.h"
+#include "transport/ucx/ucx_worker.h"
+
+namespace rsdp {
+
+class UcxCollectives {
+ public:
+  // `group` and `worker` must outlive this object.
+  UcxCollectives(const Group& group, UcxWorker& worker, std::vector<int> node_of,
+                 const Options& opts, Traffic* traffic);
+  ~UcxCollectives();  // gives back every request, closes the endpoints
+  UcxCollectives(const UcxCollectives&) = delete;
+  UcxCollectives& operator=(const UcxCollectives&) = delete;
+
+  // Endpoint to group rank `peer`'s collective worker.
+  void connect(int peer, const std::string& address);
+
+  void begin(const OpDesc& desc, Deadline deadline);
+  void isend(int peer, const void* buf, size_t bytes, uint32_t step);
+  void irecv(int peer, void* buf, size_t bytes, uint32_t step);
+  void wait();
+  // Any thread.
+  void abort(const std::string& why);
+
+  struct Op;
+  struct Slot;
+  struct Peer;
+
+ private:
+  Op& new_op(bool is_send, int peer, const void* buf, size_t bytes, uint32_t step);
+  void post_send(Slot& s, int peer, const void* buf, size_t count, uint64_t tag,
+                 ucp_datatype_t dt);
+  void post_recv(Slot& s, void* buf, size_t bytes, uint64_t tag);
+  void handle(Slot& s);
+  void on_header(Op& op);
+  void finish(Op& op, ErrorKind kind = ErrorKind::kPeer, std::string err = {});
+  std::string outstanding(bool only_failed_peers) const;
+  void release_requests();
+  void check_usable(const char* what) const;
+  [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
+
+  const Group& group_;
+  UcxWorker& worker_;
+  std::vector<int> node_of_;
+  Options opts_;
+  Traffic* traffic_;
+  std::vector<std::unique_ptr<Peer>> peers_;
+
+  OpDesc desc_;
+  Deadline deadline_;
+  bool begun_ = false;
+  std::vector<std::unique_ptr<Op>> pool_;  // the first nops_ belong to this op
+  size_t nops_ = 0, open_ = 0;
+  std::vector<Slot*> completed_;  // finished by UCX, not yet handled
+  bool peer_failed_ = false;      // set by an endpoint's error handler
+  std::string peer_error_;        // first op that failed because of a peer
+  std::string mismatch_;          // first mismatch of this wait()
+  std::string broken_;
+
+  std::atomic<bool> aborted_{false};
+  std::mutex abort_mu_;
+  std::string abort_why_;  // guarded by abort_mu_
+};
+
+}  // namespace rsdp

@@ -1,0 +1,88 @@
+// Point-to-point send/recv of a NetComm over its own UCX worker.
+//
+// torch.distributed send/recv may be called from any thread and complete in
+// any order, while a UCX worker wants one thread. So callers only queue the
+// operation (under a mutex) and signal the worker; a progress thread, started
+// by the first operation, posts it, drives the worker and runs the completion
+// callbacks. The thread sleeps on the worker's event fd when idle.
+//
+// Each operation has its own deadline: an unmatched receive is cancelled and
+// fails with kTimeout. A send that times out can only be taken back by closing
+// the endpoint, so every later operation with that peer fails too (like a
+// torn stream in the shared-memory engine). UCX's peer error handling fails
+// the operations of a peer that died with kPeer.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/group.h"
+#include "core/traffic.h"
+#include "transport/ucx/ucx_worker.h"
+
+namespace rsdp {
+
+class UcxP2P {
+ public:
+  using Done = std::function<void(std::exception_ptr, int src)>;
+
+  // `addresses[r]`: group rank r's p2p worker address. `worker` must outlive
+  // this object.
+  UcxP2P(const Group& group, UcxWorker& worker, std::vector<std::string> addresses,
+         std::vector<int> node_of, Traffic* traffic, bool debug);
+  ~UcxP2P();  // fails what is pending, joins the thread, closes endpoints
+
+  void send(const void* buf, size_t bytes, int dst, int tag, std::chrono::milliseconds timeout,
+            Done done);
+  void recv(void* buf, size_t bytes, int src, int tag, std::chrono::milliseconds timeout,
+            Done done);
+  // Fails everything pending and everything submitted later with kPeer `why`.
+  void abort(const std::string& why);
+
+  struct Op;
+  struct Peer;
+
+ private:
+  void submit(std::unique_ptr<Op> op);
+  void run();
+  void post(std::unique_ptr<Op> op);
+  void reap();
+  void check_deadlines();
+  void fail_peer(int p, const std::string& why);
+  void fail_all(const std::string& why);
+  void shutdown();
+  void finish(Op& op, std::exception_ptr err, int src);
+  ucp_ep_h endpoint(int p);
+
+  const Group& group_;
+  UcxWorker& worker_;
+  std::vector<std::string> addresses_;
+  std::vector<int> node_of_;
+  Traffic* traffic_;
+  bool debug_;
+
+  std::mutex mu_;
+  std::vector<std::unique_ptr<Op>> submitted_;  // guarded by mu_
+  bool stop_ = false;                           // guarded by mu_
+  std::string aborted_;                         // guarded by mu_
+  std::thread thread_;                          // started by the first submit
+
+  // Progress-thread state.
+  std::vector<std::unique_ptr<Peer>> peers_;
+  // Posted operations, until UCX has released them; an operation already
+  // reported (timed out, failed) stays here while UCX still owns its request.
+  std::list<std::unique_ptr<Op>> active_;
+  std::vector<ucs_status_ptr_t> closing_;  // endpoint closes in progress
+  bool peer_failed_ = false;               // set by the error handler
+  bool abort_handled_ = false;
+};
+
+}  // namespace rsdp

@@ -1,0 +1,172 @@
+// See ucx_worker.h.
+#include "transport/ucx/ucx_worker.h"
+
+#include <poll.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <stdexcept>
+
+#include "core/deadline.h"
+#include "core/error.h"
+
+namespace rsdp {
+
+std::string ucx_status_text(ucs_status_t s) {
+  return detail::cat(ucs_status_string(s), " (UCX status ", static_cast<int>(s), ")");
+}
+
+std::string hex_encode(const std::string& bin) {
+  static const char digits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bin.size() * 2);
+  for (unsigned char c : bin) {
+    out.push_back(digits[c >> 4]);
+    out.push_back(digits[c & 15]);
+  }
+  return out;
+}
+
+std::string hex_decode(const std::string& hex) {
+  auto nibble = [](char c) -> int {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    throw std::invalid_argument("not a hex digit");
+  };
+  if (hex.size() % 2) throw std::invalid_argument("odd length");
+  std::string out(hex.size() / 2, '\0');
+  for (size_t i = 0; i < out.size(); ++i)
+    out[i] = static_cast<char>(nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]));
+  return out;
+}
+
+UcxContext::UcxContext(const std::string& who, int estimated_eps) {
+  ucp_config_t* config = nullptr;
+  ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+  RSDP_CHECK_KIND(ErrorKind::kSystem, s == UCS_OK, who,
+                  ": cannot read the UCX configuration (check the UCX_* environment "
+                  "variables): ",
+                  ucx_status_text(s));
+  ucp_params_t params{};
+  params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
+                      UCP_PARAM_FIELD_ESTIMATED_NUM_EPS | UCP_PARAM_FIELD_NAME;
+  params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+  // Two workers, each driven by its own thread, share the context.
+  params.mt_workers_shared = 1;
+  params.estimated_num_eps = static_cast<size_t>(estimated_eps > 0 ? estimated_eps : 1);
+  params.name = "torch_rsdp";
+  s = ucp_init(&params, config, &ctx_);
+  ucp_config_release(config);
+  RSDP_CHECK_KIND(ErrorKind::kSystem, s == UCS_OK, who,
+                  ": cannot initialise UCX (is a transport available? UCX_TLS='",
+                  getenv("UCX_TLS") ? getenv("UCX_TLS") : "", "'): ", ucx_status_text(s));
+}
+
+UcxContext::~UcxContext() {
+  if (ctx_) ucp_cleanup(ctx_);
+}
+
+UcxWorker::UcxWorker(const UcxContext& ctx, const std::string& who) : who_(who) {
+  ucp_worker_params_t wp{};
+  wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+  // One thread at a time, but not always the same OS thread (collectives run
+  // on whichever thread calls them), which SINGLE would not allow.
+  wp.thread_mode = UCS_THREAD_MODE_SERIALIZED;
+  ucs_status_t s = ucp_worker_create(ctx.get(), &wp, &worker_);
+  RSDP_CHECK_KIND(ErrorKind::kSystem, s == UCS_OK, who, ": cannot create a UCX worker: ",
+                  ucx_status_text(s));
+  s = ucp_worker_get_efd(worker_, &efd_);
+  ucp_address_t* addr = nullptr;
+  size_t len = 0;
+  if (s == UCS_OK) s = ucp_worker_get_address(worker_, &addr, &len);
+  if (s != UCS_OK) {
+    ucp_worker_destroy(worker_);
+    RSDP_FAIL(ErrorKind::kSystem, who, ": cannot set up a UCX worker: ", ucx_status_text(s));
+  }
+  address_.assign(reinterpret_cast<const char*>(addr), len);
+  ucp_worker_release_address(worker_, addr);
+}
+
+UcxWorker::~UcxWorker() {
+  if (worker_) ucp_worker_destroy(worker_);  // also closes efd_, which UCX owns
+}
+
+bool UcxWorker::progress() {
+  bool any = false;
+  while (ucp_worker_progress(worker_) != 0) any = true;
+  return any;
+}
+
+void UcxWorker::sleep(int ms) {
+  // arm() says BUSY when events arrived since the last progress: then the fd
+  // may never fire for them, so return and let the caller progress.
+  ucs_status_t s = ucp_worker_arm(worker_);
+  if (s == UCS_ERR_BUSY) return;
+  if (s != UCS_OK) {
+    // Cannot arm (should not happen): fall back to a short nap.
+    struct timespec ts {0, 1000000};
+    nanosleep(&ts, nullptr);
+    return;
+  }
+  struct pollfd p {efd_, POLLIN, 0};
+  int r = poll(&p, 1, ms);
+  (void)r;  // EINTR or timeout: the caller re-checks its conditions anyway
+}
+
+void UcxWorker::signal() { ucp_worker_signal(worker_); }
+
+ucp_ep_h UcxWorker::connect(const std::string& remote_address, ucp_err_handler_cb_t on_error,
+                            void* arg) {
+  ucp_ep_params_t ep{};
+  ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                  UCP_EP_PARAM_FIELD_ERR_HANDLER;
+  ep.address = reinterpret_cast<const ucp_address_t*>(remote_address.data());
+  ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+  ep.err_handler.cb = on_error;
+  ep.err_handler.arg = arg;
+  ucp_ep_h h = nullptr;
+  ucs_status_t s = ucp_ep_create(worker_, &ep, &h);
+  RSDP_CHECK_KIND(ErrorKind::kPeer, s == UCS_OK, who_, ": ", ucx_status_text(s));
+  return h;
+}
+
+namespace {
+
+// Progress until `req` (a status pointer) completed or `dl` expired; frees it.
+void finish_request(UcxWorker& w, ucs_status_ptr_t req, const Deadline& dl) {
+  if (!UCS_PTR_IS_PTR(req)) return;
+  while (ucp_request_check_status(req) == UCS_INPROGRESS && !dl.expired())
+    if (!w.progress()) w.sleep(5);
+  ucp_request_free(req);  // if still running, UCX finishes it on its own
+}
+
+}  // namespace
+
+void UcxWorker::close_endpoints(std::vector<ucp_ep_h*> eps, std::chrono::milliseconds bound,
+                                bool flush) {
+  Deadline dl(bound);
+  bool any = false;
+  for (ucp_ep_h* ep : eps) any |= *ep != nullptr;
+  if (!any) return;
+  // Give messages that are already on their way (e.g. the last rendezvous
+  // acknowledgement of a receive that completed) a moment to leave before
+  // the sockets close. Bounded: an endpoint whose peer is gone or busy may
+  // never flush.
+  if (flush) {
+    ucp_request_param_t fp{};
+    finish_request(*this, ucp_worker_flush_nbx(worker_, &fp),
+                   Deadline(std::min(bound / 4, std::chrono::milliseconds(200))));
+  }
+  std::vector<ucs_status_ptr_t> reqs;
+  for (ucp_ep_h* ep : eps) {
+    if (!*ep) continue;
+    ucp_request_param_t cp{};
+    cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    reqs.push_back(ucp_ep_close_nbx(*ep, &cp));
+    *ep = nullptr;
+  }
+  for (auto r : reqs) finish_request(*this, r, dl);
+}
+
+}  // namespace rsdp
