@@ -10,16 +10,18 @@ TORCH_VERSION=${RSDP_TORCH_VERSION:-2.13.0}
 
 say() { echo "[setup] $*"; }
 
-# Debian packages: UCX for the inter-node transport, iproute2 for the
-# emulated-node tests. Failure here is not fatal for single-node use.
+# Debian packages: UCX (and pkg-config to find it) for the inter-node
+# transport, which the build links; iproute2 (ip, tc) for the emulated-node
+# tests. A failure is reported here and again, clearly, by setup.py.
 need_apt=()
 dpkg -s libucx-dev >/dev/null 2>&1 || need_apt+=(libucx-dev)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "apt-get install ${need_apt[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null) \
-      || say "warning: could not install ${need_apt[*]} (only multi-node features need them)"
+      || say "warning: could not install ${need_apt[*]} (the build needs UCX; the multi-node tests need iproute2)"
   else
     say "warning: missing Debian packages ${need_apt[*]} (need root to install)"
   fi
