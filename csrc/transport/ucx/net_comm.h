@@ -66,8 +66,15 @@ class NetComm {
   void wait();
 
   // --- point to point (any thread) ---
-  // done(err, src) runs on the progress thread when the transfer finished;
-  // src is the sender (useful for src == -1, any source).
+  // done(err, src) runs exactly once, on the progress thread, when the
+  // transfer finished or failed; src is the sender (useful for src == -1, any
+  // source), -1 for most failures. Errors: kTimeout when `timeout` passes
+  // before the transfer completed, kValue when the message has a different
+  // size than the receive buffer (the message is consumed), kPeer when the
+  // peer is unreachable, after abort() or destruction. A send that timed out
+  // cannot be taken back, so every later operation with that peer fails. An
+  // invalid peer (or the comm's own rank) throws kValue here instead, and
+  // done is not called.
   using Done = std::function<void(std::exception_ptr, int src)>;
   void p2p_send(const void* buf, size_t bytes, int dst, int tag, std::chrono::milliseconds timeout,
                 Done done);

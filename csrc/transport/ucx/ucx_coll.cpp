@@ -52,6 +52,7 @@ struct UcxCollectives::Op {
 struct UcxCollectives::Peer {
   UcxCollectives* self;
   ucp_ep_h ep = nullptr;
+  bool sent = false;   // carried a message (worth flushing at the end)
   std::string failed;  // UCX's reason, set by the error handler
 
   // Runs inside ucp_worker_progress: only note it; wait() acts on it.
@@ -185,6 +186,7 @@ void UcxCollectives::post_send(Slot& s, int peer, const void* buf, size_t count,
   p.user_data = &s;
   p.datatype = dt;
   s.used = true;
+  peers_[peer]->sent = true;
   ucs_status_ptr_t r = ucp_tag_send_nbx(peers_[peer]->ep, buf, count, tag, &p);
   if (UCS_PTR_IS_PTR(r)) {
     s.req = r;
@@ -398,9 +400,9 @@ void UcxCollectives::release_requests() {
   each_pending([&](Op& op, Slot& s) {
     if (!op.is_send) ucp_request_cancel(worker_.get(), s.req);
   });
-  std::vector<ucp_ep_h*> eps;
-  for (auto& p : peers_) eps.push_back(&p->ep);
-  worker_.close_endpoints(eps, std::chrono::milliseconds(2000), /*flush=*/broken_.empty());
+  std::vector<UcxWorker::Closing> eps;
+  for (auto& p : peers_) eps.push_back({&p->ep, broken_.empty() && p->sent});
+  worker_.close_endpoints(eps, std::chrono::milliseconds(2000));
   Deadline dl(std::chrono::milliseconds(1000));
   for (;;) {
     bool pending = false;

@@ -36,6 +36,7 @@ struct UcxP2P::Peer {
   UcxP2P* self;
   int rank;
   ucp_ep_h ep = nullptr;
+  bool sent = false;   // carried a message (worth flushing at the end)
   std::string failed;  // UCX's reason, set by the error handler
   std::string broken;  // why every operation with this peer now fails
 
@@ -217,6 +218,7 @@ void UcxP2P::post(std::unique_ptr<Op> op) {
   try {
     if (o.is_send) {
       p.cb.send = send_cb;
+      peers_[o.peer]->sent = true;
       r = ucp_tag_send_nbx(endpoint(o.peer), o.buf, o.bytes,
                            ucx_wire::p2p_tag(group_.rank, o.tag), &p);
       if (traffic_) traffic_->add(node_of_[o.peer] == node_of_[group_.rank], o.bytes);
@@ -352,9 +354,9 @@ void UcxP2P::fail_all(const std::string& why) {
 
 void UcxP2P::shutdown() {
   fail_all(group_.me() + ": the process group was destroyed while this send/recv was pending");
-  std::vector<ucp_ep_h*> eps;
-  for (auto& p : peers_) eps.push_back(&p->ep);
-  worker_.close_endpoints(eps, std::chrono::milliseconds(1000), /*flush=*/true);
+  std::vector<UcxWorker::Closing> eps;
+  for (auto& p : peers_) eps.push_back({&p->ep, p->sent && p->broken.empty()});
+  worker_.close_endpoints(eps, std::chrono::milliseconds(1000));
   Deadline dl(std::chrono::milliseconds(1000));
   while ((!active_.empty() || !closing_.empty()) && !dl.expired()) {
     if (!worker_.progress()) worker_.sleep(5);

@@ -142,29 +142,29 @@ void finish_request(UcxWorker& w, ucs_status_ptr_t req, const Deadline& dl) {
 
 }  // namespace
 
-void UcxWorker::close_endpoints(std::vector<ucp_ep_h*> eps, std::chrono::milliseconds bound,
-                                bool flush) {
+void UcxWorker::close_endpoints(const std::vector<Closing>& eps,
+                                std::chrono::milliseconds bound) {
   Deadline dl(bound);
-  bool any = false;
-  for (ucp_ep_h* ep : eps) any |= *ep != nullptr;
-  if (!any) return;
-  // Give messages that are already on their way (e.g. the last rendezvous
-  // acknowledgement of a receive that completed) a moment to leave before
-  // the sockets close. Bounded: an endpoint whose peer is gone or busy may
-  // never flush.
-  if (flush) {
-    ucp_request_param_t fp{};
-    finish_request(*this, ucp_worker_flush_nbx(worker_, &fp),
-                   Deadline(std::min(bound / 4, std::chrono::milliseconds(200))));
-  }
   std::vector<ucs_status_ptr_t> reqs;
-  for (ucp_ep_h* ep : eps) {
-    if (!*ep) continue;
+  for (const Closing& c : eps) {
+    if (!*c.ep || !c.flush) continue;
+    ucp_request_param_t fp{};
+    ucs_status_ptr_t r = ucp_ep_flush_nbx(*c.ep, &fp);
+    if (UCS_PTR_IS_PTR(r)) reqs.push_back(r);
+  }
+  if (!reqs.empty()) {
+    Deadline flush_dl(std::max(std::chrono::milliseconds(1),
+                               std::min(bound / 4, std::chrono::milliseconds(200))));
+    for (auto r : reqs) finish_request(*this, r, flush_dl);
+    reqs.clear();
+  }
+  for (const Closing& c : eps) {
+    if (!*c.ep) continue;
     ucp_request_param_t cp{};
     cp.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
     cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
-    reqs.push_back(ucp_ep_close_nbx(*ep, &cp));
-    *ep = nullptr;
+    reqs.push_back(ucp_ep_close_nbx(*c.ep, &cp));
+    *c.ep = nullptr;
   }
   for (auto r : reqs) finish_request(*this, r, dl);
 }

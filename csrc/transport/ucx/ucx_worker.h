@@ -62,9 +62,16 @@ class UcxWorker {
   ucp_ep_h connect(const std::string& remote_address, ucp_err_handler_cb_t on_error, void* arg);
   // Force-closes every non-null endpoint (a dead peer cannot delay it), sets
   // them to null and progresses until the closes finished, all within
-  // `bound`. Outstanding sends on them complete with an error. With `flush`,
-  // first lets protocol messages already queued on the worker leave.
-  void close_endpoints(std::vector<ucp_ep_h*> eps, std::chrono::milliseconds bound, bool flush);
+  // `bound`. Outstanding sends on them complete with an error. Endpoints
+  // marked `flush` first get a short, bounded chance to send what is already
+  // queued (e.g. the last rendezvous messages); only those that carried
+  // traffic should be: flushing an endpoint still being wired up would make
+  // UCX connect to a peer that may be gone already.
+  struct Closing {
+    ucp_ep_h* ep;
+    bool flush;
+  };
+  void close_endpoints(const std::vector<Closing>& eps, std::chrono::milliseconds bound);
 
  private:
   std::string who_;
