@@ -15,12 +15,22 @@ Workers get RSDP_SHM_BYTES=65536 unless the caller overrides it, so that large m
 stream through many staging segments.
 
 Functions passed to `launch` must be defined at module top level (spawn pickles them by name).
+
+Emulated nodes: ``launch(..., node_of=[0, 0, 1, 1])`` places rank r on node node_of[r]. With
+``netns=EmulatedNodes(...)`` (torch_rsdp.testing.netns) every rank first moves into its
+node's network namespace (with the namespace name as host name), the TCPStore listens on
+``netns.store_addr`` and GLOO_SOCKET_IFNAME / UCX_NET_DEVICES name the node's interface;
+without it ranks share the loopback and get RSDP_NODE_ID=node<i>. Both set UCX_TLS=tcp unless
+the caller's env sets it, and LOCAL_RANK / LOCAL_WORLD_SIZE per node. With a netns, `args`
+should be plain Python values: they are unpickled before the rank switches namespaces.
 """
 
 from __future__ import annotations
 
 import datetime
 import faulthandler
+import importlib
+import importlib.util
 import os
 import pickle
 import shutil
@@ -119,6 +129,7 @@ class LaunchResult:
     world_size: int
     outcomes: dict[int, RankOutcome] = field(default_factory=dict)
     elapsed: float = 0.0
+    mode: str = "single node"  # or "network namespaces" / "RSDP_NODE_ID loopback"
 
     def values(self) -> list[Any]:
         return [self.outcomes[r].value for r in sorted(self.outcomes)]
@@ -135,12 +146,14 @@ class LaunchResult:
 class WorkerContext:
     """What a worker function receives as its first argument."""
 
-    def __init__(self, rank, world_size, backend, workdir, store_port, pg_timeout, init):
+    def __init__(self, rank, world_size, backend, workdir, store_port, pg_timeout, init,
+                 store_host="127.0.0.1"):
         self.rank = rank
         self.world_size = world_size
         self.backend = backend
         self.workdir = workdir
         self.store_port = store_port
+        self.store_host = store_host
         self.pg_timeout = datetime.timedelta(seconds=pg_timeout)
         self._init_count = 0
         self._store = None
@@ -153,7 +166,7 @@ class WorkerContext:
             import torch.distributed as dist
 
             self._store = dist.TCPStore(
-                "127.0.0.1",
+                self.store_host,
                 self.store_port,
                 is_master=False,
                 timeout=max(self.pg_timeout, datetime.timedelta(seconds=60)),
@@ -219,6 +232,32 @@ def _ensure_torch_rsdp_importable() -> None:
         sys.path.append(root)
 
 
+def _enter_netns(name: str) -> None:
+    """Moves this process into network namespace `name` (host name = `name`).
+
+    netns.py is loaded from its file, not through `import torch_rsdp.testing.netns`: the
+    package's __init__ imports torch, which starts a thread, and the namespace switch must
+    happen while this process is still single-threaded.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    path = os.path.join(root, "torch_rsdp", "testing", "netns.py")
+    spec = importlib.util.spec_from_file_location("_rsdp_test_netns", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.enter(name, hostname=name)
+
+
+def _resolve_fn(fn):
+    """A ("__fnref__", module, qualname) tuple -> the function (imported only now)."""
+    if isinstance(fn, tuple) and fn and fn[0] == "__fnref__":
+        mod = sys.modules.get("__mp_main__") if fn[1] == "__main__" else None
+        obj = mod or importlib.import_module(fn[1])
+        for part in fn[2].split("."):
+            obj = getattr(obj, part)
+        return obj
+    return fn
+
+
 def _write_result(path: str, payload) -> None:
     tmp = path + ".tmp"
     with open(tmp, "wb") as f:
@@ -232,7 +271,7 @@ def _write_result(path: str, payload) -> None:
 
 
 def _worker_main(fn, args, rank, world_size, backend, workdir, store_port, env, pg_timeout,
-                 init, deadline_s, destroy):
+                 init, deadline_s, destroy, store_host="127.0.0.1"):
     log_path = os.path.join(workdir, f"rank{rank}.log")
     log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(log_fd, 1)
@@ -244,6 +283,12 @@ def _worker_main(fn, args, rank, world_size, backend, workdir, store_port, env, 
     # The launcher sends SIGUSR1 to a rank that is still running at the deadline: dump every
     # thread's Python stack into the log before it is killed (diagnoses hangs).
     faulthandler.register(signal.SIGUSR1, file=log_file, all_threads=True)
+    netns_error = None
+    if env.get("RSDP_TEST_NETNS"):  # first, while single-threaded
+        try:
+            _enter_netns(env["RSDP_TEST_NETNS"])
+        except BaseException as e:  # noqa: BLE001 - reported as this rank's error below
+            netns_error = e
 
     for k, v in env.items():
         if v is None:
@@ -252,18 +297,22 @@ def _worker_main(fn, args, rank, world_size, backend, workdir, store_port, env, 
             os.environ[k] = str(v)
     os.environ["RANK"] = str(rank)
     os.environ["WORLD_SIZE"] = str(world_size)
-    os.environ["LOCAL_RANK"] = str(rank)
-    os.environ["LOCAL_WORLD_SIZE"] = str(world_size)
+    os.environ["LOCAL_RANK"] = str(env.get("LOCAL_RANK", rank))
+    os.environ["LOCAL_WORLD_SIZE"] = str(env.get("LOCAL_WORLD_SIZE", world_size))
 
     result_path = os.path.join(workdir, f"result{rank}.pkl")
     try:
+        if netns_error is not None:
+            raise netns_error
+        fn = _resolve_fn(fn)
         if backend == "rsdp" or os.environ.get("RSDP_TEST_IMPORT", "") == "1":
             _ensure_torch_rsdp_importable()
             import torch_rsdp  # noqa: F401  (registers the "rsdp" backend)
         import torch.distributed as dist
 
         dist.set_debug_level_from_env()
-        ctx = WorkerContext(rank, world_size, backend, workdir, store_port, pg_timeout, init)
+        ctx = WorkerContext(rank, world_size, backend, workdir, store_port, pg_timeout, init,
+                            store_host)
         if init:
             ctx.init_pg()
             got = dist.get_backend()
@@ -319,17 +368,54 @@ def _format_failure(what: str, res: LaunchResult, ranks: Iterable[int]) -> str:
 
 
 def _start_all(ctx, procs, ranks, fn, args, world_size, backend, workdir, port, full_env,
-               pg_timeout, init, deadline, destroy):
+               pg_timeout, init, deadline, destroy, rank_env=None, store_host="127.0.0.1"):
     for r in ranks:
-        p = ctx.Process(
-            target=_worker_main,
-            args=(fn, tuple(args), r, world_size, backend, workdir, port, full_env, pg_timeout,
-                  init, deadline, destroy),
-            name=f"rsdp-test-rank{r}",
-            daemon=False,
-        )
-        p.start()
+        env = dict(full_env, **(rank_env or {}).get(r, {}))
+        saved = {k: os.environ.get(k) for k in env}
+        for k, v in env.items():  # children see the variables from interpreter start
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = str(v)
+        try:
+            p = ctx.Process(
+                target=_worker_main,
+                args=(fn, tuple(args), r, world_size, backend, workdir, port, env, pg_timeout,
+                      init, deadline, destroy, store_host),
+                name=f"rsdp-test-rank{r}",
+                daemon=False,
+            )
+            p.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
         procs[r] = p
+
+
+def _node_env(node_of, netns, world_size, caller_env):
+    """Per-rank environment for ranks spread over emulated nodes, and the mode's name."""
+    if len(node_of) != world_size:
+        raise ValueError(f"node_of has {len(node_of)} entries for {world_size} ranks")
+    if netns is not None and max(node_of) >= netns.num_nodes:
+        raise ValueError(f"node_of names node {max(node_of)}, netns has {netns.num_nodes}")
+    rank_env = {}
+    for r, node in enumerate(node_of):
+        peers = [q for q in range(world_size) if node_of[q] == node]
+        env = {"LOCAL_RANK": peers.index(r), "LOCAL_WORLD_SIZE": len(peers)}
+        if "UCX_TLS" not in caller_env:
+            env["UCX_TLS"] = "tcp"  # not UCX's shared memory: traffic must cross the link
+        if netns is not None:
+            env["RSDP_TEST_NETNS"] = netns.netns_name(node)
+            env["GLOO_SOCKET_IFNAME"] = netns.ifname(node)
+            if "UCX_NET_DEVICES" not in caller_env:
+                env["UCX_NET_DEVICES"] = netns.ifname(node)
+        else:
+            env["RSDP_NODE_ID"] = f"node{node}"
+        rank_env[r] = env
+    return rank_env, ("network namespaces" if netns is not None else "RSDP_NODE_ID loopback")
 
 
 def launch(
@@ -348,6 +434,8 @@ def launch(
     destroy: bool = True,
     raise_on_error: bool = True,
     allow_exit_abort: bool = False,
+    node_of: Sequence[int] | None = None,
+    netns=None,
 ) -> LaunchResult:
     """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return per-rank outcomes.
 
@@ -357,6 +445,9 @@ def launch(
     allow_exit_abort: accept SIGABRT at interpreter exit after a rank reported ok and destroyed
         its group. Only for reference runs on gloo, whose teardown occasionally aborts
         ("terminate called without an active exception"); never for the backend under test.
+    node_of: node index of every rank (emulated nodes; see the module docstring).
+    netns: an open torch_rsdp.testing.netns.EmulatedNodes to run the nodes in; None with
+        node_of: all ranks on the loopback, told apart by RSDP_NODE_ID.
     The /dev/shm check and the deadline are always enforced.
     """
     import multiprocessing as mp
@@ -367,12 +458,23 @@ def launch(
     ranks = list(range(world_size)) if ranks is None else list(ranks)
     full_env = {"RSDP_SHM_BYTES": DEFAULT_SHM_BYTES}
     full_env.update(env or {})
+    rank_env, mode, store_host = None, "single node", "127.0.0.1"
+    if netns is not None and node_of is None:
+        raise ValueError("netns needs node_of")
+    if node_of is not None:
+        rank_env, mode = _node_env(list(node_of), netns, world_size, env or {})
+        print(f"[harness] {world_size} ranks on nodes {list(node_of)}: {mode}"
+              + (f" ({netns.describe()})" if netns is not None else ""), flush=True)
+    if netns is not None:
+        store_host = netns.store_addr
+        # imported by the worker only after it entered its namespace (see _resolve_fn)
+        fn = ("__fnref__", fn.__module__, fn.__qualname__)
 
     workdir = tempfile.mkdtemp(prefix="rstest_launch_")
     shm_before = rsdp_shm_entries()
     # The store lives in the launcher so that rank 0 dying (or never starting) cannot take it down.
     store = dist.TCPStore(
-        "127.0.0.1",
+        store_host,
         0,
         world_size=None,
         is_master=True,
@@ -384,21 +486,8 @@ def launch(
     ctx = mp.get_context("spawn")
     procs = {}
     start = time.monotonic()
-    saved_env = {k: os.environ.get(k) for k in full_env}
-    for k, v in full_env.items():  # children see the variables from interpreter start
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = str(v)
-    try:
-        _start_all(ctx, procs, ranks, fn, args, world_size, backend, workdir, port, full_env,
-                   pg_timeout, init, deadline, destroy)
-    finally:
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    _start_all(ctx, procs, ranks, fn, args, world_size, backend, workdir, port, full_env,
+               pg_timeout, init, deadline, destroy, rank_env, store_host)
 
     end = start + deadline
 
@@ -429,7 +518,7 @@ def launch(
     elapsed = time.monotonic() - start
     del store
 
-    res = LaunchResult(world_size=world_size, elapsed=elapsed)
+    res = LaunchResult(world_size=world_size, elapsed=elapsed, mode=mode)
     for r, p in procs.items():
         o = RankOutcome(rank=r, exitcode=p.exitcode, hung=r in hung)
         rp = os.path.join(workdir, f"result{r}.pkl")

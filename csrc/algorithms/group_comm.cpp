@@ -48,6 +48,4 @@ void GroupComm::abort(const std::string& why) {
   if (net) net->abort(why);
 }
 
-bool GroupComm::broken() const { return shm->broken(); }
-
 }  // namespace rsdp

@@ -40,7 +40,6 @@ struct GroupComm {
   void begin_net(OpDesc desc, std::chrono::milliseconds timeout);
 
   void abort(const std::string& why);
-  bool broken() const;
 
  private:
   uint64_t net_seq_ = 0;
