@@ -414,6 +414,10 @@ def _node_env(node_of, netns, world_size, caller_env):
                 env["UCX_NET_DEVICES"] = netns.ifname(node)
         else:
             env["RSDP_NODE_ID"] = f"node{node}"
+            if "UCX_NET_DEVICES" not in caller_env:
+                # UCX would use every interface, including the bridges of emulated nodes
+                # that another run is about to remove (its connections then die silently).
+                env["UCX_NET_DEVICES"] = "lo"
         rank_env[r] = env
     return rank_env, ("network namespaces" if netns is not None else "RSDP_NODE_ID loopback")
 

@@ -64,6 +64,9 @@ def test_net_comm_cpp(net_comm_exe, tls):
     if tls:
         env["UCX_TLS"] = tls
     env.setdefault("UCX_NET_DEVICES", "lo")
+    # The send-timeout case needs a send that waits for its receiver (rendezvous); over
+    # TCP alone the backend would otherwise send every size eagerly (ucx_worker.cpp).
+    env["UCX_RNDV_THRESH"] = "auto"
     # The binary kills its ranks after 55 s; this is only the last line of defence.
     run = subprocess.run([str(net_comm_exe)], capture_output=True, text=True, timeout=90, env=env)
     output = run.stdout + run.stderr

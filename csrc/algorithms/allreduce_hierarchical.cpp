@@ -7,7 +7,12 @@
 //   3. all-gather inside the node (shared memory).
 // Each node's link carries 2(M-1)/M of the buffer per direction, split over
 // its L rails -- against 2(N-1)/N for a flat ring over all N = M*L ranks,
-// and the network stage runs on L rails at once. Segments bound the
+// and the network stage runs on L rails at once.
+//
+// The stages are pipelined by segment: while the network works on segment
+// k (on a helper thread, the only user of the network comm meanwhile), this
+// thread all-gathers segment k-1 and reduce-scatters segment k+1 through
+// shared memory, so the link is busy back to back. Segments also bound the
 // temporary memory and keep the shared-memory stages cache-sized.
 #include <algorithm>
 #include <vector>
@@ -15,10 +20,20 @@
 #include "algorithms/algorithms.h"
 #include "algorithms/hierarchical.h"
 #include "algorithms/net/net_algorithms.h"
+#include "algorithms/pipeline.h"
 #include "patterns/chunks.h"
 
 namespace rsdp {
 namespace hier {
+namespace {
+
+struct Segment {
+  std::vector<const void*> ins;
+  std::vector<void*> outs;
+  std::vector<uint64_t> counts;
+};
+
+}  // namespace
 
 void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout,
                uint32_t& step) {
@@ -27,26 +42,52 @@ void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis
   const std::vector<int> rail = t.rail(me);
   const RedOp node_op = op == RedOp::kAvg ? RedOp::kSum : op;
   const size_t es = dtype_size(dt);
-  const size_t piece = std::max<size_t>(1, net::kPieceBytes / es);
+  const size_t piece = pipeline_piece(count / l_size, es);
+  const size_t seg_elems = piece * l_size;
+  const size_t nseg = std::max<size_t>(1, (count + seg_elems - 1) / seg_elems);
   char* data = static_cast<char*>(buf);
-  std::vector<const void*> ins(l_size);
-  std::vector<void*> outs(l_size);
-  std::vector<uint64_t> counts(l_size);
-  size_t base = 0;
-  do {
-    const size_t seg = clip(count, base, piece * l_size);
+
+  auto segment = [&](size_t k) {
+    Segment s;
+    const size_t base = k * seg_elems, len = clip(count, base, seg_elems);
     size_t off = base;
     for (int l = 0; l < l_size; ++l) {
-      counts[l] = seg / l_size + (static_cast<size_t>(l) < seg % l_size);
-      outs[l] = data + off * es;
-      ins[l] = outs[l];
-      off += counts[l];
+      s.counts.push_back(len / l_size + (static_cast<size_t>(l) < len % l_size));
+      s.outs.push_back(data + off * es);
+      s.ins.push_back(s.outs.back());
+      off += s.counts.back();
     }
-    algo::reduce_scatter(*g.shm, ins.data(), outs[me], counts.data(), dt, node_op, timeout);
-    net::allreduce_ring(*g.net, rail, outs[me], counts[me], dt, op, g.size(), step);
-    algo::allgather(*g.shm, outs[me], outs.data(), counts.data(), dt, timeout);
-    base += piece * l_size;
-  } while (base < count);
+    return s;
+  };
+  auto net_stage = [&g, &rail, dt, op, &step](void* p, uint64_t n) {
+    net::allreduce_ring(*g.net, rail, p, n, dt, op, g.size(), step);
+  };
+
+  if (nseg == 1) {  // nothing to overlap with
+    Segment s = segment(0);
+    algo::reduce_scatter(*g.shm, s.ins.data(), s.outs[me], s.counts.data(), dt, node_op, timeout);
+    net_stage(s.outs[me], s.counts[me]);
+    algo::allgather(*g.shm, s.outs[me], s.outs.data(), s.counts.data(), dt, timeout);
+    return;
+  }
+  NetStage stage;
+  Segment cur = segment(0), prev;
+  algo::reduce_scatter(*g.shm, cur.ins.data(), cur.outs[me], cur.counts.data(), dt, node_op,
+                       timeout);
+  for (size_t k = 0; k < nseg; ++k) {
+    stage.finish();  // segment k-1 is reduced across nodes
+    stage.start([&, p = cur.outs[me], n = cur.counts[me]] { net_stage(p, n); });
+    if (k > 0)
+      algo::allgather(*g.shm, prev.outs[me], prev.outs.data(), prev.counts.data(), dt, timeout);
+    prev = cur;
+    if (k + 1 < nseg) {
+      cur = segment(k + 1);
+      algo::reduce_scatter(*g.shm, cur.ins.data(), cur.outs[me], cur.counts.data(), dt, node_op,
+                           timeout);
+    }
+  }
+  stage.finish();
+  algo::allgather(*g.shm, prev.outs[me], prev.outs.data(), prev.counts.data(), dt, timeout);
 }
 
 }  // namespace hier

@@ -6,11 +6,19 @@
 //   2. on rail l, a network ring reduce-scatter of those M partial blocks
 //      delivers each rank its complete block.
 // Each node link carries (M-1)*L blocks, as for the hierarchical all-gather.
+//
+// Blocks are cut into segments of net::kPieceBytes; the rail stage of
+// segment k runs on the network helper thread while this thread does the
+// node stage of segment k+1 into the other of two partial-sum buffers (see
+// pipeline.h).
+#include <algorithm>
 #include <vector>
 
 #include "algorithms/algorithms.h"
 #include "algorithms/hierarchical.h"
 #include "algorithms/net/net_algorithms.h"
+#include "algorithms/pipeline.h"
+#include "patterns/chunks.h"
 
 namespace rsdp {
 namespace hier {
@@ -18,29 +26,49 @@ namespace hier {
 void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint64_t* counts,
                     DType dt, RedOp op, Millis timeout, uint32_t& step) {
   const Topology& t = g.topo;
-  const int me = t.local_rank();
+  const int me = t.local_rank(), nodes = t.num_nodes();
   const std::vector<int> rail = t.rail(me);
   const RedOp node_op = op == RedOp::kAvg ? RedOp::kSum : op;
   const size_t es = dtype_size(dt);
-  std::vector<std::vector<char>> partial(t.num_nodes());
-  std::vector<const void*> rail_ins;
-  std::vector<uint64_t> rail_counts;
-  for (int m = 0; m < t.num_nodes(); ++m) {
-    const std::vector<int>& node = t.nodes[m];
-    std::vector<const void*> node_ins;
-    std::vector<uint64_t> node_counts;
-    for (int r : node) {
-      node_ins.push_back(ins[r]);
-      node_counts.push_back(counts[r]);
+  uint64_t most = 0;
+  for (int r = 0; r < t.size(); ++r) most = std::max(most, counts[r]);
+  const size_t piece = pipeline_piece(most, es);
+  const size_t nseg = std::max<size_t>(1, (most + piece - 1) / piece);
+  auto len = [&](int r, size_t k) { return clip(counts[r], k * piece, piece); };
+  // partial[k % 2][m]: the node's sum of segment k of the block for (node m, local rank me).
+  std::vector<std::vector<char>> partial[2];
+  for (auto& p : partial) p.assign(nodes, std::vector<char>(std::min<uint64_t>(piece, most) * es));
+
+  auto node_stage = [&](size_t k) {
+    for (int m = 0; m < nodes; ++m) {
+      std::vector<const void*> i;
+      std::vector<uint64_t> c;
+      for (int r : t.nodes[m]) {
+        i.push_back(static_cast<const char*>(ins[r]) + k * piece * es);
+        c.push_back(len(r, k));
+      }
+      algo::reduce_scatter(*g.shm, i.data(), partial[k % 2][m].data(), c.data(), dt, node_op,
+                           timeout);
     }
-    partial[m].resize(counts[node[me]] * es);
-    algo::reduce_scatter(*g.shm, node_ins.data(), partial[m].data(), node_counts.data(), dt,
-                         node_op, timeout);
-    rail_ins.push_back(partial[m].data());
-    rail_counts.push_back(counts[node[me]]);
+  };
+  auto rail_stage = [&](size_t k) {
+    std::vector<const void*> i;
+    std::vector<uint64_t> c;
+    for (int m = 0; m < nodes; ++m) {
+      i.push_back(partial[k % 2][m].data());
+      c.push_back(len(rail[m], k));
+    }
+    net::reduce_scatter_ring(*g.net, rail, i.data(), static_cast<char*>(out) + k * piece * es,
+                             c.data(), dt, op, g.size(), step);
+  };
+
+  NetStage stage;
+  node_stage(0);
+  for (size_t k = 0; k < nseg; ++k) {
+    stage.start([&, k] { rail_stage(k); });
+    if (k + 1 < nseg) node_stage(k + 1);
+    stage.finish();
   }
-  net::reduce_scatter_ring(*g.net, rail, rail_ins.data(), out, rail_counts.data(), dt, op,
-                           g.size(), step);
 }
 
 }  // namespace hier

@@ -60,6 +60,7 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWUTS = 0x04000000
 CLONE_NEWNET = 0x40000000
 MS_RDONLY = 1
+MS_BIND = 0x1000
 MS_REC = 0x4000
 MS_SLAVE = 1 << 19
 MNT_DETACH = 2
@@ -98,12 +99,19 @@ def parse_rate(rate: str) -> int:
 
 
 def _netns_list() -> list[str]:
-    return [line.split()[0] for line in _run("ip", "netns", "list").splitlines() if line.strip()]
+    try:
+        out = _run("ip", "netns", "list")
+    except (OSError, NetnsError):  # no iproute2, or not allowed: nothing of ours can exist
+        return []
+    return [line.split()[0] for line in out.splitlines() if line.strip()]
 
 
 def _links(netns: str | None = None) -> list[str]:
     cmd = ["ip"] + (["-n", netns] if netns else []) + ["-o", "link", "show"]
-    out = _run(*cmd, check=False)
+    try:
+        out = _run(*cmd, check=False)
+    except OSError:
+        return []
     return [line.split(":")[1].strip().split("@")[0] for line in out.splitlines() if ":" in line]
 
 
@@ -123,15 +131,25 @@ def _proc_start_time(pid: int) -> str | None:
 
 
 def _register(tag: str, subnet: str) -> None:
-    os.makedirs(REGISTRY_DIR, exist_ok=True)
-    with open(os.path.join(REGISTRY_DIR, tag), "w") as f:
+    # written aside and renamed: a cleanup_stale() elsewhere must never read half an entry
+    # (it would take the instance for a crashed one)
+    tmp_dir = os.path.join(REGISTRY_DIR, "tmp")
+    os.makedirs(tmp_dir, exist_ok=True)
+    tmp = os.path.join(tmp_dir, f"{tag}.{os.getpid()}")
+    with open(tmp, "w") as f:
         f.write(f"{os.getpid()} {_proc_start_time(os.getpid())} {subnet}\n")
+    os.replace(tmp, os.path.join(REGISTRY_DIR, tag))
+
+
+def _hosts_path(tag: str) -> str:
+    return os.path.join(REGISTRY_DIR, "hosts", tag)
 
 
 def _registry() -> dict[str, tuple[int, str, str]]:
     out = {}
     try:
-        names = os.listdir(REGISTRY_DIR)
+        names = [n for n in os.listdir(REGISTRY_DIR)
+                 if os.path.isfile(os.path.join(REGISTRY_DIR, n))]
     except FileNotFoundError:
         return out
     for tag in names:
@@ -167,10 +185,11 @@ def _destroy(tag: str) -> list[str]:
     for ns in spaces:
         if subprocess.run(["ip", "netns", "del", ns], capture_output=True).returncode == 0:
             removed.append(ns)
-    try:
-        os.unlink(os.path.join(REGISTRY_DIR, tag))
-    except FileNotFoundError:
-        pass
+    for path in (_hosts_path(tag), os.path.join(REGISTRY_DIR, tag)):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
     return removed
 
 
@@ -229,9 +248,11 @@ def enter(netns_name: str, hostname: str | None = None) -> None:
     Call it first thing in a fresh process, before torch (or anything else) starts threads:
     setns() moves only the calling thread, and only threads created afterwards inherit it.
     Also gives the process a private mount namespace with a /sys of the new network
-    namespace (UCX and others list interfaces under /sys/class/net), and with `hostname`
-    a private UTS namespace with that host name (so a node identity derived from the host
-    name differs per emulated node). /dev/shm stays shared, as on one machine.
+    namespace (UCX and others list interfaces under /sys/class/net) and, when the
+    EmulatedNodes wrote one, an /etc/hosts naming every node's address (reverse lookups of
+    peers succeed, as on a cluster); with `hostname` also a private UTS namespace with that
+    host name (so a node identity derived from the host name differs per emulated node).
+    /dev/shm stays shared, as on one machine.
     """
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -258,6 +279,9 @@ def enter(netns_name: str, hostname: str | None = None) -> None:
     flags = MS_RDONLY if os.statvfs("/sys").f_flag & os.ST_RDONLY else 0
     libc.umount2(b"/sys", MNT_DETACH)  # may fail when /sys is not a mount point: fine
     check(libc.mount(netns_name.encode(), b"/sys", b"sysfs", flags, None), "mount sysfs")
+    hosts = _hosts_path(_tag_of(netns_name) or "")
+    if os.path.isfile(hosts) and os.path.isfile("/etc/hosts"):
+        check(libc.mount(hosts.encode(), b"/etc/hosts", None, MS_BIND, None), "bind /etc/hosts")
     if hostname:
         check(libc.unshare(CLONE_NEWUTS), "unshare(CLONE_NEWUTS)")
         socket.sethostname(hostname)
@@ -447,8 +471,26 @@ class EmulatedNodes:
             self._shape(ns, v)
             self._shape(sw, s)
         _run("ip", "-n", sw, "link", "set", br, "up")
+        self._write_hosts()
         self._wait_up([(None, up)] + [(self.netns_name(i), self.ifname(i))
                                       for i in range(self.num_nodes)])
+
+    def _write_hosts(self) -> None:
+        """The /etc/hosts that enter() shows inside the nodes: the host's entries plus one
+        name per node (its namespace name, also its host name) and the launcher."""
+        try:
+            with open("/etc/hosts") as f:
+                base = f.read()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        names = [(self.store_addr, self._name("launcher"))]
+        names += [(self.node_addr(i), self.netns_name(i)) for i in range(self.num_nodes)]
+        # also the IPv4-mapped IPv6 form: dual-stack sockets (c10d's TCPStore) report peers
+        # as ::ffff:a.b.c.d, and without an entry their reverse lookup falls through to DNS
+        lines = [f"{a} {n}" for a, n in names] + [f"::ffff:{a} {n}" for a, n in names]
+        os.makedirs(os.path.dirname(_hosts_path(self.tag)), exist_ok=True)
+        with open(_hosts_path(self.tag), "w") as f:
+            f.write(base.rstrip("\n") + "\n# emulated nodes\n" + "\n".join(lines) + "\n")
 
     def _shape(self, ns: str, dev: str) -> None:
         if not self.rate and not self.delay:
@@ -457,10 +499,12 @@ class EmulatedNodes:
         netem = ["netem", "delay", self.delay, "limit", "100000"] if self.delay else []
         if self.rate:
             rate_bytes = self.rate_bps // 8
-            # burst: >= 1 ms at rate and > a 64 KiB GSO packet (tbf would split larger ones);
-            # limit: 50 ms of queue, so TCP is not starved by drops at these rates.
+            # burst: >= 1 ms at rate and > a 64 KiB GSO packet (tbf would split larger ones).
+            # limit: 10 ms of queue, about a NIC's default qdisc (1000 packets at 1 Gbit/s):
+            # deep enough for full TCP throughput, shallow enough that a filled queue does not
+            # add tens of ms of round-trip time that no real link has.
             burst = max(131072, rate_bytes // 1000)
-            limit = max(4 * burst, rate_bytes // 20)
+            limit = max(2 * burst, rate_bytes // 100)
             _run(*tc, "root", "handle", "1:", "tbf", "rate", f"{self.rate_bps}bit",
                  "burst", str(burst), "limit", str(limit))
             if netem:

@@ -1,0 +1,460 @@
+#!/usr/bin/env python3
+"""Multi-node collectives over an emulated, rate-limited network link.
+
+Two emulated nodes x two ranks (network namespaces joined by a bridge, see
+torch_rsdp.testing.netns; needs root), every node link limited with tc to --rate per
+direction (default 1gbit). In one run, for allreduce, all-gather (all_gather_into_tensor) and
+reduce-scatter (reduce_scatter_tensor) at each size of --sizes, it measures
+
+  hier  rsdp with RSDP_ALGO_{ALLREDUCE,ALLGATHER,REDUCE_SCATTER}=hier (shared memory inside a
+        node, rails across nodes);
+  ring  rsdp with the flat ring over all ranks (=ring);
+  gloo  the baseline (GLOO_SOCKET_IFNAME = the node's interface).
+
+Sizes are the total tensor, as in nccl-tests: the allreduce tensor, the all-gather output,
+the reduce-scatter input. For every point: the median time of --iters timed iterations
+(each after a barrier on a side gloo group; an iteration's time is the slowest rank's);
+"link bytes", what the algorithm must send across a node's link in each direction
+(tests/traffic_theory.py; gloo is charged with the flat ring's bytes, the least a flat
+algorithm sends); "link efficiency" = link bytes / time / link rate; and the speed-up over
+gloo (gloo time / time). Each point's result is checked once (exact small integers).
+
+Targets (printed with PASS/MISS): from 16 MiB up, hierarchical link efficiency >= 85 % and
+hierarchical allreduce >= 1.4x faster than gloo. The ceiling for link efficiency is TCP's
+goodput on a 1500-byte MTU, 1448/1514 = 95.6 % of the tc rate.
+
+Outputs in --out (default benchmarks/results/): bench_multinode.md, .json, .png.
+
+    sudo python benchmarks/bench_multinode.py                     # 1, 4, 16, 64, 256 MiB at 1gbit
+    python benchmarks/bench_multinode.py --rate 500mbit --sizes 16M,64M --iters 3
+    python benchmarks/bench_multinode.py --quick                  # smoke test: small sizes, 1 iteration
+
+Only the standard library is imported at the top: worker processes import this file before
+they move into their node's namespace, and torch must not start threads before that.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # harness (launcher), traffic_theory
+sys.path.insert(0, HERE)
+sys.path.append(ROOT)  # an uninstalled checkout: torch_rsdp from the source tree
+
+import bench_report  # noqa: E402  (fmt_bytes, md_table; no torch)
+from traffic_theory import inter_node_bytes_per_node  # noqa: E402
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+VARIANTS = {
+    "hier": ("rsdp", "hier"),
+    "ring": ("rsdp", "ring"),
+    "gloo": ("gloo", "ring"),  # (backend, traffic theory used for its link bytes)
+}
+LABELS = {"hier": "rsdp hier", "ring": "rsdp ring", "gloo": "gloo"}
+TARGET_MIN_BYTES = 16 << 20
+TARGET_EFFICIENCY = 0.85
+TARGET_SPEEDUP = 1.4
+QUICK_SIZES = "256K,1M"
+
+
+def parse_sizes(text: str) -> list[int]:
+    sizes = [parse_size(t) for t in text.split(",") if t.strip()]
+    if not sizes:
+        raise argparse.ArgumentTypeError("empty size list")
+    return sizes
+
+
+def parse_size(text: str) -> int:
+    s = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = 1
+    if s and s[-1] in "KMG":
+        mult, s = 1 << (10 * ("KMG".index(s[-1]) + 1)), s[:-1]
+    try:
+        value = int(s) * mult
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (use e.g. 1M, 256M)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--rate", default="1gbit", help="tc rate of each node link, per direction")
+    p.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1M,4M,16M,64M,256M"),
+                   help="total tensor sizes (K/M/G binary)")
+    p.add_argument("--iters", type=int, default=5, help="timed iterations per point")
+    p.add_argument("--warmup", type=int, default=1, help="untimed iterations per point")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated from {','.join(OPS)}")
+    p.add_argument("--variants", default="hier,ring,gloo",
+                   help=f"comma-separated from {','.join(VARIANTS)}")
+    p.add_argument("--nodes", type=int, default=2, help="emulated nodes")
+    p.add_argument("--ranks-per-node", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
+    p.add_argument("--timeout", type=int, default=300, help="process-group timeout, seconds")
+    p.add_argument("--quick", action="store_true",
+                   help=f"smoke test: sizes {QUICK_SIZES}, 1 iteration, no warm-up")
+    p.add_argument("--loopback", action="store_true",
+                   help="no namespaces: all ranks on the loopback, nodes told apart by "
+                        "RSDP_NODE_ID, no rate limit (the fallback where namespaces are not "
+                        "permitted); link efficiency is not computed")
+    p.add_argument("--out", default=os.path.join(HERE, "results"), help="output directory")
+    p.add_argument("--no-plot", action="store_true")
+    return p
+
+
+# --------------------------------------------------------------------------- worker side
+
+
+def _pattern(count, offset):
+    import torch
+
+    return (torch.arange(count, dtype=torch.int32) % 7 + offset).to(torch.float32)
+
+
+def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads):
+    """One variant on every rank: returns rank 0's rows (other ranks return None)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(threads)
+    side = dist.new_group(backend="gloo")  # barriers and timing reductions
+    W, r = ctx.world_size, ctx.rank
+    rows = []
+    for op in ops:
+        for size in sizes:
+            n = max(W, size // 4 // W * W)  # float32 elements of the total buffer
+            blk = n // W
+            ctx.set_progress(f"{variant} {op} {size}")
+            if op == "all_reduce":
+                src = _pattern(n, r + 1)
+                buf = src.clone()
+
+                def run():
+                    dist.all_reduce(buf)
+
+                def reset():
+                    buf.copy_(src)
+
+                def expected():
+                    return W * (torch.arange(n) % 7).float() + W * (W + 1) // 2
+                result = buf
+            elif op == "all_gather":
+                inp = _pattern(blk, 8 * r + 1)
+                out = torch.zeros(n)
+
+                def run():
+                    dist.all_gather_into_tensor(out, inp)
+
+                def reset():
+                    pass
+
+                def expected():
+                    return torch.cat([_pattern(blk, 8 * q + 1) for q in range(W)])
+                result = out
+            else:
+                inp = _pattern(n, r + 1)
+                out = torch.zeros(blk)
+
+                def run():
+                    dist.reduce_scatter_tensor(out, inp)
+
+                def reset():
+                    pass
+
+                def expected():
+                    j = torch.arange(r * blk, (r + 1) * blk)
+                    return W * (j % 7).float() + W * (W + 1) // 2
+                result = out
+            err = ""
+            try:
+                run()
+                ok = bool(torch.equal(result, expected()))
+            except Exception as e:  # noqa: BLE001 - every rank raises alike; reported below
+                ok, err = False, f"{type(e).__name__}: {str(e)[:300]}"
+            flags = torch.tensor([0.0 if ok else 1.0, 1.0 if err else 0.0])
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=side)
+            row = {"variant": variant, "op": op, "bytes": n * 4, "count": n,
+                   "correct": bool(flags[0] == 0)}
+            if flags[1] > 0:
+                row["error"] = err or "raised on another rank"
+                rows.append(row)
+                continue
+            for _ in range(warmup):
+                reset()
+                run()
+            times = torch.empty(iters, dtype=torch.float64)
+            for it in range(iters):
+                reset()
+                dist.barrier(group=side)
+                t0 = time.perf_counter()
+                run()
+                times[it] = time.perf_counter() - t0
+            gathered = torch.empty(W * iters, dtype=torch.float64)
+            dist.all_gather_into_tensor(gathered, times, group=side)
+            per_iter = gathered.view(W, iters).max(dim=0).values.tolist()
+            row.update(samples_s=per_iter, time_s=statistics.median(per_iter))
+            rows.append(row)
+            if r == 0:
+                print(f"[{variant}] {op} {size} B: {row['time_s'] * 1e3:.1f} ms", flush=True)
+    dist.barrier(group=side)
+    return rows if r == 0 else None
+
+
+# --------------------------------------------------------------------------- launcher side
+
+
+def run_variant(variant, args, node_of, nodes) -> tuple[list[dict], str, str | None]:
+    """(rows, mode, error) of one variant: one launch of every rank."""
+    from harness import LaunchError, launch
+
+    backend, algo = VARIANTS[variant]
+    env = {"OMP_NUM_THREADS": str(args.threads)}
+    if backend == "rsdp":
+        env.update({f"RSDP_ALGO_{op}": algo for op in ("ALLREDUCE", "ALLGATHER",
+                                                        "REDUCE_SCATTER")})
+    # generous deadline: every point at a quarter of the link rate, plus start-up
+    rate_Bps = (nodes.rate_bps / 8) if nodes is not None else 1e8
+    total = sum(inter_node_bytes_per_node(op, "ring", s if op == "all_reduce" else s // len(node_of),
+                                          args.nodes, args.ranks_per_node)
+                for op in args.ops for s in args.sizes)
+    deadline = 120 + 4 * total / rate_Bps * (args.iters + args.warmup + 1)
+    try:
+        res = launch(bench_worker, len(node_of),
+                     (variant, list(args.ops), list(args.sizes), args.iters, args.warmup,
+                      args.threads),
+                     backend=backend, env=env, node_of=node_of, netns=nodes, deadline=deadline,
+                     pg_timeout=args.timeout, allow_exit_abort=(backend == "gloo"))
+    except LaunchError as e:
+        rows = []
+        return rows, getattr(e.result, "mode", ""), str(e)[:4000]
+    return res[0], res.mode, None
+
+
+def annotate(rows: list[dict], args, rate_bps) -> None:
+    """Adds link bytes, link efficiency and the speed-up over gloo to every row."""
+    W = args.nodes * args.ranks_per_node
+    gloo = {(r["op"], r["bytes"]): r.get("time_s") for r in rows if r["variant"] == "gloo"}
+    for r in rows:
+        nbytes = r["bytes"] if r["op"] == "all_reduce" else r["bytes"] // W
+        r["link_bytes"] = inter_node_bytes_per_node(r["op"], VARIANTS[r["variant"]][1], nbytes,
+                                                    args.nodes, args.ranks_per_node)
+        t = r.get("time_s")
+        r["link_efficiency"] = (r["link_bytes"] / t / (rate_bps / 8)
+                                if t and rate_bps else None)
+        g = gloo.get((r["op"], r["bytes"]))
+        r["speedup_vs_gloo"] = g / t if (t and g and r["variant"] != "gloo") else None
+
+
+def targets(rows: list[dict]) -> list[dict]:
+    out = []
+
+    def verdict(name, op, key, need):
+        pts = [r for r in rows if r["variant"] == "hier" and r["op"] == op
+               and r["bytes"] >= TARGET_MIN_BYTES]
+        if not pts or (key == "speedup_vs_gloo" and not any(r["variant"] == "gloo" for r in rows)):
+            return out.append(dict(target=name, op=op, result="n/a",
+                                   measured="no hier sizes >= 16 MiB" if not pts else "gloo not run"))
+        bad = [r for r in pts if r.get(key) is None or not r["correct"]]
+        if bad:
+            return out.append(dict(target=name, op=op, result="MISS",
+                                   measured=f"missing/failed at {bench_report.fmt_bytes(bad[0]['bytes'])}"))
+        worst = min(pts, key=lambda r: r[key])
+        v = worst[key]
+        shown = f"{v:.0%}" if key == "link_efficiency" else f"{v:.2f}x"
+        out.append(dict(target=name, op=op, value=v, at_bytes=worst["bytes"],
+                        measured=f"min {shown} at {bench_report.fmt_bytes(worst['bytes'])}",
+                        result="PASS" if v >= need else "MISS"))
+
+    for op in OPS:
+        verdict(f"hier link efficiency >= {TARGET_EFFICIENCY:.0%} from 16 MiB", op,
+                "link_efficiency", TARGET_EFFICIENCY)
+    verdict(f"hier allreduce >= {TARGET_SPEEDUP}x faster than gloo from 16 MiB", "all_reduce",
+            "speedup_vs_gloo", TARGET_SPEEDUP)
+    return out
+
+
+def markdown(rows, variants, info, tgts) -> str:
+    fmt_ms = lambda t: "-" if t is None else f"{t * 1e3:,.1f}"  # noqa: E731
+    pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
+    head = ["op", "bytes"]
+    for v in variants:
+        head += [f"{LABELS[v]} ms", f"{LABELS[v]} link"]
+        if v != "gloo" and "gloo" in variants:
+            head.append(f"{LABELS[v]} x gloo")
+    table = []
+    by = {(r["variant"], r["op"], r["bytes"]): r for r in rows}
+    points = sorted({(OPS.index(r["op"]), r["bytes"]) for r in rows})
+    for opi, nbytes in points:
+        op = OPS[opi]
+        line = [op, bench_report.fmt_bytes(nbytes)]
+        for v in variants:
+            r = by.get((v, op, nbytes), {})
+            bad = r and (r.get("error") or not r.get("correct"))
+            line += ["ERROR" if r.get("error") else "WRONG" if bad else fmt_ms(r.get("time_s")),
+                     pct(r.get("link_efficiency"))]
+            if v != "gloo" and "gloo" in variants:
+                s = r.get("speedup_vs_gloo")
+                line.append("-" if s is None else f"{s:.2f}x")
+        table.append(line)
+    out = [f"# Multi-node collectives: {info['nodes']} nodes x {info['ranks_per_node']} ranks, "
+           f"link {info['rate'] or 'unlimited'} per direction ({info['mode']})", "",
+           f"{info['date']}, {info['cores']} cores, torch {info['torch_version']}, float32, "
+           f"median of {info['iters']} iterations. `link` = bytes the algorithm must send "
+           f"across a node link / time / link rate (TCP ceiling ~96 %); `x gloo` = gloo time / "
+           f"time.", ""]
+    if info.get("note"):
+        out += [f"**{info['note']}**", ""]
+    out.append(bench_report.md_table(head, table, "ll" + "r" * (len(head) - 2)))
+    out += ["", "## Targets", "",
+            bench_report.md_table(["target", "op", "measured", "result"],
+                                  [[t["target"], t["op"], t["measured"], t["result"]]
+                                   for t in tgts], "llll")]
+    errors = info.get("errors") or {}
+    for v, e in errors.items():
+        out += ["", f"**{LABELS[v]} failed:** `{e.splitlines()[0][:300]}`"]
+    return "\n".join(out) + "\n"
+
+
+def plot(rows, variants, path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    fig, axes = plt.subplots(2, len(OPS), figsize=(4.2 * len(OPS), 7), sharex=True,
+                             squeeze=False)
+    for j, op in enumerate(OPS):
+        for v in variants:
+            pts = sorted((r["bytes"], r) for r in rows
+                         if r["variant"] == v and r["op"] == op and r.get("time_s"))
+            if not pts:
+                continue
+            xs = [b for b, _ in pts]
+            axes[0][j].plot(xs, [r["time_s"] * 1e3 for _, r in pts], marker="o", label=LABELS[v])
+            eff = [(b, r["link_efficiency"]) for b, r in pts if r.get("link_efficiency")]
+            if eff:
+                axes[1][j].plot(*zip(*[(b, e * 100) for b, e in eff]), marker="o",
+                                label=LABELS[v])
+        axes[0][j].set_title(op)
+        axes[0][j].set_yscale("log")
+        axes[0][j].set_ylabel("time (ms)")
+        axes[1][j].axhline(TARGET_EFFICIENCY * 100, color="tab:red", linestyle="--",
+                           linewidth=0.9, label="target (hier)")
+        axes[1][j].set_ylabel("link efficiency (%)")
+        axes[1][j].set_ylim(0, 105)
+        axes[1][j].set_xscale("log", base=2)
+        sizes = sorted({r["bytes"] for r in rows if r["op"] == op})
+        if sizes:
+            axes[1][j].xaxis.set_major_locator(FixedLocator(sizes))
+            axes[1][j].xaxis.set_minor_locator(NullLocator())
+            axes[1][j].set_xticklabels([bench_report.fmt_bytes(b).replace(" ", "")
+                                        for b in sizes], rotation=45, fontsize=8)
+        axes[1][j].set_xlabel("bytes (total tensor)")
+        for ax in (axes[0][j], axes[1][j]):
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.quick:
+        args.sizes, args.iters, args.warmup = parse_sizes(QUICK_SIZES), 1, 0
+    args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
+    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
+    bad = [o for o in args.ops if o not in OPS] + [v for v in variants if v not in VARIANTS]
+    if bad or args.iters < 1 or args.warmup < 0:
+        print(f"bad arguments: {bad or 'iters/warmup'}", file=sys.stderr)
+        return 2
+    node_of = [n for n in range(args.nodes) for _ in range(args.ranks_per_node)]
+
+    import torch
+    from torch_rsdp.testing import netns
+
+    stale = netns.cleanup_stale()
+    if stale:
+        print(f"# removed leftovers of a crashed earlier run: {stale}")
+    info = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "rate": args.rate,
+            "iters": args.iters, "warmup": args.warmup, "cores": os.cpu_count(),
+            "torch_version": torch.__version__,
+            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    rows, errors, mode = [], {}, ""
+    t0 = time.perf_counter()
+
+    def run_all(nodes):
+        nonlocal mode
+        for v in variants:
+            print(f"# {LABELS[v]} ...", flush=True)
+            got, m, err = run_variant(v, args, node_of, nodes)
+            mode = m or mode
+            rows.extend(got or [])
+            if err:
+                errors[v] = err
+                print(f"# {LABELS[v]} FAILED:\n{err}", file=sys.stderr, flush=True)
+
+    if not args.loopback and netns.namespaces_available():
+        with netns.EmulatedNodes(args.nodes, rate=args.rate) as nodes:
+            print(f"# {nodes.describe()}", flush=True)
+            run_all(nodes)
+        rate_bps = nodes.rate_bps
+    else:
+        why = ("--loopback" if args.loopback else
+               "network namespaces are not available (needs root)")
+        info["note"] = (f"{why}: all ranks ran on the loopback with RSDP_NODE_ID, no link "
+                        f"was emulated, so link efficiency is not computed")
+        info["rate"] = None
+        print(f"# WARNING: {info['note']}", flush=True)
+        run_all(None)
+        rate_bps = None
+    info.update(mode=mode or "?", errors=errors, elapsed_s=round(time.perf_counter() - t0, 1))
+    annotate(rows, args, rate_bps)
+    tgts = targets(rows)
+    text = markdown(rows, variants, info, tgts)
+    print()
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    config = {k: v for k, v in vars(args).items() if k != "out"}
+    config.update(variants=variants, mode=info["mode"], node_of=node_of)
+    with open(os.path.join(args.out, "bench_multinode.json"), "w") as f:
+        json.dump({"machine": info, "config": config, "rows": rows, "targets": tgts}, f,
+                  indent=1)
+    with open(os.path.join(args.out, "bench_multinode.md"), "w") as f:
+        f.write(text)
+    written = ["bench_multinode.md", "bench_multinode.json"]
+    if not args.no_plot and rows:
+        plot(rows, variants, os.path.join(args.out, "bench_multinode.png"))
+        written.append("bench_multinode.png")
+    print(f"# took {info['elapsed_s']} s; wrote {', '.join(written)} to {args.out}")
+    wrong = [r for r in rows if r.get("error") or not r.get("correct")]
+    if errors or wrong:
+        print(f"ERROR: {len(errors)} variant(s) failed, {len(wrong)} point(s) wrong",
+              file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except SystemExit:
+        raise
+    except Exception:  # noqa: BLE001
+        traceback.print_exc()
+        sys.exit(1)
