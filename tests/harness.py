@@ -732,3 +732,35 @@ def format_family_failures(results_by_rank: dict[int, dict], family: str, limit:
         return None
     head = f"family {family}: {total} failing (rank, case) pairs out of {ncases} cases per rank"
     return head + "\n" + "\n".join(lines)
+
+
+def launch_families(run: Callable[[list], "LaunchResult"], names: Sequence[str],
+                    world_size: int, attempts: int = 6):
+    """Runs families ``names`` through ``run(names) -> LaunchResult`` in as few launches as
+    possible. If a launch crashes or hangs, the family that was running (the furthest any
+    rank's progress marker reached) is charged with the launch error and the remaining
+    families go on in a new launch, so one crashing case does not hide every other result.
+
+    Returns (results by rank, errors by family, the mode of the last launch)."""
+    names = list(names)
+    results: dict = {r: {} for r in range(world_size)}
+    errors: dict[str, str] = {}
+    mode = ""
+    for _attempt in range(attempts):
+        if not names:
+            break
+        try:
+            res = run(names)
+            mode = res.mode
+            for r in range(world_size):
+                results[r].update(res[r])
+            names = []
+        except LaunchError as e:
+            started = [o.progress for o in (e.result.outcomes.values() if e.result else [])
+                       if o.progress in names]
+            culprit = max(started, key=names.index) if started else names[0]
+            errors[culprit] = str(e)
+            names = names[names.index(culprit) + 1:]
+    for n in names:
+        errors[n] = "not run: too many crashed launches"
+    return results, errors, mode

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from collective_families import FAMILIES, MIN_WORLD, _rs_expected, _rs_inputs
-from harness import LaunchError, format_family_failures, launch, run_families
+from harness import format_family_failures, launch, launch_families, run_families
 from values import LARGE, check_equal, garbage, make, reduce_ref
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -56,28 +56,9 @@ def _batch(ws, request):
     if ws in _BATCH:
         return _BATCH[ws]
     names = _families_needed(request.session, ws)
-    results: dict = {r: {} for r in range(ws)}
-    errors: dict[str, str] = {}
-    for _attempt in range(6):
-        if not names:
-            break
-        try:
-            res = launch(families_worker, ws, (names,), deadline=BATCH_DEADLINE[ws], pg_timeout=30)
-            for r in range(ws):
-                results[r].update(res[r])
-            names = []
-        except LaunchError as e:
-            res = e.result
-            started = [o.progress for o in (res.outcomes.values() if res else []) if o.progress]
-            # the furthest family any rank reached is the one that crashed / hung
-            culprit = max(started, key=names.index) if started else names[0]
-            if culprit not in names:
-                culprit = names[0]
-            errors[culprit] = str(e)
-            names = names[names.index(culprit) + 1:]
-    else:
-        for n in names:
-            errors[n] = "not run: too many crashed launches"
+    results, errors, _ = launch_families(
+        lambda todo: launch(families_worker, ws, (todo,), deadline=BATCH_DEADLINE[ws],
+                            pg_timeout=30), names, ws)
     _BATCH[ws] = (results, errors)
     return _BATCH[ws]
 

@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 
 from collective_families import FAMILIES, MIN_WORLD
-from harness import LaunchError, backend_under_test, format_family_failures, launch, run_families
+from harness import (backend_under_test, format_family_failures, launch, launch_families,
+                     run_families)
 from torch_rsdp.testing import netns
 from traffic_theory import inter_node_bytes_per_node, tolerance
 
@@ -233,29 +234,11 @@ def _batch(topo: str, setting: str, nodes, session):
         return _BATCH[key]
     node_of = TOPOLOGIES[topo]
     names = [f for f in _families(topo, setting) if f in _selected(session, topo, setting)]
-    results: dict = {r: {} for r in range(len(node_of))}
-    errors: dict[str, str] = {}
-    mode = ""
-    for _attempt in range(4):
-        if not names:
-            break
-        try:
-            res = launch(matrix_worker, len(node_of),
-                         (names, list(node_of), setting, _subset(topo, setting)),
-                         env=SETTINGS[setting], node_of=node_of, netns=nodes,
-                         deadline=DEADLINE, pg_timeout=PG_TIMEOUT)
-            mode = res.mode
-            for r in results:
-                results[r].update(res[r])
-            names = []
-        except LaunchError as e:
-            started = [o.progress for o in (e.result.outcomes.values() if e.result else [])
-                       if o.progress in names]
-            culprit = max(started, key=names.index) if started else names[0]
-            errors[culprit] = str(e)
-            names = names[names.index(culprit) + 1:]
-    for n in names:
-        errors[n] = "not run: too many crashed launches"
+    results, errors, mode = launch_families(
+        lambda todo: launch(matrix_worker, len(node_of),
+                            (todo, list(node_of), setting, _subset(topo, setting)),
+                            env=SETTINGS[setting], node_of=node_of, netns=nodes,
+                            deadline=DEADLINE, pg_timeout=PG_TIMEOUT), names, len(node_of), 4)
     _BATCH[key] = (results, errors, mode)
     return _BATCH[key]
 

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from harness import LaunchError, format_family_failures, launch, run_families
+from harness import format_family_failures, launch, launch_families, run_families
 
 WORLD_SIZES = (1, 2, 3, 4)
 ATOL = RTOL = 1e-5
@@ -351,12 +351,11 @@ def fam_memory(ctx, rec):
                 # the backend's worker thread drops its references to a ring op's tensors
                 # shortly *after* the op's Work completes: give it a moment
                 for _ in range(100):
-                    left = tr.live_buffers()
+                    left = len(tr.live_buffers())  # a count: holding the list would keep them
                     if not left:
                         break
-                    del left
                     time.sleep(0.01)
-            assert not left, f"{len(left)} RSDP buffers still alive after the step"
+            assert not left, f"{left} RSDP buffers still alive after the step"
             if W > 1:
                 assert tr.n_allocs > 0, "the tracker saw no allocation"
             # padded local shards: params and grads each take `local` bytes
@@ -484,22 +483,8 @@ def _batch(ws, request):
     names = [f for f in FAMILIES if any(
         getattr(it, "originalname", None) == "test_rsdp" and it.callspec.params == {
             "ws": ws, "family": f} for it in request.session.items)]
-    results: dict = {r: {} for r in range(ws)}
-    errors: dict = {}
-    for _ in range(len(FAMILIES) + 1):
-        if not names:
-            break
-        try:
-            res = launch(families_worker, ws, (names,), deadline=300, pg_timeout=60)
-            for r in range(ws):
-                results[r].update(res[r])
-            names = []
-        except LaunchError as e:
-            started = [o.progress for o in (e.result.outcomes.values() if e.result else [])
-                       if o.progress in names]
-            culprit = max(started, key=names.index) if started else names[0]
-            errors[culprit] = str(e)
-            names = names[names.index(culprit) + 1:]
+    results, errors, _ = launch_families(
+        lambda todo: launch(families_worker, ws, (todo,), deadline=300, pg_timeout=60), names, ws)
     _BATCH[ws] = (results, errors)
     return _BATCH[ws]
 
