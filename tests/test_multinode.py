@@ -12,6 +12,7 @@ all selected families of collective_families.py, as test_collectives.py does:
   auto  every family, full dtype x op x count matrix on 2x2, a reduced dtype set elsewhere;
   hier  RSDP_ALGO_*=hier for every op that has it;
   flat  ring / tree / flat;
+  rd    recursive doubling over all ranks for all_reduce (its families only);
 the forced settings run the families whose algorithm they change, with a reduced dtype and
 op set. The 2x2 hier/flat launches also compare torch_rsdp.comm_stats() with
 traffic_theory.py. Against gloo (RSDP_TEST_BACKEND=gloo) only the auto setting runs, without
@@ -49,7 +50,10 @@ SETTINGS = {
     "flat": {"RSDP_ALGO_ALLREDUCE": "ring", "RSDP_ALGO_ALLGATHER": "ring",
              "RSDP_ALGO_REDUCE_SCATTER": "ring", "RSDP_ALGO_BROADCAST": "tree",
              "RSDP_ALGO_REDUCE": "tree", "RSDP_ALGO_BARRIER": "flat"},
+    "rd": {"RSDP_ALGO_ALLREDUCE": "rd"},  # recursive doubling over all ranks (any size)
 }
+# Families each forced setting changes the algorithm of (default: FORCED_FAMILIES).
+SETTING_FAMILIES = {"rd": ("all_reduce", "all_reduce_coalesced")}
 # Families whose algorithm the forced settings change (gather, scatter, all_to_all and
 # send/recv have one algorithm across nodes: they run under auto only).
 FORCED_FAMILIES = ("broadcast", "all_reduce", "all_reduce_coalesced", "reduce", "all_gather",
@@ -74,9 +78,9 @@ def _families(topo: str, setting: str) -> list[str]:
     ws = len(TOPOLOGIES[topo])
     names = [f for f in FAMILIES if ws >= MIN_WORLD.get(f, 1)]
     if setting != "auto":
-        names = [f for f in names if f in FORCED_FAMILIES]
+        names = [f for f in names if f in SETTING_FAMILIES.get(setting, FORCED_FAMILIES)]
     front = ["topology"] if RSDP and setting == "auto" else []
-    back = ["traffic"] if RSDP and setting != "auto" and topo == "2x2" else []
+    back = ["traffic"] if RSDP and setting in ("hier", "flat") and topo == "2x2" else []
     last = [f for f in names if f == "reinit"]  # it replaces the default group: keep it last
     return front + [f for f in names if f != "reinit"] + back + last
 

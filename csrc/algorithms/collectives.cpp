@@ -76,7 +76,11 @@ void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis
   g.begin_net(desc(OpKind::kAllreduce, dt, count, a, op), timeout);
   uint32_t step = 0;
   if (a == Algo::kHier) return hier::allreduce(g, buf, count, dt, op, timeout, step);
-  net::allreduce_ring(*g.net, g.topo.node_major_order(), buf, count, dt, op, g.size(), step);
+  if (a == Algo::kLeaders) return hier::allreduce_leaders(g, buf, count, dt, op, timeout, step);
+  const auto ring = g.topo.node_major_order();
+  if (a == Algo::kRd)
+    return net::allreduce_recursive_doubling(*g.net, ring, buf, count, dt, op, g.size(), step);
+  net::allreduce_ring(*g.net, ring, buf, count, dt, op, g.size(), step);
 }
 
 void reduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, int root, Millis timeout) {

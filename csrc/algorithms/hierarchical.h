@@ -23,6 +23,10 @@ using Millis = std::chrono::milliseconds;
 
 void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout,
                uint32_t& step);
+// For small messages, on any topology: node allreduce, recursive doubling
+// between the leaders, node broadcast.
+void allreduce_leaders(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout,
+                       uint32_t& step);
 // outs and counts are indexed by group rank.
 void allgather(GroupComm& g, const void* in, void* const* outs, const uint64_t* counts, DType dt,
                Millis timeout, uint32_t& step);

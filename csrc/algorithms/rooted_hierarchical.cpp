@@ -10,6 +10,8 @@
 //   reduce     every node: shm reduce to its representative; then a network
 //              binomial tree into the root.
 //   barrier    shm barrier, network barrier of the leaders, shm barrier.
+//   allreduce_leaders (small messages) shm allreduce, recursive doubling of
+//              the leaders, shm broadcast from the leader.
 #include <cstring>
 #include <vector>
 
@@ -61,6 +63,16 @@ void reduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, int root,
                timeout);
   if (rep == g.rank())
     net::reduce_tree(*g.net, reps, data, count, dt, op, root_node, g.size(), step);
+}
+
+void allreduce_leaders(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout,
+                       uint32_t& step) {
+  const RedOp node_op = op == RedOp::kAvg ? RedOp::kSum : op;
+  algo::allreduce(*g.shm, buf, count, dt, node_op, g.opts.oneshot_bytes, timeout);
+  if (g.topo.local_rank() == 0)
+    net::allreduce_recursive_doubling(*g.net, g.topo.leaders(), buf, count, dt, op, g.size(),
+                                      step);
+  algo::broadcast(*g.shm, buf, count, dt, 0, timeout);
 }
 
 void barrier(GroupComm& g, Millis timeout, uint32_t& step) {

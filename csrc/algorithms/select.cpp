@@ -10,6 +10,8 @@ const char* algo_name(Algo a) {
     case Algo::kOneshot: return "oneshot";
     case Algo::kRsAg: return "rs_ag";
     case Algo::kHier: return "hier";
+    case Algo::kLeaders: return "hier (leaders)";
+    case Algo::kRd: return "rd";
     case Algo::kRing: return "ring";
     case Algo::kTree: return "tree";
     case Algo::kFlat: return "flat";
@@ -45,7 +47,16 @@ Algo select_algo(OpKind op, size_t bytes, const Topology& topo, const Options& o
   }
   // Several nodes.
   switch (op) {
-    case OpKind::kAllreduce:
+    case OpKind::kAllreduce: {
+      if (want == "ring") return Algo::kRing;
+      if (want == "rd") return Algo::kRd;
+      // Small messages: rounds cost more than bytes, so only the leaders talk,
+      // in log2(nodes) rounds; any node sizes work.
+      if (bytes <= opts.oneshot_bytes) return Algo::kLeaders;
+      if (!topo.uniform()) return Algo::kRing;  // rails pair equal nodes only
+      if (want == "hier") return Algo::kHier;
+      return topo.local_size() > 1 ? Algo::kHier : Algo::kRing;
+    }
     case OpKind::kAllgather:
     case OpKind::kReduceScatter:
       // Pairing local ranks across nodes needs nodes of equal size.

@@ -18,6 +18,8 @@ enum class Algo : uint8_t {
   kOneshot,  // one node, allreduce: every rank reduces every copy
   kRsAg,     // one node, allreduce: reduce-scatter + all-gather
   kHier,     // several nodes: node stage(s) over shared memory, rails/leaders over the network
+  kLeaders,  // several nodes, small allreduce: node allreduce, leaders' recursive doubling, node broadcast
+  kRd,       // several nodes, allreduce: recursive doubling over all ranks through the network
   kRing,     // several nodes: ring over all ranks through the network
   kTree,     // several nodes: binomial tree over all ranks through the network
   kFlat,     // several nodes, ops with one algorithm there (gather, scatter, alltoall, barrier)

@@ -48,7 +48,7 @@ Options Options::from_env() {
     const char* names;  // accepted values, space-separated
   };
   const Algo algos[] = {
-      {"RSDP_ALGO_ALLREDUCE", &o.algo_allreduce, "auto oneshot rs_ag hier ring"},
+      {"RSDP_ALGO_ALLREDUCE", &o.algo_allreduce, "auto oneshot rs_ag hier ring rd"},
       {"RSDP_ALGO_ALLGATHER", &o.algo_allgather, "auto hier ring"},
       {"RSDP_ALGO_REDUCE_SCATTER", &o.algo_reduce_scatter, "auto hier ring"},
       {"RSDP_ALGO_BROADCAST", &o.algo_broadcast, "auto hier tree"},

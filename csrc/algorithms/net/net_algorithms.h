@@ -34,6 +34,12 @@ constexpr size_t kPieceBytes = 4u << 20;
 void allreduce_ring(NetComm& c, const std::vector<int>& members, void* buf, size_t count,
                     DType dt, RedOp op, int divisor, uint32_t& step);
 
+// Recursive doubling: ceil(log2 K) rounds (+2 when K is not a power of two),
+// each sending the whole buffer. For small messages, where rounds cost more
+// than bytes.
+void allreduce_recursive_doubling(NetComm& c, const std::vector<int>& members, void* buf,
+                                  size_t count, DType dt, RedOp op, int divisor, uint32_t& step);
+
 // Ring all-gather with per-member sizes: K-1 steps, each forwarding the
 // block received in the last one. outs[me] may alias in.
 void allgather_ring(NetComm& c, const std::vector<int>& members, const void* in,

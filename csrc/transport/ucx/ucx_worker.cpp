@@ -82,6 +82,11 @@ UcxContext::UcxContext(const std::string& who, int estimated_eps) {
   // TCP stream: 95%). So on TCP-only transports every size goes eager, unless
   // the user chose a threshold.
   if (tcp_only_tls() && !getenv("UCX_RNDV_THRESH")) ucp_config_modify(config, "RNDV_THRESH", "inf");
+  // UCX leaves Nagle's algorithm on for TCP: a header followed by its payload
+  // then waits for the peer's delayed ACK. A 16 KiB allreduce between two
+  // nodes took 2.2 ms with it and 0.5 ms without. (Ignored where UCX was
+  // built without TCP.)
+  if (!getenv("UCX_TCP_NODELAY")) ucp_config_modify(config, "TCP_NODELAY", "y");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
                       UCP_PARAM_FIELD_ESTIMATED_NUM_EPS | UCP_PARAM_FIELD_NAME;
