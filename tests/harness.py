@@ -764,3 +764,18 @@ def launch_families(run: Callable[[list], "LaunchResult"], names: Sequence[str],
     for n in names:
         errors[n] = "not run: too many crashed launches"
     return results, errors, mode
+
+
+def assert_family(results: dict, errors: dict, family: str, label: str) -> None:
+    """The pytest verdict for one family of a ``launch_families`` batch: the launch error
+    charged to it, or every failing case, with ``label`` naming the batch. Prints the
+    family's case count, time and slowest cases."""
+    if family in errors:
+        raise AssertionError(f"the launch for {label} failed while running {family}:\n"
+                             f"{errors[family]}")
+    if family in results[0]:
+        slow = ", ".join(f"{c} {t:.2f}s" for t, c in results[0][family][3])
+        print(f"{family} {label}: {results[0][family][0]} cases, "
+              f"{max(b[family][2] for b in results.values()):.1f}s; slowest on rank 0: {slow}")
+    msg = format_family_failures(results, family)
+    assert msg is None, f"[{label}] {msg}"

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 from collective_families import FAMILIES, MIN_WORLD, _rs_expected, _rs_inputs
-from harness import format_family_failures, launch, launch_families, run_families
+from harness import assert_family, launch, launch_families, run_families
 from values import LARGE, check_equal, garbage, make, reduce_ref
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -66,15 +66,7 @@ def _batch(ws, request):
 @pytest.mark.parametrize("ws,family", PARAMS)
 def test_collective(ws, family, request):
     batch, errors = _batch(ws, request)
-    if family in errors:
-        raise AssertionError(f"the launch for world size {ws} failed while running {family}:\n"
-                             f"{errors[family]}")
-    if family in batch[0]:
-        slow = ", ".join(f"{c} {t:.2f}s" for t, c in batch[0][family][3])
-        print(f"{family} ws={ws}: {batch[0][family][0]} cases, "
-              f"{max(b[family][2] for b in batch.values()):.1f}s; slowest on rank 0: {slow}")
-    msg = format_family_failures(batch, family)
-    assert msg is None, msg
+    assert_family(batch, errors, family, f"world size {ws}")
 
 
 # --------------------------------------------------------------------------------------------

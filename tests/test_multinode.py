@@ -34,7 +34,7 @@ import torch
 import torch.distributed as dist
 
 from collective_families import FAMILIES, MIN_WORLD
-from harness import (backend_under_test, format_family_failures, launch, launch_families,
+from harness import (assert_family, backend_under_test, launch, launch_families,
                      run_families)
 from torch_rsdp.testing import netns
 from traffic_theory import inter_node_bytes_per_node, tolerance
@@ -264,15 +264,7 @@ def _matrix_params():
 @pytest.mark.parametrize("topo,setting,family", _matrix_params())
 def test_matrix(topo, setting, family, nodes, request):
     results, errors, mode = _batch(topo, setting, nodes, request.session)
-    if family in errors:
-        raise AssertionError(f"the launch for {topo} {setting} failed while running {family} "
-                             f"({mode or 'mode unknown'}):\n{errors[family]}")
-    if family in results[0]:
-        slow = ", ".join(f"{c} {t:.2f}s" for t, c in results[0][family][3])
-        print(f"{family} {topo} {setting} [{mode}]: {results[0][family][0]} cases, "
-              f"{max(b[family][2] for b in results.values()):.1f}s; slowest on rank 0: {slow}")
-    msg = format_family_failures(results, family)
-    assert msg is None, f"[{mode}] {msg}"
+    assert_family(results, errors, family, f"{topo} {setting} ({mode or 'mode unknown'})")
 
 
 # --------------------------------------------------------------------------------------------

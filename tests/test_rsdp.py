@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from harness import format_family_failures, launch, launch_families, run_families
+from harness import assert_family, launch, launch_families, run_families
 
 WORLD_SIZES = (1, 2, 3, 4)
 ATOL = RTOL = 1e-5
@@ -492,7 +492,4 @@ def _batch(ws, request):
 @pytest.mark.parametrize("ws,family", PARAMS)
 def test_rsdp(ws, family, request):
     results, errors = _batch(ws, request)
-    if family in errors:
-        raise AssertionError(f"launch for ws={ws} failed in {family}:\n{errors[family]}")
-    msg = format_family_failures(results, family)
-    assert msg is None, msg
+    assert_family(results, errors, family, f"world size {ws}")
