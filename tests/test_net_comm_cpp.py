@@ -44,10 +44,10 @@ def _ucx_flags():
 def net_comm_exe(tmp_path_factory):
     gxx = shutil.which("g++")
     if gxx is None:
-        pytest.skip("g++ is not on PATH; cannot build tests/cpp/test_net_comm.cpp")
+        pytest.fail("g++ is not on PATH; cannot build tests/cpp/test_net_comm.cpp")
     flags = _ucx_flags()
     if flags is None:
-        pytest.skip("UCX not found (install libucx-dev or set UCX_HOME)")
+        pytest.fail("UCX not found (install libucx-dev or set UCX_HOME)")
     cflags, libs = flags
     exe = tmp_path_factory.mktemp("net_comm") / "test_net_comm"
     cmd = ([gxx, "-O1", "-std=c++17", "-I", str(ROOT / "csrc")] + cflags +

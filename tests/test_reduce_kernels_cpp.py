@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_reduce_kernels_cpp(tmp_path):
     gxx = shutil.which("g++")
     if gxx is None:
-        pytest.skip("g++ is not on PATH; cannot build tests/cpp/test_reduce_kernels.cpp")
+        pytest.fail("g++ is not on PATH; cannot build tests/cpp/test_reduce_kernels.cpp")
     exe = tmp_path / "test_reduce_kernels"
     cmd = [gxx, "-O2", "-std=c++17", "-I", str(ROOT / "csrc"),
            str(ROOT / "tests" / "cpp" / "test_reduce_kernels.cpp"),
