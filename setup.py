@@ -24,7 +24,9 @@ _require("torch", "Install it first (pip install torch==2.13.0), then build with
 if shutil.which("ninja") is None:
     _require("ninja", "Install it with 'pip install ninja' (or apt-get install ninja-build).")
 
-from torch.utils.cpp_extension import BuildExtension, CppExtension  # noqa: E402
+import torch  # noqa: E402
+from torch.utils.cpp_extension import (  # noqa: E402
+    CUDA_HOME, BuildExtension, CppExtension, CUDAExtension)
 
 os.environ.setdefault("MAX_JOBS", "2")
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -41,6 +43,10 @@ def _ucx_flags():
     home = os.environ.get("UCX_HOME")
     if home:
         inc, lib = os.path.join(home, "include"), os.path.join(home, "lib")
+        # A Debian package unpacked into UCX_HOME keeps its libraries one level down.
+        multiarch = glob.glob(os.path.join(lib, "*-linux-gnu"))
+        if not glob.glob(os.path.join(lib, "libucp.so*")) and multiarch:
+            lib = multiarch[0]
         if not os.path.isfile(os.path.join(inc, "ucp", "api", "ucp.h")):
             sys.exit(f"{UCX_MISSING} (UCX_HOME={home} has no include/ucp/api/ucp.h)")
         # The rpath lets the extension find a UCX outside the loader's search path.
@@ -58,26 +64,105 @@ def _ucx_flags():
 
 
 UCX_INCLUDE_DIRS, UCX_LIBRARY_DIRS, UCX_LIBRARIES, UCX_LINK_ARGS = _ucx_flags()
-sources = sorted(
-    os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "csrc", "**", "*.cpp"), recursive=True)
+
+# Sources that only CUDA builds compile: everything under these folders.
+CUDA_ONLY_DIRS = ("csrc/cuda/", "csrc/transport/cuda_ipc/", "csrc/transport/nccl/",
+                  "csrc/algorithms/cuda/", "csrc/backend/cuda/")
+
+
+def _want_cuda():
+    """Build the CUDA parts when the installed torch has CUDA and nvcc is found.
+
+    RSDP_WITH_CUDA=0 forces a CPU-only build; RSDP_WITH_CUDA=1 makes a missing
+    CUDA torch or nvcc an error instead of a silent CPU-only build.
+    """
+    flag = os.environ.get("RSDP_WITH_CUDA", "auto").strip().lower()
+    if flag in ("0", "off", "no", "false"):
+        return False
+    why = None
+    if torch.version.cuda is None:
+        why = f"the installed torch {torch.__version__} has no CUDA"
+    elif CUDA_HOME is None:
+        why = "nvcc was not found (set CUDA_HOME)"
+    if why and flag in ("1", "on", "yes", "true"):
+        sys.exit(f"torch_rsdp: cannot build with CUDA (RSDP_WITH_CUDA={flag}): {why}")
+    if why:
+        print(f"torch_rsdp: building without CUDA: {why}")
+    return why is None
+
+
+def _nccl_flags():
+    """Include dir, library dir and library of NCCL: NCCL_HOME, else the
+    nvidia-nccl package that CUDA builds of torch depend on."""
+    home = os.environ.get("NCCL_HOME")
+    if home:
+        inc, lib = os.path.join(home, "include"), os.path.join(home, "lib")
+    else:
+        try:
+            import nvidia.nccl  # the wheel of nvidia-nccl-cu*; a namespace package
+        except ImportError:
+            sys.exit("torch_rsdp: cannot build with CUDA: NCCL not found; install the "
+                     "nvidia-nccl package matching your torch or set NCCL_HOME")
+        base = list(nvidia.nccl.__path__)[0]
+        inc, lib = os.path.join(base, "include"), os.path.join(base, "lib")
+    if not os.path.isfile(os.path.join(inc, "nccl.h")):
+        sys.exit(f"torch_rsdp: cannot build with CUDA: no nccl.h in {inc}")
+    libs = sorted(glob.glob(os.path.join(lib, "libnccl.so*")))
+    if not libs:
+        sys.exit(f"torch_rsdp: cannot build with CUDA: no libnccl.so in {lib}")
+    # Wheels ship only libnccl.so.2 (no unversioned link), so name the file.
+    name = "nccl" if os.path.exists(os.path.join(lib, "libnccl.so")) else ":" + os.path.basename(libs[0])
+    return inc, lib, name
+
+
+WITH_CUDA = _want_cuda()
+all_sources = sorted(
+    os.path.relpath(p, ROOT)
+    for pattern in ("*.cpp", "*.cu")
+    for p in glob.glob(os.path.join(ROOT, "csrc", "**", pattern), recursive=True)
 )
+sources = [s for s in all_sources if WITH_CUDA or not s.startswith(CUDA_ONLY_DIRS)]
+
+include_dirs = [os.path.join(ROOT, "csrc")] + UCX_INCLUDE_DIRS
+library_dirs = list(UCX_LIBRARY_DIRS)
+libraries = list(UCX_LIBRARIES)
+link_args = list(UCX_LINK_ARGS)
+cxx_flags = ["-O3", "-Wall", "-Wno-unused-function"]
+if WITH_CUDA:
+    nccl_inc, nccl_lib, nccl_name = _nccl_flags()
+    include_dirs.append(nccl_inc)
+    library_dirs.append(nccl_lib)
+    libraries.append(nccl_name)
+    link_args.append(f"-Wl,-rpath,{nccl_lib}")
+    # Without a GPU in sight torch would build for every architecture it knows.
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
+    extension = CUDAExtension(
+        name="torch_rsdp._C",
+        sources=sources,
+        include_dirs=include_dirs,
+        library_dirs=library_dirs,
+        libraries=libraries,
+        define_macros=[("RSDP_WITH_CUDA", "1")],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17"]},
+        extra_link_args=link_args,
+    )
+else:
+    extension = CppExtension(
+        name="torch_rsdp._C",
+        sources=sources,
+        include_dirs=include_dirs,
+        library_dirs=library_dirs,
+        libraries=libraries,
+        extra_compile_args=cxx_flags,
+        extra_link_args=link_args,
+    )
 
 setup(
     name="torch_rsdp",
     version="0.1.0",
     description="A c10d backend for sharded training over shared memory, UCX and NCCL",
     packages=find_packages(include=["torch_rsdp", "torch_rsdp.*"]),
-    ext_modules=[
-        CppExtension(
-            name="torch_rsdp._C",
-            sources=sources,
-            include_dirs=[os.path.join(ROOT, "csrc")] + UCX_INCLUDE_DIRS,
-            library_dirs=UCX_LIBRARY_DIRS,
-            libraries=UCX_LIBRARIES,
-            extra_compile_args=["-O3", "-Wall", "-Wno-unused-function"],
-            extra_link_args=UCX_LINK_ARGS,
-        )
-    ],
+    ext_modules=[extension],
     cmdclass={"build_ext": BuildExtension.with_options(use_ninja=True)},
     python_requires=">=3.9",
     install_requires=["torch>=2.4"],

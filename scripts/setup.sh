@@ -27,8 +27,12 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   fi
 fi
 
-# torch first, pinned: any other spec would download a different build.
-if ! $PY -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
+# torch first, pinned: any other spec would download a different build. A
+# torch with CUDA that is already installed stays (GPU machines bring their
+# own); the build then compiles the CUDA parts too.
+if $PY -c "import torch, sys; sys.exit(0 if torch.version.cuda else 1)" 2>/dev/null; then
+  say "keeping the installed CUDA torch $($PY -c 'import torch; print(torch.__version__)')"
+elif ! $PY -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$TORCH_VERSION' else 1)" 2>/dev/null; then
   say "pip install torch==$TORCH_VERSION"
   $PY -m pip install -q "torch==$TORCH_VERSION"
 fi

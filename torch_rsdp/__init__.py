@@ -3,9 +3,11 @@
     import torch_rsdp
     torch.distributed.init_process_group("rsdp")
 
-Importing the package registers the backend (idempotently) for CPU tensors.
+Importing the package registers the backend (idempotently) for CPU tensors,
+and for CUDA tensors in a build with CUDA (see :mod:`torch_rsdp.cuda`).
 """
 from ._registration import BACKEND_NAME, register
+from .cuda import build_info, cuda_available, cuda_built, cuda_paths
 from .ring import ring_neighbours, ring_shift, ring_shift_reduce
 from .topology import comm_stats, reset_comm_stats, topology
 
@@ -15,6 +17,10 @@ register()
 
 __all__ = [
     "BACKEND_NAME",
+    "build_info",
+    "cuda_available",
+    "cuda_built",
+    "cuda_paths",
     "comm_stats",
     "reset_comm_stats",
     "topology",

@@ -26,9 +26,15 @@ def _create_backend(dist_opts, backend_opts=None):
 
 
 def register() -> None:
-    """Makes "rsdp" a torch.distributed backend. Safe to call more than once."""
+    """Makes "rsdp" a torch.distributed backend, for CPU tensors and, in a
+    build with CUDA, CUDA tensors. Safe to call more than once."""
     if BACKEND_NAME in dist.Backend.backend_list:
         return
+    from . import _C
+
+    # One backend object serves both devices (torch creates one when every
+    # device maps to the same backend), dispatching on each op's tensors.
+    devices = ["cpu", "cuda"] if _C.build_info()["cuda"] else ["cpu"]
     dist.Backend.register_backend(
-        BACKEND_NAME, _create_backend, extended_api=True, devices=["cpu"]
+        BACKEND_NAME, _create_backend, extended_api=True, devices=devices
     )

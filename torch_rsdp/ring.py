@@ -14,18 +14,30 @@ import torch.distributed as dist
 __all__ = ["ring_shift", "ring_shift_reduce", "ring_neighbours", "rsdp_backend"]
 
 
-def rsdp_backend(group: Optional[dist.ProcessGroup] = None):
-    """The BackendRSDP object serving CPU tensors of ``group`` (default: world)."""
+def rsdp_backend(group: Optional[dist.ProcessGroup] = None, device: Optional[torch.device] = None):
+    """The BackendRSDP object of ``group`` (default: world) serving ``device``.
+
+    Without a device: the one serving CPU tensors, else the one serving CUDA
+    tensors (e.g. ``init_process_group("cpu:gloo,cuda:rsdp")``).
+    """
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    backend = pg._get_backend(torch.device("cpu"))
     from . import _C
 
-    if not isinstance(backend, _C.BackendRSDP):
-        raise TypeError(
-            f"torch_rsdp: this operation needs a process group on the 'rsdp' backend, "
-            f"got {type(backend).__name__}; use init_process_group('rsdp') / new_group(backend='rsdp')"
-        )
-    return backend
+    devices = [torch.device(device).type] if device is not None else ["cpu", "cuda"]
+    found = []
+    for dev in devices:
+        try:
+            backend = pg._get_backend(torch.device(dev))
+        except RuntimeError:  # no backend registered for this device
+            continue
+        if isinstance(backend, _C.BackendRSDP):
+            return backend
+        found.append(f"{type(backend).__name__} on {dev}")
+    raise TypeError(
+        f"torch_rsdp: this operation needs a process group on the 'rsdp' backend, "
+        f"got {', '.join(found) or 'no backend'}; use init_process_group('rsdp') / "
+        f"new_group(backend='rsdp')"
+    )
 
 
 def ring_neighbours(group=None, direction: int = 1):
@@ -52,7 +64,7 @@ def ring_shift(tensor: torch.Tensor, out: Optional[torch.Tensor] = None, *, grou
     """
     if out is None:
         out = torch.empty_like(tensor)
-    work = rsdp_backend(group).ring_shift(tensor, out, direction, None, async_op)
+    work = rsdp_backend(group, tensor.device).ring_shift(tensor, out, direction, None, async_op)
     return _run(work, out, async_op)
 
 
@@ -69,5 +81,5 @@ def ring_shift_reduce(tensor: torch.Tensor, local: torch.Tensor,
     """
     if out is None:
         out = torch.empty_like(tensor)
-    work = rsdp_backend(group).ring_shift(tensor, out, direction, local, async_op)
+    work = rsdp_backend(group, tensor.device).ring_shift(tensor, out, direction, local, async_op)
     return _run(work, out, async_op)

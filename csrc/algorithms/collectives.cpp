@@ -1,7 +1,8 @@
 // Dispatch of every collective to its algorithm (see select.h). On one node
 // the shared-memory algorithms run as before; across nodes the op is
 // numbered on the network and run hierarchically or flat over all ranks,
-// whose network ring is node-major (ranks of a node adjacent).
+// whose network ring is node-major (ranks of a node adjacent). An op on
+// device tensors goes to the group's DeviceCollectives instead.
 #include "algorithms/collectives.h"
 
 #include <algorithm>
@@ -55,6 +56,7 @@ uint64_t total(const uint64_t* counts, int n) {
 }  // namespace
 
 void broadcast(GroupComm& g, void* buf, size_t count, DType dt, int root, Millis timeout) {
+  if (g.device_op) return g.device->broadcast(buf, count, dt, root, timeout);
   if (!g.multi_node()) return algo::broadcast(*g.shm, buf, count, dt, root, timeout);
   const size_t bytes = count * dtype_size(dt);
   const Algo a = pick(g, OpKind::kBroadcast, bytes);
@@ -66,6 +68,7 @@ void broadcast(GroupComm& g, void* buf, size_t count, DType dt, int root, Millis
 }
 
 void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout) {
+  if (g.device_op) return g.device->allreduce(buf, count, dt, op, timeout);
   const size_t bytes = count * dtype_size(dt);
   const Algo a = pick(g, OpKind::kAllreduce, bytes);
   if (!g.multi_node()) {
@@ -84,6 +87,7 @@ void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis
 }
 
 void reduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, int root, Millis timeout) {
+  if (g.device_op) return g.device->reduce(buf, count, dt, op, root, timeout);
   if (!g.multi_node())
     return algo::reduce(*g.shm, buf, count, dt, op, root, g.opts.oneshot_bytes, timeout);
   const Algo a = pick(g, OpKind::kReduce, count * dtype_size(dt));
@@ -96,6 +100,7 @@ void reduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, int root,
 
 void allgather(GroupComm& g, const void* in, void* const* outs, const uint64_t* counts, DType dt,
                Millis timeout) {
+  if (g.device_op) return g.device->allgather(in, outs, counts, dt, timeout);
   if (!g.multi_node()) return algo::allgather(*g.shm, in, outs, counts, dt, timeout);
   const int n = g.size();
   const uint64_t all = total(counts, n);
@@ -112,6 +117,7 @@ void allgather(GroupComm& g, const void* in, void* const* outs, const uint64_t* 
 
 void gather(GroupComm& g, const void* in, void* const* outs, size_t count, DType dt, int root,
             Millis timeout) {
+  if (g.device_op) return g.device->gather(in, outs, count, dt, root, timeout);
   if (!g.multi_node()) return algo::gather(*g.shm, in, outs, count, dt, root, timeout);
   g.begin_net(desc(OpKind::kGather, dt, count, Algo::kFlat, RedOp::kSum, root), timeout);
   uint32_t step = 0;
@@ -124,6 +130,7 @@ void gather(GroupComm& g, const void* in, void* const* outs, size_t count, DType
 
 void scatter(GroupComm& g, const void* const* ins, void* out, size_t count, DType dt, int root,
              Millis timeout) {
+  if (g.device_op) return g.device->scatter(ins, out, count, dt, root, timeout);
   if (!g.multi_node()) return algo::scatter(*g.shm, ins, out, count, dt, root, timeout);
   g.begin_net(desc(OpKind::kScatter, dt, count, Algo::kFlat, RedOp::kSum, root), timeout);
   uint32_t step = 0;
@@ -136,6 +143,7 @@ void scatter(GroupComm& g, const void* const* ins, void* out, size_t count, DTyp
 
 void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint64_t* counts,
                     DType dt, RedOp op, Millis timeout) {
+  if (g.device_op) return g.device->reduce_scatter(ins, out, counts, dt, op, timeout);
   if (!g.multi_node()) return algo::reduce_scatter(*g.shm, ins, out, counts, dt, op, timeout);
   const int n = g.size();
   const uint64_t all = total(counts, n);
@@ -152,6 +160,8 @@ void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint6
 
 void alltoall(GroupComm& g, const void* const* sends, const uint64_t* send_bytes,
               void* const* recvs, const uint64_t* recv_bytes, DType dt, Millis timeout) {
+  if (g.device_op)
+    return g.device->alltoall(sends, send_bytes, recvs, recv_bytes, dt, timeout);
   if (!g.multi_node())
     return algo::alltoall(*g.shm, sends, send_bytes, recvs, recv_bytes, dt, timeout);
   // Sizes differ per rank: the transport checks each message's size instead.
@@ -176,6 +186,8 @@ void barrier(GroupComm& g, Millis timeout) {
 
 void ring_shift(GroupComm& g, const std::vector<int>& order, const void* send, void* recv,
                 size_t count, DType dt, int direction, const void* add, Millis timeout) {
+  if (g.device_op)
+    return g.device->ring_shift(order, send, recv, count, dt, direction, add, timeout);
   if (!g.multi_node())
     return rsdp::ring_shift(*g.shm, order, send, recv, count, dt, direction, add, timeout);
   // Across nodes every hop goes through the network (UCX takes the fastest

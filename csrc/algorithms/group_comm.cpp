@@ -44,6 +44,7 @@ void GroupComm::begin_net(OpDesc desc, std::chrono::milliseconds timeout) {
 }
 
 void GroupComm::abort(const std::string& why) {
+  if (device) device->abort(why);
   shm->abort(why);
   if (net) net->abort(why);
 }

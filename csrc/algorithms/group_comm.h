@@ -14,6 +14,7 @@
 #include "core/group.h"
 #include "core/options.h"
 #include "core/topology.h"
+#include "algorithms/device_collectives.h"
 #include "core/traffic.h"
 #include "transport/shm/shm_comm.h"
 #include "transport/ucx/net_comm.h"
@@ -30,6 +31,12 @@ struct GroupComm {
   Traffic traffic;
   std::unique_ptr<ShmComm> shm;  // this node's ranks
   std::unique_ptr<NetComm> net;  // null on one node
+  // GPU collectives of the group, made by the first op on device tensors;
+  // declared last so it goes first (it uses shm and net).
+  std::unique_ptr<DeviceCollectives> device;
+  // Set by the backend while an op on device tensors runs: the entries in
+  // collectives.h then hand the op to `device`.
+  bool device_op = false;
 
   bool multi_node() const { return net != nullptr; }
   int rank() const { return group.rank; }

@@ -35,7 +35,7 @@ Work BackendRSDP::broadcast(std::vector<at::Tensor>& tensors, const c10d::Broadc
     return enqueue(c10d::OpType::BROADCAST, "rsdp:broadcast", tensors, [=](GroupComm& comm) {
       coll::broadcast(comm, ptr(d), d.numel(), dt, root, timeout);
       write_back(t, d);
-    }, opts.asyncOp);
+    }, opts.asyncOp, t.device());
   });
 }
 
@@ -50,7 +50,7 @@ Work BackendRSDP::allreduce(std::vector<at::Tensor>& tensors, const c10d::Allred
     return enqueue(c10d::OpType::ALLREDUCE, "rsdp:all_reduce", tensors, [=](GroupComm& comm) {
       coll::allreduce(comm, ptr(d), d.numel(), dt, op, timeout);
       write_back(t, d);
-    }, opts.asyncOp);
+    }, opts.asyncOp, t.device());
   });
 }
 
@@ -76,7 +76,7 @@ Work BackendRSDP::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                        t.copy_(buf.narrow(0, off, t.numel()).view(t.sizes()));
                        off += t.numel();
                      }
-                   }, opts.asyncOp);
+                   }, opts.asyncOp, ts[0].device());
   });
 }
 
@@ -94,7 +94,7 @@ Work BackendRSDP::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOpt
     return enqueue(c10d::OpType::REDUCE, "rsdp:reduce", tensors, [=](GroupComm& comm) {
       coll::reduce(comm, ptr(d), d.numel(), dt, op, root, timeout);
       if (is_root) write_back(t, d);
-    }, opts.asyncOp);
+    }, opts.asyncOp, t.device());
   });
 }
 
@@ -133,7 +133,8 @@ Work BackendRSDP::allgather(std::vector<std::vector<at::Tensor>>& outputs,
                             std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts) {
   return translate_errors([&] {
     Body body = prepare_allgather(outputs, inputs, opts);
-    return enqueue(c10d::OpType::ALLGATHER, "rsdp:all_gather", outputs[0], std::move(body), opts.asyncOp);
+    return enqueue(c10d::OpType::ALLGATHER, "rsdp:all_gather", outputs[0], std::move(body), opts.asyncOp,
+                   inputs[0].device());
   });
 }
 
@@ -164,7 +165,7 @@ Work BackendRSDP::_allgather_base(at::Tensor& output, at::Tensor& input,
                                   const c10d::AllgatherOptions& opts) {
   return translate_errors([&] {
     return enqueue(c10d::OpType::_ALLGATHER_BASE, "rsdp:all_gather_into_tensor", {output},
-                   prepare_allgather_base(output, input, opts), opts.asyncOp);
+                   prepare_allgather_base(output, input, opts), opts.asyncOp, input.device());
   });
 }
 
@@ -184,7 +185,7 @@ Work BackendRSDP::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outp
       all_outputs.insert(all_outputs.end(), outputs[i].begin(), outputs[i].end());
     }
     return enqueue(c10d::OpType::ALLGATHER_COALESCED, "rsdp:all_gather_coalesced", all_outputs,
-                   sequence(std::move(bodies)), opts.asyncOp);
+                   sequence(std::move(bodies)), opts.asyncOp, inputs[0].device());
   });
 }
 
@@ -199,7 +200,7 @@ Work BackendRSDP::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outpu
     for (size_t i = 0; i < inputs.size(); ++i)
       bodies.push_back(prepare_allgather_base(outputs[i], inputs[i], opts));
     return enqueue(c10d::OpType::COALESCED, "rsdp:all_gather_into_tensor_coalesced", outputs,
-                   sequence(std::move(bodies)), opts.asyncOp);
+                   sequence(std::move(bodies)), opts.asyncOp, inputs[0].device());
   });
 }
 
@@ -234,7 +235,7 @@ Work BackendRSDP::gather(std::vector<std::vector<at::Tensor>>& outputs,
       for (const auto& o : dense_outs) ptrs.push_back(ptr(o));
       coll::gather(comm, ptr(in), ptrs.data(), in.numel(), dt, root, timeout);
       for (size_t i = 0; i < outs.size(); ++i) write_back(outs[i], dense_outs[i]);
-    }, opts.asyncOp);
+    }, opts.asyncOp, in.device());
   });
 }
 
@@ -269,7 +270,7 @@ Work BackendRSDP::scatter(std::vector<at::Tensor>& outputs,
       for (const auto& i : ins) ptrs.push_back(ptr(i));
       coll::scatter(comm, ptrs.data(), ptr(dout), dout.numel(), dt, root, timeout);
       write_back(out, dout);
-    }, opts.asyncOp);
+    }, opts.asyncOp, out.device());
   });
 }
 
@@ -304,7 +305,7 @@ Work BackendRSDP::reduce_scatter(std::vector<at::Tensor>& outputs,
                      coll::reduce_scatter(comm, ptrs.data(), ptr(dout), counts.data(), dt, op,
                                           timeout);
                      write_back(out, dout);
-                   }, opts.asyncOp);
+                   }, opts.asyncOp, out.device());
   });
 }
 
@@ -338,7 +339,7 @@ Work BackendRSDP::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                        const c10d::ReduceScatterOptions& opts) {
   return translate_errors([&] {
     return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "rsdp:reduce_scatter_tensor", {output},
-                   prepare_reduce_scatter_base(output, input, opts), opts.asyncOp);
+                   prepare_reduce_scatter_base(output, input, opts), opts.asyncOp, output.device());
   });
 }
 
@@ -352,8 +353,9 @@ Work BackendRSDP::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outpu
     std::vector<Body> bodies;
     for (size_t i = 0; i < inputs.size(); ++i)
       bodies.push_back(prepare_reduce_scatter_base(outputs[i], inputs[i], opts));
-    return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED,
-                   "rsdp:reduce_scatter_tensor_coalesced", outputs, sequence(std::move(bodies)), opts.asyncOp);
+    return enqueue(c10d::OpType::COALESCED,  // torch 2.11 has no finer type
+                   "rsdp:reduce_scatter_tensor_coalesced", outputs, sequence(std::move(bodies)), opts.asyncOp,
+                   outputs.empty() ? c10::Device(c10::kCPU) : outputs[0].device());
   });
 }
 
@@ -413,7 +415,7 @@ Work BackendRSDP::alltoall_base(at::Tensor& output, at::Tensor& input,
                      coll::alltoall(comm, sp.data(), sbytes.data(), rp.data(), rbytes.data(), dt,
                                     timeout);
                      write_back(out, dout);
-                   }, opts.asyncOp);
+                   }, opts.asyncOp, out.device());
   });
 }
 
@@ -447,7 +449,7 @@ Work BackendRSDP::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Ten
       }
       coll::alltoall(comm, sp.data(), sbytes.data(), rp.data(), rbytes.data(), dt, timeout);
       for (int p = 0; p < n; ++p) write_back(outs[p], douts[p]);
-    }, opts.asyncOp);
+    }, opts.asyncOp, inputs[0].device());
   });
 }
 

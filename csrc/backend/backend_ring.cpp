@@ -37,7 +37,7 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::ring_shift(const at::Tensor& send,
                                       timeout);
                      write_back(out, dout);
                    },
-                   async_op);
+                   async_op, send.device());
   });
 }
 

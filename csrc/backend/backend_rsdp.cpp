@@ -19,10 +19,10 @@ BackendRSDP::BackendRSDP(const c10::intrusive_ptr<c10d::Store>& store, int rank,
   translate_errors([&] {
     opts_ = rsdp::Options::from_env();
     global_rank_ = global_ranks.empty() ? rank : global_ranks.at(rank);
-    StoreBootstrap boot(store);
-    Group g = join_group(boot, rank, size, std::move(global_ranks), std::move(group_name),
+    boot_ = std::make_unique<StoreBootstrap>(store);
+    Group g = join_group(*boot_, rank, size, std::move(global_ranks), std::move(group_name),
                          timeout, opts_);
-    comm_ = std::make_unique<GroupComm>(g, boot, opts_);
+    comm_ = std::make_unique<GroupComm>(g, *boot_, opts_);
     ring_order_ = comm_->topo.node_major_order();
     queue_ = std::make_unique<OpQueue>();
   });
@@ -33,6 +33,12 @@ BackendRSDP::~BackendRSDP() { shutdown(); }
 const Topology& BackendRSDP::topology() const { return comm_->topo; }
 
 Traffic& BackendRSDP::traffic() const { return comm_->traffic; }
+
+std::string BackendRSDP::cuda_paths() const {
+  // Read on the caller's thread while the worker may be making it: only
+  // meaningful once an op on CUDA tensors has completed.
+  return comm_ && comm_->device ? comm_->device->describe() : std::string();
+}
 
 void BackendRSDP::shutdown() { stop(true); }
 
@@ -51,6 +57,12 @@ void BackendRSDP::stop(bool drain) {
     std::lock_guard<std::mutex> g(p2p_mu_);
     p2p_.reset();
   }
+  // The CUDA watchdog may still hold Works whose GPU part runs; it finishes
+  // them (or, when aborting, fails them) before the comms they use go away.
+#ifdef RSDP_WITH_CUDA
+  if (!drain) abandon_cuda_ops();
+#endif
+  cuda_.reset();
   comm_.reset();
 }
 
@@ -60,9 +72,13 @@ std::chrono::milliseconds BackendRSDP::op_timeout(std::chrono::milliseconds t) c
 
 c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const char* title,
                                                     std::vector<at::Tensor> outputs, Body body,
-                                                    bool async_op) {
+                                                    bool async_op, c10::Device device) {
   RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", title,
              " called after the process group was shut down");
+#ifdef RSDP_WITH_CUDA
+  if (device.is_cuda())
+    return enqueue_cuda(type, title, std::move(outputs), std::move(body), async_op, device);
+#endif
   auto work = c10::make_intrusive<WorkRSDP>(getRank(), type, ++seq_, std::move(outputs), title);
   GroupComm* comm = comm_.get();
   const std::string name = title;
@@ -90,7 +106,14 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
 c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue_p2p(c10d::OpType type, const char* title,
                                                         at::Tensor tensor, int peer, int tag) {
   const bool is_send = type == c10d::OpType::SEND;
-  at::Tensor buf = dense(tensor);
+  // CUDA tensors travel through host memory: a send copies out on the
+  // caller's stream (and waits for it), a recv copies in before its Work
+  // completes, so wait() returns with the data on the device.
+  at::Tensor buf = !tensor.is_cuda() ? dense(tensor)
+                   : is_send        ? tensor.to(at::kCPU).contiguous()
+                                    : at::empty(tensor.sizes(), tensor.options()
+                                                                    .device(at::kCPU)
+                                                                    .pinned_memory(true));
   auto work = c10::make_intrusive<WorkRSDP>(getRank(), type, seq_.load(),
                                             std::vector<at::Tensor>{tensor}, title);
   auto done = [work, tensor, buf, is_send](std::exception_ptr err, int src) {

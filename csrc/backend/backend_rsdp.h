@@ -26,6 +26,8 @@ struct Topology;
 struct Traffic;
 class OpQueue;
 class P2PEngine;
+class StoreBootstrap;
+struct CudaState;  // backend/cuda/cuda_state.h, in CUDA builds
 
 class BackendRSDP : public c10d::Backend {
  public:
@@ -107,6 +109,8 @@ class BackendRSDP : public c10d::Backend {
   // Where the group's ranks live (core/topology.h), and its traffic counters.
   const Topology& topology() const;
   Traffic& traffic() const;
+  // Which transports serve the group's CUDA ops ("" before the first one).
+  std::string cuda_paths() const;
 
  private:
   // Validate on the calling thread and return the op, for the plain and the
@@ -119,10 +123,18 @@ class BackendRSDP : public c10d::Backend {
                                    const c10d::ReduceScatterOptions& opts);
   // Queues body on the worker; the Work completes with `outputs`.
   // A blocking op (async_op false) runs on the calling thread when the
-  // worker is idle.
+  // worker is idle. `device` is where the op's tensors live; CUDA ops go
+  // through enqueue_cuda().
   c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType type, const char* title,
                                          std::vector<at::Tensor> outputs, Body body,
-                                         bool async_op = true);
+                                         bool async_op = true,
+                                         c10::Device device = c10::Device(c10::kCPU));
+  // backend/cuda/backend_cuda.cpp: stream-ordered CUDA ops (CUDA builds only).
+  c10::intrusive_ptr<c10d::Work> enqueue_cuda(c10d::OpType type, const char* title,
+                                              std::vector<at::Tensor> outputs, Body body,
+                                              bool async_op, c10::Device device);
+  CudaState& cuda_state(c10::Device device);
+  void abandon_cuda_ops();
   c10::intrusive_ptr<c10d::Work> enqueue_p2p(c10d::OpType type, const char* title,
                                              at::Tensor tensor, int peer, int tag);
   OpContext ctx(const char* op) const { return OpContext{global_rank_, op}; }
@@ -132,7 +144,12 @@ class BackendRSDP : public c10d::Backend {
   int global_rank_;
   std::chrono::milliseconds timeout_;
   std::vector<int> ring_order_;  // group ranks, node-adjacent
+  std::unique_ptr<StoreBootstrap> boot_;  // kept: device comms rendezvous lazily
   std::unique_ptr<GroupComm> comm_;
+  // The CUDA side (stream, completion flag, watchdog), made by the first CUDA
+  // op. shared_ptr: the type is complete only in CUDA builds.
+  std::mutex cuda_mu_;
+  std::shared_ptr<CudaState> cuda_;
   std::unique_ptr<OpQueue> queue_;
   std::mutex p2p_mu_;
   std::unique_ptr<P2PEngine> p2p_;  // started by the first send/recv

@@ -9,6 +9,11 @@
 #include "backend/backend_rsdp.h"
 #include "core/topology.h"
 #include "core/traffic.h"
+#ifdef RSDP_WITH_CUDA
+#include <cuda_runtime_api.h>
+
+#include "transport/nccl/nccl_comm.h"
+#endif
 
 namespace py = pybind11;
 
@@ -61,7 +66,28 @@ PYBIND11_MODULE(_C, m) {
             return d;
           },
           "Payload bytes/messages this rank sent inside its node and to other nodes.")
-      .def("reset_comm_stats", [](const rsdp::BackendRSDP& b) { b.traffic().reset(); });
+      .def("reset_comm_stats", [](const rsdp::BackendRSDP& b) { b.traffic().reset(); })
+      .def("cuda_paths", &rsdp::BackendRSDP::cuda_paths,
+           "Which transports serve the group's CUDA ops ('' before the first one).");
+
+  m.def(
+      "build_info",
+      [] {
+        py::dict d;
+#ifdef RSDP_WITH_CUDA
+        int v = 0;
+        cudaRuntimeGetVersion(&v);
+        d["cuda"] = true;
+        d["cuda_version"] = std::to_string(v / 1000) + "." + std::to_string(v % 1000 / 10);
+        d["nccl_version"] = rsdp::nccl_version();
+#else
+        d["cuda"] = false;
+        d["cuda_version"] = py::none();
+        d["nccl_version"] = py::none();
+#endif
+        return d;
+      },
+      "What this build of the extension contains: CUDA support and the versions it uses.");
 
   m.def(
       "create_backend",

@@ -54,8 +54,16 @@ RedOp to_redop(const OpContext& ctx, const c10d::ReduceOp& op, DType dt) {
 
 void check_tensor(const OpContext& ctx, const at::Tensor& t, const char* what) {
   RSDP_CHECK(t.defined(), "rsdp rank ", ctx.rank, ": ", ctx.op, ": ", what, " is undefined");
+#ifdef RSDP_WITH_CUDA
+  RSDP_CHECK(t.device().is_cpu() || t.device().is_cuda(), "rsdp rank ", ctx.rank, ": ", ctx.op,
+             ": ", what, " ", describe(t), " is on ", t.device().str(),
+             "; rsdp serves CPU and CUDA tensors");
+#else
   RSDP_CHECK(t.device().is_cpu(), "rsdp rank ", ctx.rank, ": ", ctx.op, ": ", what, " ",
-             describe(t), " is on ", t.device().str(), "; this build of rsdp serves CPU tensors");
+             describe(t), " is on ", t.device().str(),
+             "; this build of torch_rsdp serves CPU tensors only (it was built without CUDA: "
+             "rebuild it where torch has CUDA and nvcc is installed)");
+#endif
   RSDP_CHECK(t.layout() == at::kStrided, "rsdp rank ", ctx.rank, ": ", ctx.op, ": ", what, " ",
              describe(t), " is not a dense (strided) tensor");
   to_dtype(ctx, t);
@@ -74,6 +82,9 @@ void check_same_dtype(const OpContext& ctx, const at::Tensor& ref,
     RSDP_CHECK(ts[i].scalar_type() == ref.scalar_type(), "rsdp rank ", ctx.rank, ": ", ctx.op,
                ": ", what, "[", i, "] is ", describe(ts[i]), " but the input is ", describe(ref),
                "; dtypes must match");
+    RSDP_CHECK(ts[i].device() == ref.device(), "rsdp rank ", ctx.rank, ": ", ctx.op, ": ", what,
+               "[", i, "] ", describe(ts[i]), " is on ", ts[i].device().str(), " but the input is on ",
+               ref.device().str(), "; all tensors of one op must be on one device");
   }
 }
 

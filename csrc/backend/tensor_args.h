@@ -24,9 +24,10 @@ std::string describe(const at::Tensor& t);  // "float32[4, 3]"
 DType to_dtype(const OpContext& ctx, const at::Tensor& t);
 RedOp to_redop(const OpContext& ctx, const c10d::ReduceOp& op, DType dt);
 
-// CPU, strided, supported dtype.
+// CPU (or CUDA in CUDA builds), strided, supported dtype.
 void check_tensor(const OpContext& ctx, const at::Tensor& t, const char* what);
 void check_one(const OpContext& ctx, const std::vector<at::Tensor>& ts, const char* what);
+// Each of ts is a valid tensor with ref's dtype, on ref's device.
 void check_same_dtype(const OpContext& ctx, const at::Tensor& ref,
                       const std::vector<at::Tensor>& ts, const char* what);
 void check_rank(const OpContext& ctx, int64_t r, int size, const char* what);

@@ -7,10 +7,11 @@
 namespace rsdp {
 
 WorkRSDP::WorkRSDP(int rank, c10d::OpType type, uint64_t seq, std::vector<at::Tensor> outputs,
-                   const char* profiling_title)
+                   const char* profiling_title, std::vector<c10::Device> devices)
     : c10d::Work(rank, type, profiling_title, outputs),
       outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))),
+      future_(c10::make_intrusive<c10::ivalue::Future>(
+          c10::ListType::create(c10::TensorType::get()), std::move(devices))),
       seq_(seq) {}
 
 int WorkRSDP::sourceRank() const {

@@ -13,8 +13,10 @@ namespace rsdp {
 
 class WorkRSDP : public c10d::Work {
  public:
+  // devices: where the outputs live; a future on CUDA devices is
+  // stream-aware (marking it complete records on the current streams).
   WorkRSDP(int rank, c10d::OpType type, uint64_t seq, std::vector<at::Tensor> outputs,
-           const char* profiling_title);
+           const char* profiling_title, std::vector<c10::Device> devices = {});
 
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
   std::vector<at::Tensor> result() override { return outputs_; }
@@ -24,9 +26,11 @@ class WorkRSDP : public c10d::Work {
   // Called once by the thread that ran the op. src: the sender of a recv.
   void complete(std::exception_ptr err, int src = -1);
 
- private:
+ protected:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+
+ private:
   std::atomic<int> src_{-1};
   uint64_t seq_;
 };

@@ -36,7 +36,7 @@ std::string OpDesc::describe() const {
       os << ", per-rank sizes #" << std::hex << (aux & 0xffff) << std::dec;
     if (root >= 0) os << ", root " << root;
   }
-  os << ") as collective #" << seq;
+  os << ")" << (on_device ? " on GPU buffers" : "") << " as collective #" << seq;
   return os.str();
 }
 

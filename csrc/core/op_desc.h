@@ -35,10 +35,14 @@ struct OpDesc {
   DType dtype = DType::kUInt8;
   RedOp redop = RedOp::kSum;
   int8_t direction = 0;  // ring_shift: +1 forward, -1 backward
+  // The op runs on device (GPU) buffers; the node's host comm carries both
+  // kinds, so a rank with CPU tensors facing one with CUDA tensors raises.
+  bool on_device = false;
 
   bool operator==(const OpDesc& o) const {
     return seq == o.seq && count == o.count && aux == o.aux && root == o.root &&
-           kind == o.kind && dtype == o.dtype && redop == o.redop && direction == o.direction;
+           kind == o.kind && dtype == o.dtype && redop == o.redop && direction == o.direction &&
+           on_device == o.on_device;
   }
   // e.g. "allreduce(float32 SUM, 1000 elements) as collective #5"
   std::string describe() const;

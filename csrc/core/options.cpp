@@ -42,6 +42,8 @@ Options Options::from_env() {
   if (const char* v = env("RSDP_SPIN_US")) o.spin_us = std::atoi(v);
   if (const char* v = env("RSDP_DEBUG")) o.debug = std::strcmp(v, "0") != 0;
   if (const char* v = env("RSDP_NODE_ID")) o.node_id = v;
+  if (const char* v = env("RSDP_CUDA_STAGING_BYTES"))
+    o.cuda_staging_bytes = parse_bytes("RSDP_CUDA_STAGING_BYTES", v);
   struct Algo {
     const char* var;
     std::string* into;
@@ -54,6 +56,7 @@ Options Options::from_env() {
       {"RSDP_ALGO_BROADCAST", &o.algo_broadcast, "auto hier tree"},
       {"RSDP_ALGO_REDUCE", &o.algo_reduce, "auto hier tree"},
       {"RSDP_ALGO_BARRIER", &o.algo_barrier, "auto hier flat"},
+      {"RSDP_CUDA_INTRA", &o.cuda_intra, "auto ipc nccl"},
   };
   for (const Algo& a : algos) {
     const char* v = env(a.var);
@@ -64,6 +67,8 @@ Options Options::from_env() {
     *a.into = v;
   }
   RSDP_CHECK(o.shm_bytes >= 8192, "RSDP_SHM_BYTES must be at least 8K, got ", o.shm_bytes);
+  RSDP_CHECK(o.cuda_staging_bytes >= 8192, "RSDP_CUDA_STAGING_BYTES must be at least 8K, got ",
+             o.cuda_staging_bytes);
   return o;
 }
 

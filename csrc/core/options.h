@@ -25,6 +25,12 @@ struct Options {
   std::string algo_allreduce = "auto", algo_allgather = "auto", algo_reduce_scatter = "auto",
               algo_broadcast = "auto", algo_reduce = "auto", algo_barrier = "auto";
 
+  // CUDA ops: device staging bytes per rank for the CUDA-IPC path (two
+  // halves), and which transport serves ranks of one node: "auto" (NCCL when
+  // every rank of the node has its own GPU, else CUDA IPC), "ipc" or "nccl".
+  size_t cuda_staging_bytes = 64u << 20;
+  std::string cuda_intra = "auto";
+
   static Options from_env();
 };
 

@@ -1,0 +1,60 @@
+// Reduce-scatter with per-rank sizes over CUDA IPC.
+//
+// Every staging half is split into n slots. Per step each rank stages, in
+// slot p, the next piece of its contribution to rank p (all p but itself);
+// after the exchange rank p reduces slot p of every peer together with its
+// own contribution, in rank order, straight into its output. One exchange
+// per step; the op runs until the largest result is done (the size list's
+// hash is in the descriptor, so ranks that disagree fail at the first step).
+#include <algorithm>
+#include <vector>
+
+#include "algorithms/cuda/ipc_algorithms.h"
+#include "algorithms/cuda/ipc_common.h"
+#include "patterns/chunks.h"
+#include "transport/cuda_ipc/device_scope.h"
+
+namespace rsdp {
+namespace ipc {
+
+void reduce_scatter(IpcComm& c, const void* const* ins, void* out, const uint64_t* counts,
+                    DType dt, RedOp op, Millis timeout, cudaStream_t stream) {
+  impl::check_redop(c, dt, op, OpKind::kReduceScatter);
+  CudaDeviceScope scope(c.device());
+  const int n = c.size(), me = c.rank();
+  OpDesc d;
+  d.kind = OpKind::kReduceScatter;
+  d.dtype = dt;
+  d.redop = op;
+  for (int p = 0; p < n; ++p) d.count += counts[p];
+  d.aux = hash_sizes(counts, n);
+  c.begin(d, timeout, stream);
+  const size_t es = dtype_size(dt);
+  const size_t sub = slot_elems(c.half_bytes(), n, es);
+  size_t most = 0;
+  for (int p = 0; p < n; ++p) most = std::max<size_t>(most, counts[p]);
+  std::vector<const void*> srcs(n);
+  auto piece = [&](int p, size_t off) { return static_cast<const char*>(ins[p]) + off * es; };
+  char* result = static_cast<char*>(out);
+  size_t off = 0;
+  do {
+    char* st = c.stage();
+    size_t staged = 0;
+    for (int p = 0; p < n; ++p)
+      if (p != me) {
+        const size_t len = clip(counts[p], off, sub) * es;
+        impl::copy(c, st + p * sub * es, piece(p, off), len);
+        staged += len;
+      }
+    c.exchange(staged);
+    for (int q = 0; q < n; ++q) srcs[q] = q == me ? piece(me, off) : c.peer(q) + me * sub * es;
+    // Scratch for the rounds when out aliases ins[me]: the own slot of the
+    // next half, which no peer reads and the next step does not stage into.
+    impl::reduce_ordered(c, result + off * es, srcs.data(), n, clip(counts[me], off, sub), dt, op,
+                         n, c.stage() + me * sub * es);
+    off += sub;
+  } while (off < most);
+}
+
+}  // namespace ipc
+}  // namespace rsdp
