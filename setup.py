@@ -128,6 +128,8 @@ library_dirs = list(UCX_LIBRARY_DIRS)
 libraries = list(UCX_LIBRARIES)
 link_args = list(UCX_LINK_ARGS)
 cxx_flags = ["-O3", "-Wall", "-Wno-unused-function"]
+ext_kwargs = dict(name="torch_rsdp._C", sources=sources, include_dirs=include_dirs,
+                  library_dirs=library_dirs, libraries=libraries, extra_link_args=link_args)
 if WITH_CUDA:
     nccl_inc, nccl_lib, nccl_name = _nccl_flags()
     include_dirs.append(nccl_inc)
@@ -137,25 +139,12 @@ if WITH_CUDA:
     # Without a GPU in sight torch would build for every architecture it knows.
     os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "8.0;9.0")
     extension = CUDAExtension(
-        name="torch_rsdp._C",
-        sources=sources,
-        include_dirs=include_dirs,
-        library_dirs=library_dirs,
-        libraries=libraries,
         define_macros=[("RSDP_WITH_CUDA", "1")],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "-std=c++17"]},
-        extra_link_args=link_args,
+        **ext_kwargs,
     )
 else:
-    extension = CppExtension(
-        name="torch_rsdp._C",
-        sources=sources,
-        include_dirs=include_dirs,
-        library_dirs=library_dirs,
-        libraries=libraries,
-        extra_compile_args=cxx_flags,
-        extra_link_args=link_args,
-    )
+    extension = CppExtension(extra_compile_args=cxx_flags, **ext_kwargs)
 
 setup(
     name="torch_rsdp",

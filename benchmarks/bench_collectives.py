@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""nccl-tests-style benchmark of torch.distributed collectives on CPU tensors.
+"""nccl-tests-style benchmark of torch.distributed collectives on CPU (or CUDA) tensors.
 
 For every backend named in --backends (the last one is the baseline), the script spawns
 --world-size ranks on this machine, initialises a process group with that backend and sweeps
@@ -23,10 +23,20 @@ broadcast 1). GB = 1e9 bytes.
 Outputs (in --out, default benchmarks/results/): results.md, results.json and
 busbw_<op>.png; the markdown table and a "targets" section go to stdout as well.
 
+--device cuda: every rank uses GPU (rank % device count), buffers live there, and a timed
+iteration is measured with CUDA events on the rank's current stream (start event after the
+barrier, end event after the last op, synchronised). The default baseline is nccl; NCCL refuses
+two ranks on one GPU, so with more ranks than GPUs the nccl baseline is left out (the script
+says so) and the reference becomes the physical limit instead: the GPU's own device-to-device
+copy bandwidth, measured in the same run (bytes read + written / time of the fastest copy of a
+--memcpy-bytes buffer). Every backend then gets a `busbw/copy` column, and the report a
+"Physical limit" section in place of the CPU targets.
+
 Examples:
     python benchmarks/bench_collectives.py                       # rsdp vs gloo (gloo alone if rsdp is missing)
     python benchmarks/bench_collectives.py --backends gloo,gloo  # dry run: gloo against itself
     python benchmarks/bench_collectives.py --backends rsdp,gloo --ops allreduce --max-bytes 1M
+    python benchmarks/bench_collectives.py --device cuda --world-size 4   # rsdp (+ nccl if 4 GPUs)
 """
 
 from __future__ import annotations
@@ -64,6 +74,7 @@ DTYPES = {
 }
 BUILTIN_BACKENDS = {"gloo", "nccl", "mpi", "ucc", "xccl"}
 DEFAULT_BACKENDS = "rsdp,gloo"
+DEFAULT_BACKENDS_CUDA = "rsdp,nccl"
 
 # torch 2.13 renamed the single-tensor collectives (the old names warn); use what exists.
 all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
@@ -123,12 +134,17 @@ def positive_int(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     here = os.path.dirname(os.path.abspath(__file__))
     p = argparse.ArgumentParser(
-        description="nccl-tests-style benchmark of torch.distributed collectives (CPU tensors)",
+        description="nccl-tests-style benchmark of torch.distributed collectives (CPU or CUDA "
+                    "tensors)",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--backends", type=csv_list(), default=None,
                    help=f"comma-separated backends; the LAST one is the baseline. Default "
-                        f"{DEFAULT_BACKENDS} (just gloo when torch_rsdp is not importable). "
+                        f"{DEFAULT_BACKENDS} (just gloo when torch_rsdp is not importable); with "
+                        f"--device cuda {DEFAULT_BACKENDS_CUDA} (nccl left out when there are "
+                        f"more ranks than GPUs). "
                         f"A backend X other than gloo/nccl/mpi/ucc is loaded with 'import torch_X'.")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where the tensors live; cuda: rank r uses GPU r %% device count")
     p.add_argument("--ops", type=csv_list(OPS), default=list(OPS),
                    help=f"comma-separated, from {','.join(OPS)}")
     p.add_argument("--dtypes", type=csv_list(list(DTYPES)), default=["float32", "bfloat16"],
@@ -158,22 +174,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=os.path.join(here, "results"), help="output directory")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     p.add_argument("--memcpy-bytes", type=parse_size, default=parse_size("256M"),
-                   help="buffer size for the single-core memcpy measurement")
+                   help="buffer size for the single-core memcpy measurement (and, with "
+                        "--device cuda, for the device-to-device copy)")
     return p
 
 
 def resolve_backends(args, parser) -> list[str]:
+    cuda = getattr(args, "device", "cpu") == "cuda"
     if args.backends is not None:
         backends = args.backends
     else:
-        backends = DEFAULT_BACKENDS.split(",")
+        backends = (DEFAULT_BACKENDS_CUDA if cuda else DEFAULT_BACKENDS).split(",")
+        fallback = "nccl" if cuda else "gloo"
         try:
             import_backend("rsdp")
         except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
             print(f"note: torch_rsdp is not importable ({type(exc).__name__}: {exc}); "
-                  f"benchmarking gloo only. Pass --backends to choose explicitly.",
+                  f"benchmarking {fallback} only. Pass --backends to choose explicitly.",
                   file=sys.stderr)
-            backends = ["gloo"]
+            backends = [fallback]
     for name in backends:
         try:
             import_backend(name)
@@ -255,6 +274,74 @@ def measure_memcpy(nbytes: int, repeats: int = 8) -> float:
         torch.set_num_threads(old)
 
 
+def measure_device_copy(nbytes: int, device, repeats: int = 8) -> dict:
+    """The GPU's device-to-device copy bandwidth: a `nbytes` buffer copied into another
+    `repeats` times, each copy timed with CUDA events; the fastest copy counts. A copy reads
+    and writes every byte, so the memory traffic is 2 x nbytes: `gbps` (the physical limit the
+    report compares with) counts bytes read + written, `copy_gbps` bytes copied."""
+    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+    dst.copy_(src)  # warm-up
+    torch.cuda.synchronize(device)
+    times = []
+    for _ in range(repeats):
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    del src, dst
+    torch.cuda.empty_cache()
+    best = min(times)
+    return {"gbps": 2 * nbytes / best / 1e9, "copy_gbps": nbytes / best / 1e9}
+
+
+def cuda_info(args, copy: dict, note: str) -> dict:
+    """What a --device cuda run adds to machine_info (a CPU run's info has none of it)."""
+    props = torch.cuda.get_device_properties(0)
+    gpus = torch.cuda.device_count()
+    return {
+        "device": "cuda",
+        "gpu_name": props.name,
+        "gpu_count": gpus,
+        "gpu_memory_bytes": props.total_memory,
+        "ranks_per_gpu": -(-args.world_size // gpus),
+        "torch_cuda_version": torch.version.cuda,
+        "d2d_copy_gbps": round(copy["gbps"], 2),
+        "d2d_copy_gbps_bytes_copied": round(copy["copy_gbps"], 2),
+        "d2d_copy_method": (f"torch copy_ of a {bench_report.fmt_bytes(args.memcpy_bytes)} "
+                            f"buffer on GPU 0, fastest of 8, CUDA events; bytes read + written"),
+        "baseline_note": note,
+    }
+
+
+def check_cuda(args, parser) -> str:
+    """--device cuda: checks that it can run; drops the nccl baseline when ranks would share
+    a GPU. Returns the note printed (and reported) about that, or ""."""
+    if not torch.cuda.is_available():
+        parser.error(f"--device cuda: no CUDA device (torch {torch.__version__}, "
+                     f"CUDA {torch.version.cuda})")
+    if "rsdp" in args.backends:
+        import torch_rsdp
+        available = getattr(torch_rsdp, "cuda_available", None)
+        if available is None or not available():
+            parser.error("--device cuda: this build of torch_rsdp has no CUDA support "
+                         "(torch_rsdp.cuda_available() is False); rebuild it where torch has "
+                         "CUDA and nvcc is installed")
+    gpus = torch.cuda.device_count()
+    note = ""
+    if "nccl" in args.backends and args.world_size > gpus:
+        note = (f"nccl left out: {args.world_size} ranks on {gpus} GPU(s) would put several ranks "
+                f"on one GPU, which NCCL refuses; the reference is the GPU's own "
+                f"device-to-device copy bandwidth instead (column busbw/copy)")
+        args.backends = [b for b in args.backends if b != "nccl"]
+        if not args.backends:
+            parser.error(f"--device cuda: {note}, and no other backend was given")
+    return note
+
+
 def machine_info(args, memcpy_gbps: float) -> dict:
     import platform
     info = {
@@ -302,10 +389,17 @@ class Collective:
     source rank (8*rank) and a position pattern, so misplaced chunks are caught too.
     """
 
-    def __init__(self, op: str, dtype, count: int, rank: int, n: int):
+    def __init__(self, op: str, dtype, count: int, rank: int, n: int, device=None):
         self.op, self.dtype, self.count, self.rank, self.n = op, dtype, count, rank, n
         chunk = count // n
         self.chunk = chunk
+        self._init_buffers(op, dtype, count, rank, chunk)
+        if device is not None:  # built on the CPU (same values), then moved
+            for name in ("src", "buf", "inp", "out"):
+                if hasattr(self, name):
+                    setattr(self, name, getattr(self, name).to(device))
+
+    def _init_buffers(self, op, dtype, count, rank, chunk) -> None:
         if op == "allreduce":
             self.src = pattern(count, dtype, rank + 1)
             self.buf = self.src.clone()
@@ -369,7 +463,7 @@ class Collective:
             self.out.fill_(-1)
         self.prepare()
         self.run()
-        return torch.equal(self.result(), self.expected())
+        return torch.equal(self.result().cpu(), self.expected())
 
 
 # --------------------------------------------------------------------------- worker
@@ -378,6 +472,8 @@ class Collective:
 def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) -> None:
     n = args.world_size
     sizes = size_list(args.min_bytes, args.max_bytes)
+    cuda = args.device == "cuda"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
     for op in args.ops:
         for dtype_name in args.dtypes:
             dtype = DTYPES[dtype_name]
@@ -392,7 +488,7 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
                 last_count = count
                 row = {"backend": label, "backend_name": name, "op": op, "dtype": dtype_name,
                        "bytes": count * esize, "count": count, "world_size": n, "round": rnd}
-                coll = Collective(op, dtype, count, rank, n)
+                coll = Collective(op, dtype, count, rank, n, device)
                 # 1. correctness (also catches "op not supported": every rank raises the same way)
                 err = ""
                 try:
@@ -413,13 +509,16 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
                     coll.prepare()
                     coll.run()
                 times = torch.empty(iters, dtype=torch.float64)
-                for it in range(iters):
-                    coll.prepare()  # untimed; within a batch in-place inputs just keep growing
-                    dist.barrier(group=side)
-                    t0 = time.perf_counter()
-                    for _ in range(reps):
-                        coll.run()
-                    times[it] = (time.perf_counter() - t0) / reps
+                if cuda:
+                    time_cuda(coll, iters, reps, side, times)
+                else:
+                    for it in range(iters):
+                        coll.prepare()  # untimed; within a batch in-place inputs keep growing
+                        dist.barrier(group=side)
+                        t0 = time.perf_counter()
+                        for _ in range(reps):
+                            coll.run()
+                        times[it] = (time.perf_counter() - t0) / reps
                 gathered = torch.empty(n * iters, dtype=torch.float64)
                 all_gather_single(gathered, times, group=side)
                 per_iter = gathered.view(n, iters).max(dim=0).values  # slowest rank
@@ -434,7 +533,28 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
                       f"{time.perf_counter() - t_start:6.1f} s{status}", flush=True)
 
 
+def time_cuda(coll, iters: int, reps: int, side, times) -> None:
+    """--device cuda: per timed iteration, the GPU time from a start event recorded on the
+    current stream right after the barrier to an end event after the last op (the GPU is idle
+    at the barrier, so the start is when the host begins issuing)."""
+    start = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    torch.cuda.synchronize()
+    for it in range(iters):
+        coll.prepare()
+        torch.cuda.synchronize()  # the restore copy is not timed; the GPU is idle
+        dist.barrier(group=side)
+        start.record()
+        for _ in range(reps):
+            coll.run()
+        end.record()
+        end.synchronize()
+        times[it] = start.elapsed_time(end) / 1e3 / reps
+
+
 def worker(rank: int, args, port: int, raw_path: str) -> None:
+    if args.device == "cuda":  # before any CUDA call and before init_process_group
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     torch.set_num_threads(args.threads)
     n = args.world_size
     timeout = datetime.timedelta(seconds=args.timeout)
@@ -476,6 +596,7 @@ def main(argv=None) -> int:
     if args.min_iters > args.iters:
         args.min_iters = args.iters
     args.backends = resolve_backends(args, parser)
+    cuda_note = check_cuda(args, parser) if args.device == "cuda" else ""
     if args.threads is None:
         args.threads = max(1, (os.cpu_count() or 1) // args.world_size)
 
@@ -493,6 +614,13 @@ def main(argv=None) -> int:
     info = machine_info(args, memcpy)
     print(f"# machine: {info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}, "
           f"single-core memcpy {memcpy:.2f} GB/s", flush=True)
+    if args.device == "cuda":
+        info.update(cuda_info(args, measure_device_copy(args.memcpy_bytes, "cuda:0"), cuda_note))
+        print(f"# GPU: {info['gpu_name']} x{info['gpu_count']}, {info['ranks_per_gpu']} rank(s) "
+              f"per GPU, CUDA {info['torch_cuda_version']}; device-to-device copy "
+              f"{info['d2d_copy_gbps']:.1f} GB/s (bytes read + written)", flush=True)
+        if cuda_note:
+            print(f"# {cuda_note}", flush=True)
 
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
@@ -509,6 +637,8 @@ def main(argv=None) -> int:
     info["elapsed_s"] = round(elapsed, 1)
 
     config = {k: v for k, v in vars(args).items() if k not in ("out",)}
+    if args.device == "cpu":
+        del config["device"]  # CPU results.json stays as it was before --device existed
     config.update(baseline=labels[-1], labels=labels, iter_bytes=ITER_BYTES,
                   warmup_bytes=WARMUP_BYTES)
     report = bench_report.Report(rows, labels, info, config)

@@ -3,7 +3,9 @@
 A row is one measured point: {"backend", "op", "dtype", "bytes", "count", "time_us",
 "algbw_gbps", "busbw_gbps", "correct", ...}. Report adds the ratios to the baseline (the last
 backend label), renders the markdown report, evaluates the performance targets and draws one
-PNG per op.
+PNG per op. For a CUDA run (machine info "device" == "cuda") it also relates every point to the
+GPU's device-to-device copy bandwidth ("busbw/copy") and replaces the CPU targets with a
+"Physical limit" section.
 """
 
 from __future__ import annotations
@@ -121,6 +123,8 @@ class Report:
         self.config = config
         self.n = config["world_size"]
         self.memcpy = info["memcpy_gbps_single_core"]
+        self.cuda = info.get("device") == "cuda"
+        self.copy = info.get("d2d_copy_gbps") if self.cuda else None
         self._index = {(r["backend"], r["op"], r["dtype"], r["bytes"]): r for r in rows}
         for r in rows:
             base = self._index.get((self.baseline, r["op"], r["dtype"], r["bytes"]))
@@ -130,6 +134,9 @@ class Report:
                     r["busbw_ratio"] = r["busbw_gbps"] / base["busbw_gbps"]
                 if base["time_us"] > 0:
                     r["latency_ratio"] = r["time_us"] / base["time_us"]
+            if self.cuda:
+                r["copy_fraction"] = (r["busbw_gbps"] / self.copy
+                                      if self._ok(r) and self.copy else None)
 
     @staticmethod
     def _ok(r: dict) -> bool:
@@ -145,6 +152,8 @@ class Report:
     # ------------------------------------------------------------------ markdown
 
     def markdown(self) -> str:
+        if self.cuda:
+            return self._markdown_cuda()
         info, cfg = self.info, self.config
         vs = (f"{', '.join(self.candidates)} vs {self.baseline} (baseline)"
               if self.candidates else f"{self.baseline} only")
@@ -173,12 +182,82 @@ class Report:
         out += ["", self.targets_markdown()]
         return "\n".join(out) + "\n"
 
+    def _markdown_cuda(self) -> str:
+        info, cfg = self.info, self.config
+        vs = (f"{', '.join(self.candidates)} vs {self.baseline} (baseline)"
+              if self.candidates else f"{self.baseline} only")
+        out = [
+            f"# Collective benchmark: {vs}, {self.n} ranks, CUDA tensors",
+            "",
+            f"GPU: {info['gpu_name']} x{info['gpu_count']}, {info['ranks_per_gpu']} rank(s) per "
+            f"GPU, CUDA {info['torch_cuda_version']}; device-to-device copy "
+            f"{fmt_num(self.copy)} GB/s counting bytes read + written "
+            f"({fmt_num(info['d2d_copy_gbps_bytes_copied'])} GB/s of bytes copied). "
+            f"Host: {info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}. "
+            f"Sizes {fmt_bytes(cfg['min_bytes'])}..{fmt_bytes(cfg['max_bytes'])}, "
+            f"up to {cfg['iters']} timed iterations (at least {cfg['min_iters']}) of up to "
+            f"{cfg['reps']} back-to-back ops (1 from 1 MiB); run took "
+            f"{info.get('elapsed_s', '?')} s.",
+        ]
+        if info.get("baseline_note"):
+            out += ["", f"Note: {info['baseline_note']}."]
+        out += [
+            "",
+            "time = per-op GPU time in µs (CUDA events on each rank's current stream from "
+            "right after a barrier to after the last op of the iteration): median over "
+            "iterations of the slowest rank's iteration time / ops per iteration; "
+            "algbw = bytes / time, busbw = algbw × factor, in GB/s (1e9 B/s); "
+            "`busbw/copy` = busbw / the device-to-device copy bandwidth above"
+            + (f"; `busbw×` = busbw / {self.baseline} busbw (higher is better); "
+               f"`lat×` = time / {self.baseline} time (lower is better)"
+               if self.candidates else "")
+            + ". `WRONG` marks a point whose result did not match.",
+        ]
+        if not self.rows:
+            out += ["", "**No results: the run failed before the first point was measured.**"]
+            return "\n".join(out) + "\n"
+        for op, dtype in self._ops_dtypes():
+            out += ["", self._section(op, dtype)]
+        out += ["", self.limit_markdown()]
+        return "\n".join(out) + "\n"
+
+    def physical_limit(self) -> list[dict]:
+        """CUDA: per backend, op and dtype, the best busbw and its fraction of the copy
+        bandwidth (no PASS/MISS)."""
+        res = []
+        for lb in self.labels:
+            for op, dt in self._ops_dtypes():
+                rows = [r for r in self._rows(lb, op, dt) if self._ok(r)]
+                if not rows:
+                    continue
+                best = max(rows, key=lambda r: r["busbw_gbps"])
+                res.append(dict(backend=lb, op=op, dtype=dt, busbw_gbps=best["busbw_gbps"],
+                                at_bytes=best["bytes"], copy_gbps=self.copy,
+                                fraction=best.get("copy_fraction")))
+        return res
+
+    def limit_markdown(self) -> str:
+        out = ["## Physical limit",
+               "",
+               f"The GPU's device-to-device copy moves {fmt_num(self.copy)} GB/s (bytes read + "
+               f"written). Ranks that share a GPU share that bandwidth. No PASS/MISS targets are "
+               f"stated for CUDA tensors."]
+        rows = [[t["backend"], t["op"], t["dtype"], fmt_num(t["busbw_gbps"], 3),
+                 fmt_bytes(t["at_bytes"]), fmt_num(t["fraction"])]
+                for t in self.physical_limit()]
+        if rows:
+            out += ["", md_table(["backend", "op", "dtype", "best busbw", "at", "busbw/copy"],
+                                 rows, "lllrrr")]
+        return "\n".join(out)
+
     def _section(self, op: str, dtype: str) -> str:
         header = ["bytes"]
         for lb in self.labels:
             header += [f"{lb} µs", f"{lb} algbw", f"{lb} busbw"]
         for lb in self.candidates:
             header += [f"{lb} busbw×", f"{lb} lat×"]
+        if self.cuda:
+            header += [f"{lb} busbw/copy" for lb in self.labels]
         sizes = sorted({r["bytes"] for r in self.rows if r["op"] == op and r["dtype"] == dtype})
         body = []
         for b in sizes:
@@ -196,6 +275,10 @@ class Report:
             for lb in self.candidates:
                 r = self._index.get((lb, op, dtype, b)) or {}
                 line += [fmt_num(r.get("busbw_ratio")), fmt_num(r.get("latency_ratio"))]
+            if self.cuda:
+                for lb in self.labels:
+                    r = self._index.get((lb, op, dtype, b)) or {}
+                    line.append(fmt_num(r.get("copy_fraction")))
             body.append(line)
         errors = {r["backend"]: r["error"] for r in self.rows
                   if r["op"] == op and r["dtype"] == dtype and r.get("error")}
@@ -213,6 +296,8 @@ class Report:
                 and r["dtype"] == dtype and lo <= r["bytes"] <= hi]
 
     def targets(self) -> list[dict]:
+        if self.cuda:
+            return []  # the targets are stated for CPU tensors; see physical_limit()
         res = []
         ops_dtypes = self._ops_dtypes()
 
@@ -282,8 +367,11 @@ class Report:
     # ------------------------------------------------------------------ json
 
     def to_json(self) -> dict:
-        return {"machine": self.info, "config": self.config, "rows": self.rows,
-                "targets": self.targets()}
+        out = {"machine": self.info, "config": self.config, "rows": self.rows,
+               "targets": self.targets()}
+        if self.cuda:
+            out["physical_limit"] = self.physical_limit()
+        return out
 
     # ------------------------------------------------------------------ plots
 
@@ -322,17 +410,21 @@ class Report:
                             axes[1][0].plot(*zip(*pts), styles[j % len(styles)],
                                             color=colors[i % len(colors)], marker="o",
                                             markersize=3, linewidth=1.6, label=f"{lb} {dt}")
-            ax.axhline(self.memcpy, color="gray", linestyle=(0, (2, 2)), linewidth=1)
-            ax.text(max(all_bytes) if all_bytes else 1, self.memcpy * 1.12,
-                    f"single-core memcpy {self.memcpy:.1f} GB/s", color="gray", fontsize=8,
+            ref_bw, ref_text = self.memcpy, f"single-core memcpy {self.memcpy:.1f} GB/s"
+            if self.cuda and self.copy:
+                ref_bw, ref_text = self.copy, f"device copy {self.copy:.0f} GB/s (read + written)"
+            ax.axhline(ref_bw, color="gray", linestyle=(0, (2, 2)), linewidth=1)
+            ax.text(max(all_bytes) if all_bytes else 1, ref_bw * 1.12,
+                    ref_text, color="gray", fontsize=8,
                     ha="right", va="bottom")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
             lo_y, hi_y = ax.get_ylim()
-            ax.set_ylim(lo_y, max(hi_y, self.memcpy * 2.5))
+            ax.set_ylim(lo_y, max(hi_y, ref_bw * 2.5))
             ax.set_ylabel("busbw (GB/s)")
             ax.set_title(f"{op}: bus bandwidth vs message size "
-                         f"({self.n} ranks, factor {BUSBW_FACTOR_TEXT[op]})")
+                         f"({self.n} ranks, factor {BUSBW_FACTOR_TEXT[op]})"
+                         + (", CUDA tensors" if self.cuda else ""))
             ax.grid(True, which="major", alpha=0.35)
             ax.grid(True, which="minor", axis="y", alpha=0.12)
             ax.legend(fontsize=8, loc="upper left")

@@ -5,6 +5,8 @@
     python benchmarks/bench_rsdp_training.py                    # the seed's config (see below)
     python benchmarks/bench_rsdp_training.py --small --runs rsdp:rsdp,fsdp2:gloo --steps 20
     python benchmarks/bench_rsdp_training.py --d-model 512 --layers 6 --batch 16
+    python benchmarks/bench_rsdp_training.py --device cuda               # models on the GPUs
+    python benchmarks/bench_rsdp_training.py --single-gpu --world-size 4 # 4 ranks on one GPU vs 1 process
 
 Every run is ``strategy:backend``; the default compares (a) rsdp:rsdp -- RSDP
 (``torch_rsdp.rsdp.shard``) over the "rsdp" backend, (b) fsdp2:rsdp -- torch FSDP2
@@ -31,6 +33,22 @@ reported as "not available: <reason>" and the others still run; the exit code is
 every run failed. Targets (printed as PASS/MISS, never failing the exit code): RSDP peak
 parameter memory <= 0.5x FSDP2's and <= 0.3x DDP's; RSDP tokens/s >= 0.8x FSDP2's on the
 same backend. Results: ``<out>/training_<name>.md``, ``.json``, ``.png``.
+
+``--device cuda``: rank r trains on GPU ``r % device count`` (model built on the CPU from the
+seed, then moved; batches moved per step; step times between ``torch.cuda.synchronize()``
+calls). Memory is then the GPU's: ``torch.cuda.max_memory_allocated()`` over the training steps,
+with the peak reset after wrapping (each run is a fresh set of processes), max over ranks; it
+counts what PyTorch's caching allocator handed out (parameters, gradients, optimizer state,
+activations, FSDP2/DDP buffers), not memory a backend allocates itself (NCCL's or rsdp's
+staging buffers). It replaces the RSS columns; the parameter-memory tracker still runs. The
+default runs are rsdp:rsdp, fsdp2:rsdp, fsdp2:nccl, ddp:rsdp, ddp:nccl; when ranks must share
+a GPU (more ranks than GPUs, or ``--single-gpu``) NCCL cannot serve them (it refuses two ranks
+on one device), so the nccl runs are left out and the FSDP2/DDP baselines run over rsdp.
+
+``--single-gpu`` (implies ``--device cuda``): every rank on the first GPU, and a ``plain`` run:
+the unwrapped model in one process (no process group) training on the whole global batch, so
+its tokens/s is what one GPU does without any distribution; the report gives RSDP's tokens/s
+relative to it. ``plain`` can also be named in ``--runs`` (it has no backend).
 """
 from __future__ import annotations
 
@@ -55,6 +73,10 @@ import training_models as tm  # noqa: E402
 SEED_CONFIG = dict(vocab=10240, d_model=2048, ffn=2048, heads=32, layers=10, seq=32, batch=32)
 SMALL_CONFIG = dict(vocab=2048, d_model=256, ffn=512, heads=4, layers=4, seq=32, batch=8)
 DEFAULT_RUNS = "rsdp:rsdp,fsdp2:rsdp,fsdp2:gloo,ddp:rsdp,ddp:gloo"
+DEFAULT_RUNS_CUDA = "rsdp:rsdp,fsdp2:rsdp,fsdp2:nccl,ddp:rsdp,ddp:nccl"
+SINGLE_GPU_RUNS = "rsdp:rsdp,fsdp2:rsdp,ddp:rsdp,plain"
+PLAIN = "plain"  # the unwrapped model in one process (no backend)
+NO_BACKEND = "-"
 TARGETS = {"mem_vs_fsdp2": 0.5, "mem_vs_ddp": 0.3, "tps_vs_fsdp2": 0.8}
 
 
@@ -68,8 +90,17 @@ def parse_args(argv=None):
         p.add_argument(f"--{k.replace('_', '-')}", type=int, default=None,
                        help=f"default {default} (seed), {SMALL_CONFIG[k]} with --small"
                             + ("; sequences per rank per step" if k == "batch" else ""))
-    p.add_argument("--runs", default=DEFAULT_RUNS,
-                   help="comma-separated strategy:backend (strategies rsdp, fsdp2, ddp)")
+    p.add_argument("--runs", default=None,
+                   help=f"comma-separated strategy:backend (strategies rsdp, fsdp2, ddp; and "
+                        f"'plain', the unwrapped model in one process). Default {DEFAULT_RUNS}; "
+                        f"with --device cuda {DEFAULT_RUNS_CUDA} (nccl runs left out when ranks "
+                        f"share a GPU); with --single-gpu {SINGLE_GPU_RUNS}")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: rank r on GPU r %% device count; memory = "
+                        "torch.cuda.max_memory_allocated()")
+    p.add_argument("--single-gpu", action="store_true",
+                   help="--device cuda with every rank on the first GPU, plus the 'plain' run "
+                        "(one process, whole global batch) to compare RSDP's step time with")
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--steps", type=int, default=8, help="timed steps")
@@ -95,12 +126,33 @@ def parse_args(argv=None):
             custom = True
     args.name = args.name or ("custom" if custom else ("small" if args.small else "seed"))
     args.threads = args.threads or tm.default_threads(args.world_size)
+    if args.single_gpu:
+        args.device = "cuda"
+    args.notes = []
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            p.error(f"--device cuda: no CUDA device (torch {torch.__version__}, "
+                    f"CUDA {torch.version.cuda})")
+        if args.runs is None:
+            args.runs = SINGLE_GPU_RUNS if args.single_gpu else DEFAULT_RUNS_CUDA
+            if ranks_share_gpu(args):
+                kept = [r for r in args.runs.split(",") if not r.endswith(":nccl")]
+                if len(kept) < len(args.runs.split(",")):
+                    args.notes.append(
+                        f"nccl runs left out: {args.world_size} ranks on {gpus_used(args)} GPU(s) "
+                        f"share a GPU, which NCCL refuses; the FSDP2/DDP baselines run over rsdp")
+                args.runs = ",".join(kept)
+    elif args.runs is None:
+        args.runs = DEFAULT_RUNS
     runs = []
     for item in args.runs.split(","):
         item = item.strip()
         if not item:
             continue
         strategy, _, backend = item.partition(":")
+        if strategy == PLAIN:
+            runs.append((PLAIN, NO_BACKEND))
+            continue
         backend = backend or "rsdp"
         if strategy not in tm.STRATEGIES:
             p.error(f"unknown strategy {strategy!r} in --runs")
@@ -109,6 +161,14 @@ def parse_args(argv=None):
         p.error("--runs is empty")
     args.runs = runs
     return args
+
+
+def gpus_used(args) -> int:
+    return 1 if args.single_gpu else torch.cuda.device_count()
+
+
+def ranks_share_gpu(args) -> bool:
+    return args.device == "cuda" and args.world_size > gpus_used(args)
 
 
 def model_config(args) -> dict:
@@ -123,8 +183,13 @@ def global_batch(step: int, args):
     return torch.randint(0, args.vocab, (args.world_size * args.batch, args.seq + 1), generator=g)
 
 
-def train_step(model, opt, step, rank, args):
-    toks = global_batch(step, args)[rank * args.batch:(rank + 1) * args.batch]
+def train_step(model, opt, step, rank, args, rows=None, device=None):
+    """rows: sequences this process takes from the global batch (default --batch); device:
+    where to move them (default: stay on the CPU)."""
+    rows = rows or args.batch
+    toks = global_batch(step, args)[rank * rows:(rank + 1) * rows]
+    if device is not None:
+        toks = toks.to(device)
     opt.zero_grad(set_to_none=True)
     loss = tm.lm_loss(model(toks[:, :-1]), toks[:, 1:])
     loss.backward()
@@ -143,52 +208,78 @@ def worker(rank: int, args, strategy: str, backend: str, port: int, out_dir: str
 
 def _worker(rank, args, strategy, backend, port, out_dir):
     warnings.filterwarnings("ignore", message=".*returned a view tensor.*")  # FSDP2, harmless here
+    cuda = args.device == "cuda"
+    single = strategy == PLAIN  # one process, no process group, the whole global batch
+    if cuda:  # before any other CUDA call and before init_process_group
+        torch.cuda.set_device(rank % gpus_used(args))
     torch.set_num_threads(args.threads)
     tm.tune_for_oversubscription(args.world_size)
-    if backend == "rsdp":
-        import torch_rsdp  # noqa: F401
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=args.world_size,
-                            timeout=datetime.timedelta(seconds=args.timeout))
-    W = args.world_size
-    dev = torch.device("cpu")
+    if not single:
+        if backend == "rsdp":
+            import torch_rsdp  # noqa: F401
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=args.world_size,
+                                timeout=datetime.timedelta(seconds=args.timeout))
+    W = 1 if single else args.world_size
+    rows = args.world_size * args.batch // W
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    batch_dev = dev if cuda else None
     rss_reset = tm.reset_peak_rss()
     rss_base = tm.proc_status_kib("VmRSS") * 1024
     torch.manual_seed(args.seed)
     model = tm.TransformerLM(args.vocab, args.d_model, args.ffn, args.heads, args.layers,
                              args.seq)
     n_params = tm.count_params(model)
+    if cuda:
+        model = model.to(dev)  # built on the CPU: the same weights on every device
     t0 = time.perf_counter()
-    model = tm.wrap(model, strategy, dev)
+    if not single:
+        model = tm.wrap(model, strategy, dev)
     wrap_s = time.perf_counter() - t0
+    cuda_wrap = cuda_peak = float("nan")
+    if cuda:
+        torch.cuda.synchronize()
+        cuda_wrap = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()  # the peak of training, not of building/sharding
     opt = torch.optim.Adam(model.parameters(), lr=args.lr)
     times, losses = [], []
     for step in range(args.warmup + args.steps):
+        if cuda:
+            torch.cuda.synchronize()
         t0 = time.perf_counter()
-        losses.append(train_step(model, opt, step, rank, args))
+        losses.append(train_step(model, opt, step, rank, args, rows, batch_dev))
+        if cuda:
+            torch.cuda.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
+    if cuda:
+        cuda_peak = torch.cuda.max_memory_allocated()
     mem_peak, mem_bd, mem_samples = float("nan"), dict.fromkeys(tm.ParamMemoryTracker.CATS, 0), 0
     if not args.no_memory:
-        dist.barrier()
+        if not single:
+            dist.barrier()
         tracker = tm.ParamMemoryTracker(model, opt)
         with tracker:
-            train_step(model, opt, args.warmup + args.steps, rank, args)
+            train_step(model, opt, args.warmup + args.steps, rank, args, rows, batch_dev)
         mem_peak, mem_bd, mem_samples = tracker.peak, tracker.peak_breakdown, tracker.samples
     rss_peak = tm.proc_status_kib("VmHWM") * 1024
     mine = [tm.median(times), max(times), mem_peak,
             *(mem_bd[c] for c in tm.ParamMemoryTracker.CATS),
-            rss_peak, rss_base, losses[-1], wrap_s, mem_samples]
-    every = tm.gather_floats(mine)
+            rss_peak, rss_base, losses[-1], wrap_s, mem_samples, cuda_peak, cuda_wrap]
+    if single:
+        every = [mine]
+    else:  # NCCL moves CUDA tensors only
+        every = tm.gather_floats(mine, device=dev if backend == "nccl" else None)
     if rank == 0:
         col = lambda i: [r[i] for r in every]  # noqa: E731
         step_s = max(col(0))
         peak_rank = max(range(W), key=lambda r: every[r][2])
+        tokens = args.world_size * args.batch * args.seq  # the global batch, for every run
         res = {
             "strategy": strategy, "backend": backend, "world_size": W, "params": n_params,
-            "tokens_per_step": W * args.batch * args.seq, "timed_steps": len(times),
+            "tokens_per_step": tokens, "timed_steps": len(times),
             "step_s_median_per_rank": col(0), "step_s": step_s,
-            "tokens_per_s": W * args.batch * args.seq / step_s,
+            "tokens_per_s": tokens / step_s,
             "mem_peak_bytes": every[peak_rank][2],
             "mem_breakdown_bytes": dict(zip(tm.ParamMemoryTracker.CATS, every[peak_rank][3:7])),
             "mem_peak_bytes_per_rank": col(2),
@@ -199,30 +290,50 @@ def _worker(rank, args, strategy, backend, port, out_dir):
             "final_loss": sum(col(9)) / W, "losses_rank0": losses, "wrap_s": max(col(10)),
             "mem_samples": int(every[0][11]), "threads_per_rank": args.threads,
         }
+        if cuda:
+            res.update(device="cuda", gpu=torch.cuda.get_device_name(dev),
+                       cuda_peak_bytes=max(col(12)), cuda_peak_bytes_per_rank=col(12),
+                       cuda_after_wrap_bytes=max(col(13)))
         with open(os.path.join(out_dir, "result.json"), "w") as f:
             json.dump(res, f)
-    dist.barrier()
-    dist.destroy_process_group()
+    if not single:
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 # --------------------------------------------------------------------------------- driver
 
 
 def run_one(args, strategy, backend) -> dict:
-    label = f"{strategy}:{backend}"
-    why = tm.backend_import(backend)
+    single = strategy == PLAIN
+    label = PLAIN if single else f"{strategy}:{backend}"
+    why = None if single else tm.backend_import(backend)
     if why is None and strategy == "rsdp":
         _, why = tm.rsdp_import()
         why = None if why is None else f"rsdp: not available: {why}"
+        if why is None and args.device == "cuda":
+            import torch_rsdp
+            available = getattr(torch_rsdp, "cuda_available", None)
+            if available is None or not available():
+                why = "rsdp: not available: torch_rsdp was built without CUDA"
+    if why is None and backend == "nccl" and ranks_share_gpu(args):
+        why = (f"NCCL refuses several ranks on one GPU ({args.world_size} ranks on "
+               f"{gpus_used(args)} GPU(s)); use the rsdp backend")
     if why is not None:
         print(f"=== {label}: skipped: {why}", flush=True)
         return {"strategy": strategy, "backend": backend, "error": why}
-    print(f"=== {label}: {args.world_size} ranks, {args.threads} thread(s)/rank ...", flush=True)
+    nprocs = 1 if single else args.world_size
+    if single:
+        print(f"=== {label}: 1 process, the whole global batch, {args.threads} thread(s) ...",
+              flush=True)
+    else:
+        print(f"=== {label}: {args.world_size} ranks, {args.threads} thread(s)/rank ...",
+              flush=True)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         try:
             mp.start_processes(worker, args=(args, strategy, backend, tm.free_port(), tmp),
-                               nprocs=args.world_size, start_method="spawn")
+                               nprocs=nprocs, start_method="spawn")
             with open(os.path.join(tmp, "result.json")) as f:
                 res = json.load(f)
         except Exception as exc:  # noqa: BLE001
@@ -236,9 +347,10 @@ def run_one(args, strategy, backend) -> dict:
             print("    " + msg.strip().replace("\n", "\n    ")[-3000:], flush=True)
             return {"strategy": strategy, "backend": backend, "error": first}
     res["wall_s"] = time.perf_counter() - t0
+    mem = (f"peak CUDA mem {tm.fmt_bytes(res['cuda_peak_bytes'])}" if "cuda_peak_bytes" in res
+           else f"peak RSS {tm.fmt_bytes(res['rss_peak_bytes'])}")
     print(f"=== {label}: {res['tokens_per_s']:,.0f} tokens/s, step {res['step_s'] * 1e3:.1f} ms, "
-          f"param mem {tm.fmt_bytes(res['mem_peak_bytes'])}, peak RSS "
-          f"{tm.fmt_bytes(res['rss_peak_bytes'])}, loss {res['final_loss']:.4f} "
+          f"param mem {tm.fmt_bytes(res['mem_peak_bytes'])}, {mem}, loss {res['final_loss']:.4f} "
           f"({res['wall_s']:.0f} s)", flush=True)
     return res
 
@@ -272,40 +384,69 @@ def evaluate_targets(results: list) -> list:
     return out
 
 
+LABELS = {"rsdp": "RSDP", "fsdp2": "FSDP2", "ddp": "DDP", PLAIN: "plain (1 process)"}
+CUDA_MEM_METHOD = ("peak CUDA mem/rank = torch.cuda.max_memory_allocated() over the warm-up and "
+                   "timed steps, the peak reset after wrapping, max over ranks: everything "
+                   "PyTorch's caching allocator handed out (parameters, gradients, optimizer "
+                   "state, activations, FSDP2/DDP buffers), not buffers a backend allocates "
+                   "itself (NCCL's, rsdp's staging). CUDA mem after wrap = memory_allocated() "
+                   "right after wrapping.")
+
+
 def render(args, results, targets, meta) -> str:
+    cuda = args.device == "cuda"
+    mem_cols = (["peak CUDA mem/rank", "CUDA mem after wrap"] if cuda
+                else ["peak RSS/rank", "RSS growth"])
     hdr = ["strategy", "backend", "tokens/s", "step ms", "param mem/rank", "params", "grads",
-           "optim", "buffers", "peak RSS/rank", "RSS growth", "final loss"]
+           "optim", "buffers", *mem_cols, "final loss"]
     rows = []
     for r in results:
-        label = {"rsdp": "RSDP", "fsdp2": "FSDP2", "ddp": "DDP"}[r["strategy"]]
+        label = LABELS[r["strategy"]]
         if "error" in r:
             err = r["error"] if r["error"].startswith("rsdp:") else "not available: " + r["error"]
             rows.append([label, r["backend"], err[:100]] + ["-"] * 9)
             continue
         bd = r["mem_breakdown_bytes"]
+        mem = ([tm.fmt_bytes(r["cuda_peak_bytes"]), tm.fmt_bytes(r["cuda_after_wrap_bytes"])]
+               if cuda else
+               [tm.fmt_bytes(r["rss_peak_bytes"]), tm.fmt_bytes(r["rss_growth_bytes"])])
         rows.append([label, r["backend"], f"{r['tokens_per_s']:,.0f}", f"{r['step_s'] * 1e3:.1f}",
                      tm.fmt_bytes(r["mem_peak_bytes"]), *(tm.fmt_bytes(bd[c]) for c in
                                                           tm.ParamMemoryTracker.CATS),
-                     tm.fmt_bytes(r["rss_peak_bytes"]), tm.fmt_bytes(r["rss_growth_bytes"]),
-                     f"{r['final_loss']:.4f}"])
+                     *mem, f"{r['final_loss']:.4f}"])
     cfg = model_config(args)
+    where = (f"{args.world_size} ranks x {args.threads} thread(s) on {meta['cpus']} CPU(s)"
+             if not cuda else
+             f"{args.world_size} ranks on {meta['gpus_used']} x {meta['gpu']} "
+             f"({meta['ranks_per_gpu']} rank(s) per GPU), {args.threads} thread(s) per rank")
     lines = [f"## Training benchmark ({args.name}): RSDP vs FSDP2 vs DDP", "",
              f"Model: TransformerLM vocab {cfg['vocab']}, d_model {cfg['d_model']}, ffn "
              f"{cfg['ffn']}, heads {cfg['heads']}, layers {cfg['layers']}, seq {cfg['seq']}, "
              f"batch {cfg['batch']}/rank; {meta['params'] / 1e6:.2f} M parameters "
-             f"({tm.fmt_bytes(meta['params'] * 4)} float32); Adam; {args.world_size} ranks x "
-             f"{args.threads} thread(s) on {meta['cpus']} CPU(s); {args.warmup} warm-up + "
+             f"({tm.fmt_bytes(meta['params'] * 4)} float32); Adam; {where}; {args.warmup} warm-up + "
              f"{args.steps} timed steps x {args.rounds} round(s); {meta['rsdp_env']}; "
              f"torch {torch.__version__}; "
              f"load average before/after: "
              f"{meta['load_before']} / {meta['load_after']}.", "",
              tm.md_table(hdr, rows), "",
              "tokens/s = global tokens per step / (median step time, slowest rank). "
-             "param mem/rank = " + tm.METHOD, "", "Targets:", ""]
+             "param mem/rank = " + tm.METHOD]
+    if cuda:
+        lines += ["", CUDA_MEM_METHOD]
+    for note in getattr(args, "notes", []):
+        lines += ["", f"Note: {note}."]
+    lines += ["", "Targets:", ""]
     for t in targets:
         ratio = "-" if t["ratio"] is None else f"{t['ratio']:.2f}"
         lines.append(f"- {t['status']}: {t['target']} (ratio {ratio}"
                      + (f" vs {t['against']})" if t["against"] else ")"))
+    ok = {r["strategy"]: r for r in results if "error" not in r and r["backend"] in ("rsdp", NO_BACKEND)}
+    if "rsdp" in ok and PLAIN in ok:
+        lines += ["", f"RSDP over {args.world_size} ranks vs the plain model in one process "
+                      f"(same global batch): tokens/s ratio "
+                      f"{ok['rsdp']['tokens_per_s'] / ok[PLAIN]['tokens_per_s']:.2f}, "
+                      f"step time {ok['rsdp']['step_s'] * 1e3:.1f} vs "
+                      f"{ok[PLAIN]['step_s'] * 1e3:.1f} ms."]
     return "\n".join(lines) + "\n"
 
 
@@ -321,7 +462,7 @@ def plot(path, results, title) -> bool:
     if not ok:
         return False
     labels = [f"{r['strategy']}\n{r['backend']}" for r in ok]
-    colors = {"rsdp": "tab:red", "fsdp2": "tab:blue", "ddp": "tab:gray"}
+    colors = {"rsdp": "tab:red", "fsdp2": "tab:blue", "ddp": "tab:gray", PLAIN: "tab:olive"}
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.4))
     a1.bar(labels, [r["tokens_per_s"] for r in ok], color=[colors[r["strategy"]] for r in ok])
     a1.set_ylabel("tokens/s (higher is better)")
@@ -336,12 +477,20 @@ def plot(path, results, title) -> bool:
     a2.set_ylabel("MiB per rank (lower is better)")
     a2.set_title("peak parameter-related memory")
     a2.legend(fontsize=8)
-    a3.bar(labels, [r["rss_peak_bytes"] / 2**20 for r in ok],
-           color=[colors[r["strategy"]] for r in ok], alpha=0.35, label="peak RSS")
-    a3.bar(labels, [r["rss_growth_bytes"] / 2**20 for r in ok],
-           color=[colors[r["strategy"]] for r in ok], label="growth during training")
-    a3.set_ylabel("MiB per rank (lower is better)")
-    a3.set_title("peak RSS (VmHWM), max over ranks")
+    if all("cuda_peak_bytes" in r for r in ok):
+        a3.bar(labels, [r["cuda_peak_bytes"] / 2**20 for r in ok],
+               color=[colors[r["strategy"]] for r in ok], alpha=0.35, label="peak CUDA memory")
+        a3.bar(labels, [r["cuda_after_wrap_bytes"] / 2**20 for r in ok],
+               color=[colors[r["strategy"]] for r in ok], label="after wrapping")
+        a3.set_ylabel("MiB per rank (lower is better)")
+        a3.set_title("torch.cuda.max_memory_allocated(), max over ranks")
+    else:
+        a3.bar(labels, [r["rss_peak_bytes"] / 2**20 for r in ok],
+               color=[colors[r["strategy"]] for r in ok], alpha=0.35, label="peak RSS")
+        a3.bar(labels, [r["rss_growth_bytes"] / 2**20 for r in ok],
+               color=[colors[r["strategy"]] for r in ok], label="growth during training")
+        a3.set_ylabel("MiB per rank (lower is better)")
+        a3.set_title("peak RSS (VmHWM), max over ranks")
     a3.legend(fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
@@ -361,10 +510,15 @@ def main(argv=None) -> int:
             "started": datetime.datetime.now().isoformat(timespec="seconds"),
             "cpu_model": platform.processor() or platform.machine(),
             "rsdp_env": tm.tune_for_oversubscription(args.world_size)}
+    if args.device == "cuda":
+        meta.update(gpu=torch.cuda.get_device_name(0), gpus_used=gpus_used(args),
+                    ranks_per_gpu=-(-args.world_size // gpus_used(args)))
     del probe
     print(f"TransformerLM {cfg}, {meta['params'] / 1e6:.2f} M params; runs: "
           + ", ".join(f"{s}:{b}" for s, b in args.runs) + f"; load average {meta['load_before']}",
           flush=True)
+    for note in args.notes:
+        print(f"note: {note}", flush=True)
     t0 = time.perf_counter()
     rounds = [[run_one(args, s, b) for s, b in args.runs] for _ in range(max(1, args.rounds))]
     results = []

@@ -6,6 +6,11 @@ counts, dtypes and reduce ops default to the full matrix (values.COUNTS, ALL_DTY
 ops_for); a worker can narrow them for a run by setting ``ctx.counts``, ``ctx.dtypes`` or
 ``ctx.ops`` (a set of op names) before calling run_families -- test_multinode.py does that to
 repeat the matrix under every forced algorithm in reasonable time.
+
+Every tensor a family creates (inputs, output buffers, expected values) comes from torch's
+factory functions without an explicit device, so the families run on whatever device the
+worker made the default: tests/test_cuda.py calls ``torch.set_default_device("cuda:<i>")``
+and runs them on GPU tensors.
 """
 
 from __future__ import annotations

@@ -10,6 +10,8 @@ bounds the bytes of parameters + gradients + rotation buffers alive per rank.
 
 One launch per world size (1, 2, 3, 4) runs every family inside one process group (see
 tests/harness.py); each family is reported as its own test (test_rsdp[<family>-ws<W>]).
+tests/test_cuda.py runs the forward/backward families on a GPU: a worker that sets ``ctx.device``
+(and ``ctx.tols``) gets models, inputs and the reference there (see _device / _tols / _on).
 """
 
 from __future__ import annotations
@@ -34,6 +36,24 @@ ATOL = RTOL = 1e-5
 # --------------------------------------------------------------------------------------------
 
 
+def _device(ctx):
+    """The device the families run on: ``ctx.device`` when the caller set one (tests/test_cuda.py
+    runs some of them on a GPU), otherwise the CPU."""
+    return getattr(ctx, "device", None) or torch.device("cpu")
+
+
+def _tols(ctx):
+    """(atol, rtol): ``ctx.tols`` when the caller set them, otherwise ATOL, RTOL."""
+    return getattr(ctx, "tols", None) or (ATOL, RTOL)
+
+
+def _on(x, dev):
+    """``x`` on ``dev`` as a leaf with the same requires_grad (``x`` itself when already there)."""
+    if x.device == dev:
+        return x
+    return x.detach().to(dev).requires_grad_(x.requires_grad)
+
+
 def _close(got, exp, what, atol=ATOL, rtol=RTOL):
     assert got is not None and exp is not None, f"{what}: missing ({got is None}, {exp is None})"
     assert got.shape == exp.shape, f"{what}: shape {tuple(got.shape)} vs {tuple(exp.shape)}"
@@ -48,7 +68,7 @@ def _gen(*key):
 
 def _loss(y, r, step=0):
     """Rank r's loss: a fixed random projection of its output, averaged over its batch."""
-    c = torch.randn(y.shape, generator=_gen("loss", r, step, tuple(y.shape)))
+    c = torch.randn(y.shape, generator=_gen("loss", r, step, tuple(y.shape))).to(y.device)
     return (y * c).sum() / y.shape[0]
 
 
@@ -79,20 +99,21 @@ def _shard(model, **kw):
 def _check_layer(ctx, make, make_input, what, **shard_kw):
     """Forward, input gradient and parameter gradients of one model vs the reference."""
     r, W = ctx.rank, ctx.world_size
+    dev, (atol, rtol) = _device(ctx), _tols(ctx)
     torch.manual_seed(0)
-    ref = make()
+    ref = make().to(dev)
     model = _shard(copy.deepcopy(ref), **shard_kw)
-    inputs = [make_input(q) for q in range(W)]
+    inputs = [_on(make_input(q), dev) for q in range(W)]
     ref_inputs = [x.detach().clone().requires_grad_(x.requires_grad) for x in inputs]
     x = inputs[r]
     y = model(x)
     _loss(y, r).backward()  # the local loss: RSDP averages gradients over ranks itself
     ref_out = _ddp_reference(ref, ref_inputs, W)
-    _close(y, ref_out[r].detach(), f"{what}: output")
+    _close(y, ref_out[r].detach(), f"{what}: output", atol, rtol)
     if x.requires_grad:
         # the reference gradient of x_r is d(mean loss)/dx_r: rank r's own gradient / W
-        _close(x.grad, ref_inputs[r].grad * W, f"{what}: input gradient")
-    _check_grads(model, ref, what)
+        _close(x.grad, ref_inputs[r].grad * W, f"{what}: input gradient", atol, rtol)
+    _check_grads(model, ref, what, atol, rtol)
     return model, ref
 
 
@@ -167,9 +188,9 @@ class Attn(nn.Module):
         Tq = (q.shape[1] if self.bf else q.shape[0])
         kpm = am = None
         if self.masks:
-            kpm = torch.zeros(B, Tk, dtype=torch.bool)
+            kpm = torch.zeros(B, Tk, dtype=torch.bool, device=x.device)
             kpm[0, -1] = True
-            am = torch.ones(Tq, Tk, dtype=torch.bool).triu(2)
+            am = torch.ones(Tq, Tk, dtype=torch.bool, device=x.device).triu(2)
         return q, x, kpm, am
 
     def forward(self, x, need_weights=False):
@@ -199,10 +220,10 @@ def fam_attention(ctx, rec):
             assert model.mha.in_proj_weight.shape == (3 * heads * E // H, E)
             assert model.mha.out_proj.weight.shape == (E, heads * E // H)
             with torch.no_grad():
-                xi = x(ctx.rank)
+                xi = _on(x(ctx.rank), _device(ctx))
                 (y, w), (ry, rw) = model(xi, True), ref(xi, True)
-                _close(y, ry, f"{name}: output with need_weights")
-                _close(w, rw, f"{name}: attention weights (averaged over heads)")
+                _close(y, ry, f"{name}: output with need_weights", *_tols(ctx))
+                _close(w, rw, f"{name}: attention weights (averaged over heads)", *_tols(ctx))
     with rec.case("TransformerEncoderLayer (attention + MLP sharded) and full state dict"):
         def make():
             return nn.TransformerEncoderLayer(E, 4, dim_feedforward=20, dropout=0.0,
@@ -211,10 +232,11 @@ def fam_attention(ctx, rec):
         assert isinstance(model.self_attn, rsdp.RSDPMultiheadAttention)
         full = rsdp.full_state_dict(model, rank0_only=False)
         for k, v in ref.state_dict().items():
-            assert torch.equal(full[k], v), f"full state dict: {k} differs"
+            assert torch.equal(full[k].to(v.device), v), f"full state dict: {k} differs"
         model.eval()
         with torch.no_grad():  # the inference fast path must not bypass the sharded module
-            _close(model(x(ctx.rank)), ref.eval()(x(ctx.rank)), "encoder layer eval")
+            xi = _on(x(ctx.rank), _device(ctx))
+            _close(model(xi), ref.eval()(xi), "encoder layer eval", *_tols(ctx))
 
 
 class Block(nn.Module):
@@ -252,7 +274,8 @@ def _replicated_identical(ctx, model, what, grads=True):
     import torch_rsdp.rsdp as rsdp
 
     st = rsdp.rsdp_state(model)
-    mine = [(p.detach().clone(), None if p.grad is None or not grads else p.grad.clone())
+    mine = [(p.detach().clone().cpu(),
+             None if p.grad is None or not grads else p.grad.clone().cpu())
             for p in st.replicated.params]
     assert mine, f"{what}: expected replicated parameters"
     allv = [None] * ctx.world_size

@@ -45,17 +45,25 @@ def make_opt(name: str, params):
     raise AssertionError(name)
 
 
-def reference_params(world: int, opt_name: str, steps: int = STEPS) -> dict[str, torch.Tensor]:
-    """Single process, rank 0's initial weights, mean loss over the concatenated batch."""
+def reference_params(world: int, opt_name: str, steps: int = STEPS,
+                     device: torch.device | None = None) -> dict[str, torch.Tensor]:
+    """Single process, rank 0's initial weights, mean loss over the concatenated batch.
+
+    device: train there (tests/test_cuda.py: on the GPU); the result is on the CPU."""
     model = make_model(seed=0)
+    if device is not None:
+        model.to(device)
     opt = make_opt(opt_name, model.parameters())
     for step in range(steps):
         xs, ys = zip(*[batch_for(r, step) for r in range(world)])
-        loss = nn.functional.mse_loss(model(torch.cat(xs)), torch.cat(ys))
+        x, y = torch.cat(xs), torch.cat(ys)
+        if device is not None:
+            x, y = x.to(device), y.to(device)
+        loss = nn.functional.mse_loss(model(x), y)
         opt.zero_grad()
         loss.backward()
         opt.step()
-    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
 
 
 def _ddp_worker(ctx):
@@ -63,22 +71,28 @@ def _ddp_worker(ctx):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     r, W = ctx.rank, ctx.world_size
+    dev = getattr(ctx, "device", None)  # tests/test_cuda.py sets a GPU; None: CPU
     out = {}
     for variant in ("sgd", "adam", "sgd+allreduce_hook"):
         opt_name = variant.split("+")[0]
         model = make_model(seed=r)  # different on every rank: DDP must broadcast rank 0's
+        if dev is not None:
+            model.to(dev)
         # tiny buckets: several async all_reduces per backward
-        ddp = DDP(model, bucket_cap_mb=0.002, broadcast_buffers=True)
+        ddp = DDP(model, bucket_cap_mb=0.002, broadcast_buffers=True,
+                  device_ids=[dev.index] if dev is not None and dev.type == "cuda" else None)
         if variant.endswith("allreduce_hook"):
             ddp.register_comm_hook(None, default_hooks.allreduce_hook)
         opt = make_opt(opt_name, ddp.parameters())
         for step in range(STEPS):
             x, y = batch_for(r, step)
+            if dev is not None:
+                x, y = x.to(dev), y.to(dev)
             loss = nn.functional.mse_loss(ddp(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
-        params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        params = {k: v.detach().clone().cpu() for k, v in model.state_dict().items()}
         # every rank must hold identical parameters
         gathered = [None] * W
         dist.all_gather_object(gathered, params)
