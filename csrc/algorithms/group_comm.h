@@ -10,11 +10,11 @@
 #include <cstdint>
 #include <memory>
 
+#include "algorithms/device_collectives.h"
 #include "core/bootstrap.h"
 #include "core/group.h"
 #include "core/options.h"
 #include "core/topology.h"
-#include "algorithms/device_collectives.h"
 #include "core/traffic.h"
 #include "transport/shm/shm_comm.h"
 #include "transport/ucx/net_comm.h"

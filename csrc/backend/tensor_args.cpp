@@ -83,8 +83,9 @@ void check_same_dtype(const OpContext& ctx, const at::Tensor& ref,
                ": ", what, "[", i, "] is ", describe(ts[i]), " but the input is ", describe(ref),
                "; dtypes must match");
     RSDP_CHECK(ts[i].device() == ref.device(), "rsdp rank ", ctx.rank, ": ", ctx.op, ": ", what,
-               "[", i, "] ", describe(ts[i]), " is on ", ts[i].device().str(), " but the input is on ",
-               ref.device().str(), "; all tensors of one op must be on one device");
+               "[", i, "] ", describe(ts[i]), " is on ", ts[i].device().str(),
+               " but the input is on ", ref.device().str(),
+               "; all tensors of one op must be on one device");
   }
 }
 

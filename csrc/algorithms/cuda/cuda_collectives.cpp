@@ -165,7 +165,8 @@ void CudaCollectives::node_broadcast(void* buf, size_t count, DType dt, int root
 
 void CudaCollectives::node_reduce(void* buf, size_t count, DType dt, RedOp op, int root,
                                   Millis timeout) {
-  if (ipc_) return ipc::reduce(*ipc_, buf, count, dt, op, root, kIpcOneshotBytes, timeout, stream_);
+  if (ipc_)
+    return ipc::reduce(*ipc_, buf, count, dt, op, root, kIpcOneshotBytes, timeout, stream_);
   node_->reduce(buf, buf, count, dt, op, root, stream_);
 }
 
@@ -173,7 +174,8 @@ void CudaCollectives::node_reduce(void* buf, size_t count, DType dt, RedOp op, i
 
 void CudaCollectives::allreduce(void* buf, size_t count, DType dt, RedOp op, Millis timeout) {
   if (!multi_node()) {
-    if (ipc_) return ipc::allreduce(*ipc_, buf, count, dt, op, kIpcOneshotBytes, timeout, stream_);
+    if (ipc_)
+      return ipc::allreduce(*ipc_, buf, count, dt, op, kIpcOneshotBytes, timeout, stream_);
     if (nccl_supports(dt, op)) return node_->allreduce(buf, buf, count, dt, op, stream_);
     return host().allreduce(buf, count, dt, op, timeout);
   }
