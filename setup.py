@@ -49,8 +49,9 @@ def _ucx_flags():
             lib = multiarch[0]
         if not os.path.isfile(os.path.join(inc, "ucp", "api", "ucp.h")):
             sys.exit(f"{UCX_MISSING} (UCX_HOME={home} has no include/ucp/api/ucp.h)")
-        # The rpath lets the extension find a UCX outside the loader's search path.
-        return [inc], [lib], ["ucp", "uct", "ucs"], [f"-Wl,-rpath,{lib}"]
+        # The rpath lets the extension find a UCX outside the loader's search path;
+        # old-style (DT_RPATH) so it also serves UCX's own dependencies (libnuma).
+        return [inc], [lib], ["ucp", "uct", "ucs"], ["-Wl,--disable-new-dtags", f"-Wl,-rpath,{lib}"]
     try:
         out = subprocess.run(["pkg-config", "--cflags", "--libs", "ucx"], capture_output=True,
                              text=True, check=True).stdout.split()

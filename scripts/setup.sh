@@ -14,7 +14,13 @@ say() { echo "[setup] $*"; }
 # transport, which the build links; iproute2 (ip, tc) for the emulated-node
 # tests. A failure is reported here and again, clearly, by setup.py.
 need_apt=()
-dpkg -s libucx-dev >/dev/null 2>&1 || need_apt+=(libucx-dev)
+# A UCX unpacked by scripts/vendor_ucx.sh serves where the package is missing.
+if [ -z "${UCX_HOME:-}" ] && ! dpkg -s libucx-dev >/dev/null 2>&1 \
+    && [ -f vendor/ucx/usr/include/ucp/api/ucp.h ]; then
+  export UCX_HOME="$(pwd)/vendor/ucx/usr"
+  say "using the UCX unpacked in vendor/ucx"
+fi
+[ -n "${UCX_HOME:-}" ] || dpkg -s libucx-dev >/dev/null 2>&1 || need_apt+=(libucx-dev)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
 if [ ${#need_apt[@]} -gt 0 ]; then
