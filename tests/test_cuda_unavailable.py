@@ -11,23 +11,15 @@ from __future__ import annotations
 
 import re
 
-import pytest
 import torch
 import torch.distributed as dist
 
 
-def _rsdp():
-    try:
-        import torch_rsdp
-    except Exception as e:  # noqa: BLE001
-        pytest.skip(f"torch_rsdp is not importable ({type(e).__name__}: {e})")
-    return torch_rsdp
-
-
 def _api(name):
-    fn = getattr(_rsdp(), name, None)
-    if fn is None:
-        pytest.skip(f"torch_rsdp has no {name}() in this build")
+    import torch_rsdp
+
+    fn = getattr(torch_rsdp, name, None)
+    assert callable(fn), f"torch_rsdp.{name}() is missing"
     return fn
 
 
