@@ -44,7 +44,8 @@ elif ! $PY -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
 fi
 missing=$($PY - <<'PY'
 import importlib.util
-mods = {"pytest": "pytest", "numpy": "numpy", "matplotlib": "matplotlib", "ninja": "ninja"}
+mods = {"pytest": "pytest", "numpy": "numpy", "matplotlib": "matplotlib", "ninja": "ninja",
+        "transformers": "transformers"}
 print(" ".join(pkg for mod, pkg in mods.items() if importlib.util.find_spec(mod) is None))
 PY
 )
