@@ -1,0 +1,50 @@
+"""Per-module sharding strategies, mixed freely in one model.
+
+    import torch_rsdp.plan as plan
+    model = plan.apply(model, {"model.embed_tokens": "rotate",
+                               "model.layers.*": "full_shard",
+                               "model.layers.3.mlp": "split:4",
+                               "lm_head": "no_shard"})
+    opt = plan.make_optimizer(model, torch.optim.AdamW, lr=1e-4)  # or any torch.optim over
+                                                                  # model.parameters()
+
+Strategies (names follow FSDP's ``ShardingStrategy``, lower case):
+
+* ``no_shard``: replicated parameters, gradients averaged by bucketed all-reduces overlapped
+  with backward (DDP);
+* ``shard_optim``: as ``no_shard``, optimizer state sharded (ZeRO-1, via :func:`make_optimizer`);
+* ``full_shard`` / ``shard_grad_op``: torch's FSDP2 ``fully_shard`` with
+  ``reshard_after_forward=True`` / ``False`` (ZeRO-3 / ZeRO-2);
+* ``hybrid_shard``: FSDP2 on a (replicate = nodes, shard = ranks of a node) mesh;
+* ``rotate``: RSDP (:mod:`torch_rsdp.rsdp`), shards rotating around the ring;
+* ``split:k``: OSDP's operator splitting, each Linear computed in ``k`` gathered slices.
+
+:func:`no_sync` accumulates gradients over micro-batches for every strategy;
+:func:`full_state_dict` / :func:`load_full_state_dict` move checkpoints between plans;
+:func:`report` shows what each unit costs on this rank.
+"""
+from .accumulate import no_sync, set_gradient_sync
+from .apply import PlanState, apply, plan_state
+from .checkpoint import full_state_dict, load_full_state_dict
+from .optim import ShardedOptimizer, make_optimizer
+from .report import PlanReport, report
+from .spec import STRATEGIES, Plan, Strategy, parse_strategy, resolve
+
+__all__ = [
+    "apply",
+    "Plan",
+    "Strategy",
+    "STRATEGIES",
+    "parse_strategy",
+    "resolve",
+    "make_optimizer",
+    "ShardedOptimizer",
+    "no_sync",
+    "set_gradient_sync",
+    "full_state_dict",
+    "load_full_state_dict",
+    "report",
+    "PlanReport",
+    "PlanState",
+    "plan_state",
+]

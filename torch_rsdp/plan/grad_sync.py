@@ -1,0 +1,147 @@
+"""Gradient averaging for replicated parameters (``no_shard``, ``shard_optim``, and the biases
+and norms of ``split:k`` modules), bucketed and overlapped with backward, as DDP does.
+
+[Note: bucket order]
+Parameters are put in buckets of about ``bucket_bytes`` in *reverse* registration order, the
+order in which backward usually produces their gradients. A post-accumulate-grad hook marks a
+parameter ready; when every parameter of the next bucket to launch is ready, its gradients are
+copied into one flat buffer and all-reduced asynchronously while backward goes on. Buckets are
+launched strictly in index order on every rank, so ranks issue the same collectives in the same
+order even when their backward passes produce gradients in different orders. At the end of
+the backward (an autograd-engine callback queued by the first hook), the buckets not launched
+yet (parameters that got no gradient on this rank) are launched with zeros in their place, then
+every bucket is waited on and the averages are written back into ``.grad``.
+
+Each bucket carries one extra element per parameter saying "this rank had a gradient", so a
+parameter unused on every rank keeps ``grad=None`` (the optimizer then skips it) while one used
+on some ranks gets the average over all ranks (the others contributing zeros), like DDP.
+
+Contract: every rank runs the same number of backward passes through these parameters.
+"""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.profiler import record_function
+
+__all__ = ["GradSync"]
+
+DEFAULT_BUCKET_BYTES = 25 << 20
+
+
+class _Bucket:
+    __slots__ = ("params", "index", "ready", "work", "flat", "dtype")
+
+    def __init__(self, params, index, dtype):
+        self.params: List[nn.Parameter] = params
+        self.index = {id(p): i for i, p in enumerate(params)}
+        self.ready = 0
+        self.work = None
+        self.flat: Optional[torch.Tensor] = None
+        self.dtype = dtype
+
+
+class GradSync:
+    """Averages ``params``' gradients over ``group`` during every backward (unless disabled)."""
+
+    def __init__(self, params: List[nn.Parameter], group: Optional[dist.ProcessGroup] = None, *,
+                 reduce_dtype: Optional[torch.dtype] = None,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.enabled = True
+        self.params = [p for p in params if p.requires_grad]
+        self.buckets: List[_Bucket] = []
+        self._bucket_of = {}
+        cur, size, cur_dtype = [], 0, None
+        for p in reversed(self.params):
+            dt = reduce_dtype or p.dtype
+            if cur and (size + p.numel() * p.element_size() > bucket_bytes or dt != cur_dtype):
+                self._add_bucket(cur, cur_dtype)
+                cur, size = [], 0
+            cur.append(p)
+            cur_dtype = dt
+            size += p.numel() * p.element_size()
+        if cur:
+            self._add_bucket(cur, cur_dtype)
+        self._next = 0
+        self._queued = False
+        self._seen = set()
+        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+
+    def _add_bucket(self, params, dtype) -> None:
+        b = _Bucket(params, len(self.buckets), dtype)
+        for p in params:
+            self._bucket_of[id(p)] = b
+        self.buckets.append(b)
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+
+    # ----------------------------------------------------------------------------------------
+    def _on_grad(self, p: nn.Parameter) -> None:
+        if not self.enabled:
+            return
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+        if id(p) in self._seen:  # a second accumulation in one backward: already counted
+            return
+        self._seen.add(id(p))
+        self._bucket_of[id(p)].ready += 1
+        while (self._next < len(self.buckets)
+               and self.buckets[self._next].ready == len(self.buckets[self._next].params)):
+            self._launch(self.buckets[self._next])
+            self._next += 1
+
+    @torch.no_grad()
+    def _launch(self, b: _Bucket) -> None:
+        n = sum(p.numel() for p in b.params)
+        flat = torch.empty(n + len(b.params), dtype=b.dtype, device=b.params[0].device)
+        off = 0
+        for i, p in enumerate(b.params):
+            dst = flat[off:off + p.numel()]
+            if p.grad is None:
+                dst.zero_()
+                flat[n + i] = 0
+            else:
+                dst.copy_(p.grad.reshape(-1))
+                flat[n + i] = 1
+            off += p.numel()
+        b.flat = flat
+        if self.world > 1:
+            with record_function("RSDP::plan::grad_all_reduce"):
+                b.work = dist.all_reduce(flat, group=self.group, async_op=True)
+
+    @torch.no_grad()
+    def _finish(self) -> None:
+        self._queued = False
+        self._seen.clear()
+        while self._next < len(self.buckets):
+            self._launch(self.buckets[self._next])
+            self._next += 1
+        self._next = 0
+        for b in self.buckets:
+            if b.work is not None:
+                with record_function("RSDP::plan::grad_all_reduce::wait"):
+                    b.work.wait()
+            self._write_back(b)
+            b.work, b.flat, b.ready = None, None, 0
+
+    def _write_back(self, b: _Bucket) -> None:
+        n = b.flat.numel() - len(b.params)
+        b.flat[:n].div_(self.world)
+        off = 0
+        for i, p in enumerate(b.params):
+            if b.flat[n + i] > 0:
+                g = b.flat[off:off + p.numel()].view_as(p)
+                if p.grad is None:
+                    p.grad = g.to(p.dtype).clone()
+                else:
+                    p.grad.copy_(g)
+            off += p.numel()

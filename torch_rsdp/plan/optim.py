@@ -1,0 +1,130 @@
+"""``make_optimizer``: one optimizer for a planned model, with ZeRO-1 for ``shard_optim`` units.
+
+The parameters of ``shard_optim`` units are replicated and their gradients averaged like
+``no_shard``'s, but each has one *owner* rank (assigned greedily by size, largest first, to
+the least loaded rank, as torch's ``ZeroRedundancyOptimizer`` does), and only the owner keeps
+its optimizer state and steps it. After every step each owner broadcasts its updated
+parameters (one flat broadcast per owner and dtype), so every replica is identical again.
+Every other parameter (sharded by FSDP2, RSDP or splitting, whose state is sharded with it, or
+``no_shard``) is stepped by the same inner optimizer on every rank.
+
+So optimizer-state memory for ``shard_optim`` parameters is about ``1/W`` of ``no_shard``'s,
+for one broadcast of the parameters per step.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.optim import Optimizer
+from torch.profiler import record_function
+
+from .apply import plan_state
+
+__all__ = ["make_optimizer", "ShardedOptimizer"]
+
+
+def make_optimizer(model: nn.Module, optimizer_class, *args, **kwargs) -> Optimizer:
+    """``optimizer_class(model.parameters(), *args, **kwargs)``, with the state of
+    ``shard_optim`` parameters sharded over the plan's group (the plain optimizer when the plan
+    has no ``shard_optim`` unit)."""
+    st = plan_state(model)
+    if not st.shard_optim_params:
+        return optimizer_class(model.parameters(), *args, **kwargs)
+    return ShardedOptimizer(model, st.shard_optim_params, st.group, optimizer_class,
+                            *args, **kwargs)
+
+
+def _owners(params: List[nn.Parameter], world: int) -> List[int]:
+    load = [0] * world
+    owner = [0] * len(params)
+    for i in sorted(range(len(params)), key=lambda i: -params[i].numel()):
+        r = min(range(world), key=lambda j: (load[j], j))
+        owner[i] = r
+        load[r] += params[i].numel()
+    return owner
+
+
+class ShardedOptimizer(Optimizer):
+    """An optimizer over a whole planned model that keeps state for ``sharded`` parameters
+    only on their owner rank. ``param_groups``, ``state``, ``state_dict`` (this rank's part)
+    and learning-rate schedulers work as on the inner optimizer."""
+
+    def __init__(self, model: nn.Module, sharded: List[nn.Parameter],
+                 group: Optional[dist.ProcessGroup], optimizer_class, *args, **kwargs):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        ids = {id(p) for p in sharded}
+        owner = _owners(sharded, self.world)
+        self.owned: Dict[int, List[nn.Parameter]] = {r: [] for r in range(self.world)}
+        for p, r in zip(sharded, owner):
+            self.owned[r].append(p)
+        mine = {id(p) for p in self.owned[self.rank]}
+        local = [p for p in model.parameters() if id(p) not in ids or id(p) in mine]
+        self.inner = optimizer_class(local, *args, **kwargs)
+        self._not_mine = [p for p in sharded if id(p) not in mine]
+        # Optimizer's own bookkeeping (hooks, step counters for LR schedulers) without a
+        # second copy of the param groups: those live in the inner optimizer.
+        self._optimizer_step_pre_hooks = {}
+        self._optimizer_step_post_hooks = {}
+        self._optimizer_state_dict_pre_hooks = {}
+        self._optimizer_state_dict_post_hooks = {}
+        self._optimizer_load_state_dict_pre_hooks = {}
+        self._optimizer_load_state_dict_post_hooks = {}
+        self.defaults = self.inner.defaults
+        self._patch_step_function()
+
+    @property
+    def param_groups(self):
+        return self.inner.param_groups
+
+    @property
+    def state(self):
+        return self.inner.state
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        self.inner.zero_grad(set_to_none)
+        for p in self._not_mine:
+            if p.grad is not None:
+                if set_to_none:
+                    p.grad = None
+                else:
+                    p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = self.inner.step(closure)
+        if self.world > 1:
+            self._broadcast_owned()
+        return loss
+
+    def _broadcast_owned(self) -> None:
+        """Every owner sends its updated parameters to the other replicas."""
+        for r in range(self.world):
+            by_dtype: Dict[torch.dtype, List[nn.Parameter]] = {}
+            for p in self.owned[r]:
+                by_dtype.setdefault(p.dtype, []).append(p)
+            for dtype, ps in by_dtype.items():
+                flat = torch.cat([p.detach().reshape(-1) for p in ps]) if r == self.rank \
+                    else torch.empty(sum(p.numel() for p in ps), dtype=dtype,
+                                     device=ps[0].device)
+                src = dist.get_global_rank(self.group, r) if self.group is not None else r
+                with record_function("RSDP::plan::shard_optim_broadcast"):
+                    dist.broadcast(flat, src=src, group=self.group)
+                if r != self.rank:
+                    off = 0
+                    for p in ps:
+                        p.copy_(flat[off:off + p.numel()].view_as(p))
+                        off += p.numel()
+
+    def state_dict(self):
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state_dict) -> None:
+        self.inner.load_state_dict(state_dict)
+
+    def add_param_group(self, param_group) -> None:
+        self.inner.add_param_group(param_group)

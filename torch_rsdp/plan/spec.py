@@ -1,0 +1,198 @@
+"""What a plan says: a strategy per module, as data.
+
+A :class:`Plan` maps module names or ``fnmatch`` patterns to strategy names, plus a default for
+the modules no key covers. It is plain data: it round-trips through JSON and has a digest that
+:func:`torch_rsdp.plan.apply` compares across ranks before it changes anything, so ranks that
+were handed different plans raise instead of hanging in mismatched collectives.
+
+Resolution (:func:`resolve`): a key *covers* the module it names and, through it, the whole
+subtree below, except where a deeper key takes over. When several keys match one module name,
+the most specific wins: an exact name beats any pattern; among patterns, the one with more
+literal characters (``"model.layers.1*"`` beats ``"model.layers.*"``). Two patterns equally
+specific that name different strategies are an error, not a coin toss.
+"""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Dict, Iterable, Mapping, Optional, Union
+
+import torch.nn as nn
+
+__all__ = ["Strategy", "Plan", "STRATEGIES", "parse_strategy", "resolve", "Resolution"]
+
+#: Every strategy name, with ``split:k`` standing for the whole family.
+STRATEGIES = ("no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard",
+              "rotate", "split:k")
+
+_SIMPLE = {"no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate"}
+_SPLIT = re.compile(r"^split:(-?\d+)$")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One strategy: a name and, for ``split``, the number of slices ``k``."""
+
+    kind: str
+    k: int = 0
+
+    def __str__(self) -> str:
+        return f"split:{self.k}" if self.kind == "split" else self.kind
+
+    @property
+    def fsdp(self) -> bool:
+        """Applied through torch's FSDP2 ``fully_shard``."""
+        return self.kind in ("full_shard", "shard_grad_op", "hybrid_shard")
+
+    @property
+    def replicated_params(self) -> bool:
+        """Every rank holds the parameters whole (gradients averaged by all-reduce)."""
+        return self.kind in ("no_shard", "shard_optim")
+
+
+def parse_strategy(name: Union[str, Strategy], where: str = "") -> Strategy:
+    """``"full_shard"`` -> Strategy("full_shard"); ``"split:4"`` -> Strategy("split", 4)."""
+    if isinstance(name, Strategy):
+        return name
+    at = f" (for {where!r})" if where else ""
+    if not isinstance(name, str):
+        raise TypeError(f"torch_rsdp.plan: a strategy is a string, got {type(name).__name__}{at}")
+    s = name.strip()
+    if s in _SIMPLE:
+        return Strategy(s)
+    m = _SPLIT.match(s)
+    if m:
+        k = int(m.group(1))
+        if k < 1:
+            raise ValueError(f"torch_rsdp.plan: {name!r}{at}: split:k needs k >= 1 slices")
+        return Strategy("split", k)
+    raise ValueError(f"torch_rsdp.plan: unknown strategy {name!r}{at}; expected one of "
+                     f"{', '.join(STRATEGIES)} (k a positive integer)")
+
+
+class Plan:
+    """A mapping ``module name or fnmatch pattern -> strategy`` and a ``default``.
+
+    ``Plan({"model.layers.*": "full_shard", "lm_head": "rotate"}, default="no_shard")``
+    """
+
+    def __init__(self, mapping: Optional[Mapping[str, str]] = None, default: str = "no_shard"):
+        mapping = dict(mapping or {})
+        self.mapping: Dict[str, Strategy] = {}
+        for key, value in mapping.items():
+            if not isinstance(key, str):
+                raise TypeError(f"torch_rsdp.plan: plan keys are module names or patterns, "
+                                f"got {key!r}")
+            self.mapping[key] = parse_strategy(value, key)
+        self.default = parse_strategy(default, "default")
+
+    @classmethod
+    def of(cls, plan: Union["Plan", Mapping[str, str], str], default: Optional[str] = None
+           ) -> "Plan":
+        """A Plan from a Plan, a mapping, or one strategy name for the whole model."""
+        if isinstance(plan, Plan):
+            if default is not None and parse_strategy(default) != plan.default:
+                return Plan(plan.to_dict()["mapping"], default)
+            return plan
+        if isinstance(plan, str):
+            return cls({}, plan)
+        return cls(plan, default or "no_shard")
+
+    def to_dict(self) -> dict:
+        return {"mapping": {k: str(v) for k, v in self.mapping.items()},
+                "default": str(self.default)}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        d = json.loads(text)
+        if "mapping" not in d:  # a bare {"pattern": "strategy"} file is accepted too
+            return cls(d)
+        return cls(d["mapping"], d.get("default", "no_shard"))
+
+    def digest(self) -> str:
+        """A hash of the plan's content (key order does not matter)."""
+        canon = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Plan) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        items = ", ".join(f"{k!r}: '{v}'" for k, v in self.mapping.items())
+        return f"Plan({{{items}}}, default='{self.default}')"
+
+
+def _specificity(key: str, name: str):
+    """Sort key of a matching ``key`` for module ``name``: higher is more specific."""
+    if key == name:
+        return (1, len(key))
+    literal = len(key) - sum(key.count(c) for c in "*?[]")
+    return (0, literal)
+
+
+@dataclass
+class Resolution:
+    """The plan resolved against one model.
+
+    ``units``: the modules where a key takes effect (decision points), name -> Strategy, the
+    root ``""`` always among them (with the default unless a key names it);
+    ``unit_of``: every module name -> the name of the unit it belongs to (itself or its
+    nearest ancestor that is a unit);
+    ``matched``: plan key -> the module names it matched.
+    """
+
+    units: Dict[str, Strategy]
+    unit_of: Dict[str, str]
+    matched: Dict[str, list]
+
+    def strategy_of_module(self, name: str) -> Strategy:
+        return self.units[self.unit_of[name]]
+
+
+def resolve(model: nn.Module, plan: Plan, *, strict: bool = True) -> Resolution:
+    """Which unit (and so which strategy) every module of ``model`` belongs to.
+
+    strict: a key that matches no module raises (a typo would otherwise silently leave a module
+    on the default)."""
+    names = [n for n, _ in model.named_modules(remove_duplicate=False)]
+    matched: Dict[str, list] = {k: [] for k in plan.mapping}
+    units: Dict[str, Strategy] = {"": plan.default}
+    for name in names:
+        best, best_key = None, None
+        for key in plan.mapping:
+            if key == name or (name and fnmatch.fnmatchcase(name, key)):
+                spec = _specificity(key, name)
+                if best is None or spec > best:
+                    best, best_key = spec, key
+                elif spec == best and plan.mapping[key] != plan.mapping[best_key]:
+                    raise ValueError(
+                        f"torch_rsdp.plan: module {name!r} is matched equally by {best_key!r} "
+                        f"({plan.mapping[best_key]}) and {key!r} ({plan.mapping[key]}); "
+                        f"name it exactly to choose")
+        if best_key is not None:
+            matched[best_key].append(name)
+            units[name] = plan.mapping[best_key]
+    if strict:
+        unused = [k for k, v in matched.items() if not v]
+        if unused:
+            raise ValueError(f"torch_rsdp.plan: plan key(s) {unused} match no module of "
+                             f"{type(model).__name__} (module names look like "
+                             f"{_examples(names)})")
+    unit_of: Dict[str, str] = {}
+    for name in names:
+        probe = name
+        while probe not in units:
+            probe = probe.rpartition(".")[0]
+        unit_of[name] = probe
+    return Resolution(units, unit_of, matched)
+
+
+def _examples(names: Iterable[str], n: int = 4) -> str:
+    shown = [repr(x) for x in names if x][:n]
+    return ", ".join(shown) + (", ..." if shown else "")
