@@ -253,9 +253,12 @@ def _apply_rotate(unit: Unit, group, mp) -> None:
     st.replicated.params = [p for p in st.replicated.params if id(p) in own]
     new = _qualified(unit)
     unit.params = {n: p for n, p in new.items() if id(p) in own or id(p) in sharded}
+    whole = []
     for n, p in unit.params.items():
         if id(p) not in sharded:
             unit.left_whole[n] = "not decomposable by rotation (replicated, gradient averaged)"
+            whole.append(p)
+    _cast_unit(unit, whole, mp)
 
 
 def _apply_split(unit: Unit, group, mp) -> List[nn.Parameter]:

@@ -53,38 +53,38 @@ def _cast(dtype):
 
 def cast_replicated(module: nn.Module, names: Dict[str, nn.Parameter],
                     mp: MixedPrecisionPolicy) -> None:
-    """Makes ``module``'s forward compute with ``param_dtype`` copies of the parameters
-    ``names`` (dotted names relative to ``module``), cast floating inputs (if the policy says
-    so) and outputs (to ``output_dtype``)."""
+    """Makes ``module`` compute with ``param_dtype`` copies of the parameters ``names``
+    (dotted names relative to ``module``) and return ``output_dtype`` outputs.
+
+    The cast is made by each module that *holds* such a parameter, around its own forward,
+    which also casts its floating inputs: a norm inside a replicated unit may receive the
+    output of a sharded sibling in ``output_dtype``, and must still compute in one dtype."""
     pdt = mp.param_dtype
-    if pdt is None and mp.output_dtype is None:
-        return
+    if pdt is not None:
+        holders: Dict[str, Dict[str, nn.Parameter]] = {}
+        for n, p in names.items():
+            if p.is_floating_point() and p.dtype != pdt:
+                path, _, attr = n.rpartition(".")
+                holders.setdefault(path, {})[attr] = p
+        for path, params in holders.items():
+            _cast_holder(module.get_submodule(path) if path else module, params, pdt)
+    if mp.output_dtype is not None:
+        out = _cast(mp.output_dtype)
+        module.register_forward_hook(lambda mod, args, output: tree_map(out, output))
+
+
+def _cast_holder(mod: nn.Module, params: Dict[str, nn.Parameter], pdt: torch.dtype) -> None:
     stack = []
+    cast_in = _cast(pdt)
 
-    def pre(mod, args, kwargs):
-        casted = {}
-        if pdt is not None:
-            by_id: Dict[int, torch.Tensor] = {}
-            for n, p in names.items():
-                if p.is_floating_point() and p.dtype != pdt:
-                    if id(p) not in by_id:  # tied parameters share one copy
-                        by_id[id(p)] = p.to(pdt)
-                    casted[n] = by_id[id(p)]
-        ctx = _reparametrize_module(mod, casted, tie_weights=True) if casted else None
-        if ctx is not None:
-            ctx.__enter__()
+    def pre(m, args, kwargs):
+        ctx = _reparametrize_module(m, {n: p.to(pdt) for n, p in params.items()})
+        ctx.__enter__()
         stack.append(ctx)
-        if pdt is not None and mp.cast_forward_inputs:
-            return tree_map(_cast(pdt), args), tree_map(_cast(pdt), kwargs)
-        return None
+        return tree_map(cast_in, args), tree_map(cast_in, kwargs)
 
-    def post(mod, args, kwargs, output):
-        ctx = stack.pop()
-        if ctx is not None:
-            ctx.__exit__(None, None, None)
-        if mp.output_dtype is not None:
-            return tree_map(_cast(mp.output_dtype), output)
-        return None
+    def post(m, args, kwargs, output):
+        stack.pop().__exit__(None, None, None)
 
-    module.register_forward_pre_hook(pre, with_kwargs=True)
-    module.register_forward_hook(post, with_kwargs=True, always_call=True)
+    mod.register_forward_pre_hook(pre, with_kwargs=True)
+    mod.register_forward_hook(post, with_kwargs=True, always_call=True)

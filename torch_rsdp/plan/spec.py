@@ -6,7 +6,8 @@ the modules no key covers. It is plain data: it round-trips through JSON and has
 were handed different plans raise instead of hanging in mismatched collectives.
 
 Resolution (:func:`resolve`): a key *covers* the module it names and, through it, the whole
-subtree below, except where a deeper key takes over. When several keys match one module name,
+subtree below, except where a deeper key takes over. Patterns match dotted names segment by
+segment (``"model.layers.*"`` matches ``model.layers.3`` but not ``model.layers.3.mlp``). When several keys match one module name,
 the most specific wins: an exact name beats any pattern; among patterns, the one with more
 literal characters (``"model.layers.1*"`` beats ``"model.layers.*"``). Two patterns equally
 specific that name different strategies are an error, not a coin toss.
@@ -128,6 +129,13 @@ class Plan:
         return f"Plan({{{items}}}, default='{self.default}')"
 
 
+def _pattern_match(name: str, key: str) -> bool:
+    """``fnmatch`` segment by segment: a wildcard stays within one dotted name segment, so
+    ``"model.layers.*"`` names the layers themselves, not every module inside them."""
+    a, b = name.split("."), key.split(".")
+    return len(a) == len(b) and all(fnmatch.fnmatchcase(x, y) for x, y in zip(a, b))
+
+
 def _specificity(key: str, name: str):
     """Sort key of a matching ``key`` for module ``name``: higher is more specific."""
     if key == name:
@@ -166,7 +174,7 @@ def resolve(model: nn.Module, plan: Plan, *, strict: bool = True) -> Resolution:
     for name in names:
         best, best_key = None, None
         for key in plan.mapping:
-            if key == name or (name and fnmatch.fnmatchcase(name, key)):
+            if key == name or (name and _pattern_match(name, key)):
                 spec = _specificity(key, name)
                 if best is None or spec > best:
                     best, best_key = spec, key
