@@ -4,6 +4,7 @@
     python benchmarks/bench_rsdp_training.py --small            # 4 CPU ranks, ~2 minutes
     python benchmarks/bench_rsdp_training.py                    # the seed's config (see below)
     python benchmarks/bench_rsdp_training.py --small --runs rsdp:rsdp,fsdp2:gloo --steps 20
+    python benchmarks/bench_rsdp_training.py --small --runs fsdp2:rsdp --plan rotate --plan my_plan.json
     python benchmarks/bench_rsdp_training.py --d-model 512 --layers 6 --batch 16
     python benchmarks/bench_rsdp_training.py --device cuda               # models on the GPUs
     python benchmarks/bench_rsdp_training.py --single-gpu --world-size 4 # 4 ranks on one GPU vs 1 process
@@ -95,6 +96,10 @@ def parse_args(argv=None):
                         f"'plain', the unwrapped model in one process). Default {DEFAULT_RUNS}; "
                         f"with --device cuda {DEFAULT_RUNS_CUDA} (nccl runs left out when ranks "
                         f"share a GPU); with --single-gpu {SINGLE_GPU_RUNS}")
+    p.add_argument("--plan", action="append", default=[], metavar="SPEC",
+                   help="add a run of torch_rsdp.plan over the rsdp backend: a strategy name "
+                        "(no_shard, shard_optim, full_shard, shard_grad_op, hybrid_shard, rotate, "
+                        "split:k; one unit per block) or a plan JSON file; repeatable")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: rank r on GPU r %% device count; memory = "
                         "torch.cuda.max_memory_allocated()")
@@ -157,6 +162,12 @@ def parse_args(argv=None):
         if strategy not in tm.STRATEGIES:
             p.error(f"unknown strategy {strategy!r} in --runs")
         runs.append((strategy, backend))
+    for spec in args.plan:
+        try:
+            tm.load_plan(spec)
+        except (OSError, ValueError) as e:
+            p.error(f"--plan {spec}: {e}")
+        runs.append((f"plan={spec}", "rsdp"))
     if not runs:
         p.error("--runs is empty")
     args.runs = runs
@@ -241,7 +252,7 @@ def _worker(rank, args, strategy, backend, port, out_dir):
         torch.cuda.synchronize()
         cuda_wrap = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()  # the peak of training, not of building/sharding
-    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    opt = tm.make_optimizer(model, args.lr)
     times, losses = [], []
     for step in range(args.warmup + args.steps):
         if cuda:
@@ -401,7 +412,7 @@ def render(args, results, targets, meta) -> str:
            "optim", "buffers", *mem_cols, "final loss"]
     rows = []
     for r in results:
-        label = LABELS[r["strategy"]]
+        label = LABELS.get(r["strategy"], r["strategy"])
         if "error" in r:
             err = r["error"] if r["error"].startswith("rsdp:") else "not available: " + r["error"]
             rows.append([label, r["backend"], err[:100]] + ["-"] * 9)
@@ -464,6 +475,7 @@ def plot(path, results, title) -> bool:
     labels = [f"{r['strategy']}\n{r['backend']}" for r in ok]
     colors = {"rsdp": "tab:red", "fsdp2": "tab:blue", "ddp": "tab:gray", PLAIN: "tab:olive"}
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.4))
+    colors = {r["strategy"]: colors.get(r["strategy"], "tab:cyan") for r in ok} | colors
     a1.bar(labels, [r["tokens_per_s"] for r in ok], color=[colors[r["strategy"]] for r in ok])
     a1.set_ylabel("tokens/s (higher is better)")
     a1.set_title("throughput (median step, slowest rank)")

@@ -149,11 +149,38 @@ def wrap(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
             fully_shard(blk, mesh=mesh)
         fully_shard(model, mesh=mesh)
         return model
+    if strategy.startswith("plan="):
+        return wrap_plan(model, strategy[len("plan="):])
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                    gradient_as_bucket_view=True)
     raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+
+
+def load_plan(spec: str):
+    """A ``torch_rsdp.plan.Plan`` from a JSON file, or a strategy name (kept as the string:
+    ``plan.apply`` makes it one unit per block)."""
+    import torch_rsdp.plan as plan
+    if spec.endswith(".json") or os.path.isfile(spec):
+        with open(spec) as f:
+            return plan.Plan.from_json(f.read())
+    plan.parse_strategy(spec)  # a bad name fails here, before any process starts
+    return spec
+
+
+def wrap_plan(model: nn.Module, spec: str) -> nn.Module:
+    import torch_rsdp.plan as plan
+    return plan.apply(model, load_plan(spec))
+
+
+def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
+    """Adam over ``model``; for a planned model through ``plan.make_optimizer`` (which shards
+    the state of ``shard_optim`` units)."""
+    if getattr(model, "_rsdp_plan", None) is not None:
+        import torch_rsdp.plan as plan
+        return plan.make_optimizer(model, torch.optim.Adam, lr=lr)
+    return torch.optim.Adam(model.parameters(), lr=lr)
 
 
 # ------------------------------------------------------------------------------------ memory
@@ -182,15 +209,20 @@ class ParamMemoryTracker(TorchDispatchMode):
       while not registered on a module, e.g. prefetched) and their gradients; every tensor
       passed to or returned by a c10d / functional-collective / fsdp op (all-gather and
       reduce-scatter flat buffers, DDP buckets); and RSDP's rotation / gradient-accumulator
-      buffers (reported by ``torch_rsdp.rsdp.memory.alloc_buffer``).
+      buffers (reported by ``torch_rsdp.rsdp.memory.alloc_buffer``);
+    * ``activations``: every tensor autograd saves for backward (a saved-tensors hook), unless
+      it is one of the above (a weight saved by a matmul is a parameter). ``peak`` and
+      ``peak_breakdown`` are the parameter-related peak (the first four categories);
+      ``peak_all`` and ``peak_all_breakdown`` the peak of all five.
 
-    Buffers are held through storage weak references, so tracking never extends a lifetime.
-    Memory only grows at allocations, and every allocation is an op (or an RSDP buffer), so
-    sampling after each op sees the peak, up to temporaries internal to one op. Activations
-    are not counted (peak RSS covers everything).
+    Buffers and activations are held through storage weak references, so tracking never
+    extends a lifetime. Memory only grows at allocations, and every allocation is an op (or an
+    RSDP buffer), so sampling after each op sees the peak, up to temporaries internal to one
+    op and to tensors that are neither saved nor communicated (peak RSS covers everything).
     """
 
-    CATS = ("params", "grads", "optim", "buffers")
+    CATS = ("params", "grads", "optim", "buffers")  # parameter-related: ``peak``
+    ALL_CATS = CATS + ("activations",)               # everything tracked: ``peak_all``
 
     def __init__(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None):
         super().__init__()
@@ -205,13 +237,21 @@ class ParamMemoryTracker(TorchDispatchMode):
                 if pg is not None:
                     self.fsdp_params.extend(pg.fsdp_params)
         self._refs: dict = {}  # storage cdata -> StorageWeakRef
+        self._acts: dict = {}  # the same, for tensors saved for backward
+        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
         self.peak = 0
         self.peak_breakdown = dict.fromkeys(self.CATS, 0)
+        self.peak_all = 0
+        self.peak_all_breakdown = dict.fromkeys(self.ALL_CATS, 0)
         self.samples = 0
         self._prev_rsdp = None
 
+    def _pack(self, t):
+        self.track(t, self._acts)
+        return t
+
     # --- registration of communication / rotation buffers
-    def track(self, t) -> None:
+    def track(self, t, into: Optional[dict] = None) -> None:
         from torch.multiprocessing.reductions import StorageWeakRef
         t = _local(t)
         if not isinstance(t, torch.Tensor) or t.is_meta:
@@ -221,7 +261,7 @@ class ParamMemoryTracker(TorchDispatchMode):
         except Exception:  # noqa: BLE001  (exotic subclasses)
             return
         ref = StorageWeakRef(s)
-        self._refs.setdefault(ref.cdata, ref)
+        (self._refs if into is None else into).setdefault(ref.cdata, ref)
 
     # Hooks called by torch_rsdp.rsdp.memory while this tracker is installed as its _ACTIVE.
     def _on_alloc(self, t) -> None:
@@ -243,6 +283,7 @@ class ParamMemoryTracker(TorchDispatchMode):
         except Exception:  # noqa: BLE001
             pass
         self.sample()
+        self._saved_hooks.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
@@ -252,7 +293,9 @@ class ParamMemoryTracker(TorchDispatchMode):
         except Exception:  # noqa: BLE001
             pass
         self.sample()
+        self._saved_hooks.__exit__(*exc)
         self._refs.clear()
+        self._acts.clear()
         return super().__exit__(*exc)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -267,7 +310,7 @@ class ParamMemoryTracker(TorchDispatchMode):
     # --- sampling
     def sample(self) -> int:
         seen: dict = {}
-        by_cat = dict.fromkeys(self.CATS, 0)
+        by_cat = dict.fromkeys(self.ALL_CATS, 0)
 
         def add(t, cat):
             t = _local(t)
@@ -303,23 +346,27 @@ class ParamMemoryTracker(TorchDispatchMode):
             if up is not None:
                 add(up, "buffers")
                 add(up.grad, "buffers")
-        dead = []
-        for key, ref in self._refs.items():
-            if ref.expired():
-                dead.append(key)
-                continue
-            s = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
-            ptr, n = s.data_ptr(), s.nbytes()
-            if n and ptr not in seen:
-                seen[ptr] = "buffers"
-                by_cat["buffers"] += n
-            del s
-        for key in dead:
-            del self._refs[key]
-        total = sum(by_cat.values())
+        for refs, cat in ((self._refs, "buffers"), (self._acts, "activations")):
+            dead = []
+            for key, ref in refs.items():
+                if ref.expired():
+                    dead.append(key)
+                    continue
+                s = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+                ptr, n = s.data_ptr(), s.nbytes()
+                if n and ptr not in seen:
+                    seen[ptr] = cat
+                    by_cat[cat] += n
+                del s
+            for key in dead:
+                del refs[key]
+        total = sum(by_cat[c] for c in self.CATS)
         self.samples += 1
         if total > self.peak:
-            self.peak, self.peak_breakdown = total, by_cat
+            self.peak, self.peak_breakdown = total, {c: by_cat[c] for c in self.CATS}
+        everything = total + by_cat["activations"]
+        if everything > self.peak_all:
+            self.peak_all, self.peak_all_breakdown = everything, by_cat
         return total
 
 
@@ -327,8 +374,8 @@ METHOD = ("peak parameter-related memory = max over one training step of the byt
           "live storages of parameters + gradients + optimizer state + gathered/communication "
           "buffers (FSDP2 all-gather outputs and unsharded params/grads, collective in/out "
           "buffers, RSDP rotation/accumulator buffers), sampled after every dispatched op "
-          "(TorchDispatchMode) and every RSDP buffer allocation; max over ranks. Activations "
-          "are not included. Peak RSS: VmHWM from /proc/self/status (reset via clear_refs "
+          "(TorchDispatchMode) and every RSDP buffer allocation; max over ranks (with "
+          "activations, the tensors saved for backward, where a table says so). Peak RSS: VmHWM from /proc/self/status (reset via clear_refs "
           "after start-up where allowed), max over ranks.")
 
 

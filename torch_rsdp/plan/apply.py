@@ -61,6 +61,7 @@ class PlanState:
     units: Dict[str, Unit]
     grad_sync: Optional[GradSync]
     mp_policy: Optional[MixedPrecisionPolicy]
+    meshes: Optional[Meshes] = None  # the FSDP2 units' device meshes
     # Parameters whose optimizer state make_optimizer shards (owned by shard_optim units).
     shard_optim_params: List[nn.Parameter] = field(default_factory=list)
 
@@ -79,8 +80,9 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
     """Applies ``plan`` to ``model`` in place over ``group`` (default: world); returns it.
 
     plan: a :class:`Plan`, a mapping ``module name or fnmatch pattern -> strategy``, or one
-        strategy name for the whole model. ``default`` (``"no_shard"`` unless given) covers
-        the modules no key covers.
+        strategy name for the whole model (:meth:`Plan.uniform`: every repeated block, e.g.
+        each transformer layer, is its own unit, and the rest of the model one more).
+        ``default`` (``"no_shard"`` unless given) covers the modules no key covers.
     mp_policy: FSDP2's ``MixedPrecisionPolicy`` (or ``torch_rsdp.rsdp.MixedPrecision``),
         honoured by every strategy.
     strict: a key matching no module is an error.
@@ -91,7 +93,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
     mp = as_policy(mp_policy)
     error, res, plan_obj = None, None, None
     try:
-        plan_obj = Plan.of(plan, default)
+        plan_obj = Plan.of(plan, default, model)
         res = resolve(model, plan_obj, strict=strict)
         _check_local(model, res)
     except (ValueError, TypeError) as e:
@@ -107,7 +109,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
     units = _units(model, res)
     meshes = Meshes(group)
     replicated: List[nn.Parameter] = []
-    state = PlanState(plan_obj, res, group, units, None, mp)
+    state = PlanState(plan_obj, res, group, units, None, mp, meshes)
     for unit in sorted(units.values(), key=lambda u: -_depth(u.name)):
         kind = unit.strategy.kind
         if not unit.params:

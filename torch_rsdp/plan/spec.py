@@ -23,7 +23,8 @@ from typing import Dict, Iterable, Mapping, Optional, Union
 
 import torch.nn as nn
 
-__all__ = ["Strategy", "Plan", "STRATEGIES", "parse_strategy", "resolve", "Resolution"]
+__all__ = ["Strategy", "Plan", "STRATEGIES", "parse_strategy", "resolve", "Resolution",
+           "block_patterns"]
 
 #: Every strategy name, with ``split:k`` standing for the whole family.
 STRATEGIES = ("no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard",
@@ -91,15 +92,22 @@ class Plan:
         self.default = parse_strategy(default, "default")
 
     @classmethod
-    def of(cls, plan: Union["Plan", Mapping[str, str], str], default: Optional[str] = None
-           ) -> "Plan":
-        """A Plan from a Plan, a mapping, or one strategy name for the whole model."""
+    def uniform(cls, model: nn.Module, strategy: str) -> "Plan":
+        """``strategy`` for every repeated block of ``model`` (each its own unit, as FSDP2 is
+        applied layer by layer) and for the rest of the model."""
+        return cls({pattern: strategy for pattern in block_patterns(model)}, strategy)
+
+    @classmethod
+    def of(cls, plan: Union["Plan", Mapping[str, str], str], default: Optional[str] = None,
+           model: Optional[nn.Module] = None) -> "Plan":
+        """A Plan from a Plan, a mapping, or one strategy name (:meth:`uniform` over
+        ``model``'s blocks)."""
         if isinstance(plan, Plan):
             if default is not None and parse_strategy(default) != plan.default:
                 return Plan(plan.to_dict()["mapping"], default)
             return plan
         if isinstance(plan, str):
-            return cls({}, plan)
+            return cls.uniform(model, plan) if model is not None else cls({}, plan)
         return cls(plan, default or "no_shard")
 
     def to_dict(self) -> dict:
@@ -199,6 +207,22 @@ def resolve(model: nn.Module, plan: Plan, *, strict: bool = True) -> Resolution:
             probe = probe.rpartition(".")[0]
         unit_of[name] = probe
     return Resolution(units, unit_of, matched)
+
+
+def block_patterns(model: nn.Module) -> list:
+    """Patterns naming the repeated blocks of ``model``: the entries of every ``ModuleList`` /
+    ``Sequential`` holding two or more modules of one class (a transformer's layers), e.g.
+    ``["model.layers.*"]``; outermost lists only."""
+    out = []
+    for name, mod in model.named_modules():
+        if not isinstance(mod, (nn.ModuleList, nn.Sequential)) or len(mod) < 2:
+            continue
+        if any(name.startswith(p[:-1]) for p in out):
+            continue
+        kinds = [type(m) for m in mod]
+        if max(kinds.count(k) for k in kinds) >= 2 and all(len(list(m.parameters())) for m in mod):
+            out.append(f"{name}.*" if name else "*")
+    return out
 
 
 def _examples(names: Iterable[str], n: int = 4) -> str:
