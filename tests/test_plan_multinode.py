@@ -104,3 +104,25 @@ def test_plan_two_nodes(nodes):
     for fam in FAMILIES:
         msg = format_family_failures(results, fam)
         assert msg is None, msg
+
+
+def test_bench_strategies_quick(tmp_path):
+    """The strategy benchmark runs end to end (2x2, full_shard and hybrid_shard, one step) and
+    its traffic check holds: hybrid_shard sends fewer bytes across the node link."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_strategies.py"),
+                           "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = json.load(open(tmp_path / "strategies.json"))
+    assert [r["plan"] for r in out["rows"]] == ["full_shard", "hybrid_shard"], out["rows"]
+    assert all(r["tokens_per_s"] > 0 and r["mem_peak_bytes"] > 0 for r in out["rows"])
+    fewer = [c for c in out["checks"] if "fewer bytes" in c["check"]]
+    assert fewer and fewer[0]["ok"], out["checks"]
+    for ext in ("md", "png"):
+        assert (tmp_path / f"strategies.{ext}").stat().st_size > 0

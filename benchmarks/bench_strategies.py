@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""Every sharding strategy of ``torch_rsdp.plan`` on one model: speed, memory, link traffic.
+
+For each plan (by default every strategy alone, one unit per block, and a mix of all seven)
+and each setting, it trains the training benchmark's TransformerLM (``--small`` config unless
+given) with Adam over the rsdp backend and reports:
+
+* tokens/s: global tokens per step / median step time (the slowest rank's), after warm-up;
+* peak memory per rank (max over ranks), from ``training_models.ParamMemoryTracker`` during
+  one extra step: parameters, gradients, optimizer state, communication buffers (gathered
+  weights, collective buffers, RSDP rotation buffers) and activations (tensors saved for
+  backward), each storage counted once;
+* bytes this rank sent across its node link during that step (``torch_rsdp.comm_stats`` over
+  every process group the plan uses; mean over ranks) and inside the node.
+
+Settings: ``1x4`` (4 ranks on this machine) and ``2x2`` (2 emulated nodes x 2 ranks, network
+namespaces joined by a link limited with ``tc`` to ``--rate`` per direction; on the loopback
+with RSDP_NODE_ID where namespaces cannot be made, which then emulates no link). Checks
+(PASS/MISS, never the exit code): on 2x2, hybrid_shard sends fewer bytes across the node link
+than full_shard and is faster behind the limited link.
+
+    python benchmarks/bench_strategies.py                       # both settings, every strategy
+    python benchmarks/bench_strategies.py --settings 2x2 --plans full_shard,hybrid_shard
+    python benchmarks/bench_strategies.py --plans my_plan.json  # any plan.Plan JSON file
+    python benchmarks/bench_strategies.py --quick               # smoke test
+
+Outputs in --out (default benchmarks/results/): strategies.md, .json, .png.
+Only the standard library is imported at the top: worker processes import this file before
+they move into their node's namespace.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # harness (launcher)
+sys.path.insert(0, HERE)
+sys.path.append(ROOT)
+
+ALONE = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate",
+         "split:2"]
+MIXED = {"tok": "rotate", "pos": "no_shard", "blocks.0": "full_shard",
+         "blocks.1": "shard_grad_op", "blocks.2": "hybrid_shard", "blocks.3": "split:2",
+         "out": "shard_optim"}
+SETTINGS = {"1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
+SMALL = dict(vocab=2048, d_model=256, ffn=512, heads=4, layers=4, seq=32, batch=8)
+CATS = ("params", "grads", "optim", "buffers", "activations")
+
+
+def plan_of(spec: str):
+    """(label, plan) for a strategy name, ``mixed``, or a JSON file."""
+    if spec == "mixed":
+        return "mixed", {"mapping": MIXED, "default": "no_shard"}
+    if spec.endswith(".json"):
+        with open(spec) as f:
+            return os.path.basename(spec)[:-5], json.load(f)
+    return spec, spec
+
+
+def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr):
+    """One plan on every rank; returns rank 0's summary (other ranks: None)."""
+    import torch
+    import torch.distributed as dist
+
+    import torch_rsdp
+    import torch_rsdp.plan as plan
+    import training_models as tm
+
+    torch.set_num_threads(threads)
+    W, r = ctx.world_size, ctx.rank
+    torch.manual_seed(0)
+    model = tm.TransformerLM(cfg["vocab"], cfg["d_model"], cfg["ffn"], cfg["heads"],
+                             cfg["layers"], cfg["seq"])
+    spec = plan_json if isinstance(plan_json, str) else plan.Plan(plan_json["mapping"],
+                                                                  plan_json["default"])
+    model = plan.apply(model, spec)
+    opt = tm.make_optimizer(model, lr)
+    meshes = plan.plan_state(model).meshes
+    groups = [None]
+    if meshes is not None and meshes._hybrid is not None and meshes._hybrid is not meshes._flat:
+        groups += [meshes._hybrid.get_group("shard"), meshes._hybrid.get_group("replicate")]
+
+    def batch(step):
+        g = torch.Generator().manual_seed(step)
+        toks = torch.randint(0, cfg["vocab"], (W * cfg["batch"], cfg["seq"] + 1), generator=g)
+        return toks[r * cfg["batch"]:(r + 1) * cfg["batch"]]
+
+    def step(i):
+        toks = batch(i)
+        loss = tm.lm_loss(model(toks[:, :-1]), toks[:, 1:])
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    times = []
+    for i in range(warmup + steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        loss = step(i)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    for g in groups:
+        torch_rsdp.reset_comm_stats(g)
+    tracker = tm.ParamMemoryTracker(model, opt)
+    dist.barrier()
+    with tracker:
+        step(warmup + steps)
+    stats = [torch_rsdp.comm_stats(g) for g in groups]
+    mine = {"step_s": sorted(times)[len(times) // 2], "loss": loss,
+            "mem": tracker.peak_all, "mem_breakdown": tracker.peak_all_breakdown,
+            "param_mem": tracker.peak,
+            "inter_node_bytes": sum(s["inter_node_bytes"] for s in stats),
+            "intra_node_bytes": sum(s["intra_node_bytes"] for s in stats)}
+    every = [None] * W
+    dist.all_gather_object(every, mine)
+    if r:
+        return None
+    peak = max(every, key=lambda e: e["mem"])
+    step_s = max(e["step_s"] for e in every)
+    tokens = W * cfg["batch"] * cfg["seq"]
+    return {"step_s": step_s, "tokens_per_s": tokens / step_s, "loss": every[0]["loss"],
+            "mem_peak_bytes": peak["mem"], "mem_breakdown_bytes": peak["mem_breakdown"],
+            "param_mem_peak_bytes": max(e["param_mem"] for e in every),
+            "inter_node_bytes": sum(e["inter_node_bytes"] for e in every) / W,
+            "intra_node_bytes": sum(e["intra_node_bytes"] for e in every) / W,
+            "report": str(plan.report(model, opt))}
+
+
+def run(setting, spec, args, nodes):
+    from harness import LaunchError, launch
+    label, p = plan_of(spec)
+    node_of = SETTINGS[setting]
+    t0 = time.perf_counter()
+    try:
+        res = launch(bench_worker, len(node_of),
+                     (p, args.config, args.steps, args.warmup, args.threads, 1e-4),
+                     node_of=node_of if setting != "1x4" else None,
+                     netns=nodes if setting != "1x4" else None,
+                     env={"OMP_NUM_THREADS": str(args.threads), "RSDP_SPIN_US": "0"},
+                     deadline=args.deadline, pg_timeout=args.deadline / 2, check_shm=True)
+        row = dict(res[0])
+    except LaunchError as e:
+        row = {"error": str(e).splitlines()[0][:300]}
+    row.update(setting=setting, plan=label, wall_s=round(time.perf_counter() - t0, 1))
+    from training_models import fmt_bytes
+    if "error" in row:
+        print(f"# {setting} {label}: FAILED {row['error']}", flush=True)
+    else:
+        print(f"# {setting} {label}: {row['tokens_per_s']:,.0f} tokens/s, peak "
+              f"{fmt_bytes(row['mem_peak_bytes'])}, across the link "
+              f"{fmt_bytes(row['inter_node_bytes'])}/step/rank", flush=True)
+    return row
+
+
+def checks(rows):
+    by = {(r["setting"], r["plan"]): r for r in rows if "error" not in r}
+    h, f = by.get(("2x2", "hybrid_shard")), by.get(("2x2", "full_shard"))
+    out = []
+    if h and f:
+        ratio = h["inter_node_bytes"] / max(f["inter_node_bytes"], 1)
+        out.append({"check": "2x2: hybrid_shard sends fewer bytes across the node link than "
+                             "full_shard", "ratio": ratio, "ok": ratio < 1})
+        speed = h["tokens_per_s"] / f["tokens_per_s"]
+        out.append({"check": "2x2: hybrid_shard faster than full_shard behind the limited link",
+                    "ratio": speed, "ok": speed > 1})
+    return out
+
+
+def markdown(rows, info, chk):
+    from training_models import fmt_bytes as fb, md_table
+    lines = [f"## Strategies: TransformerLM {info['config']}, {info['params'] / 1e6:.2f} M "
+             f"parameters, Adam, rsdp backend", "",
+             f"{info['steps']} timed steps after {info['warmup']} warm-up, {info['threads']} "
+             f"thread(s) per rank on {info['cores']} cores; 2x2 = {info['link']}; "
+             f"torch {info['torch']}; load average at start {info['load']}.", ""]
+    for setting in dict.fromkeys(r["setting"] for r in rows):
+        sub = [r for r in rows if r["setting"] == setting]
+        best = max((r["tokens_per_s"] for r in sub if "error" not in r), default=1)
+        hdr = ["plan", "tokens/s", "vs best", "step ms", "peak mem/rank", *CATS,
+               "link bytes/step", "node bytes/step", "loss"]
+        body = []
+        for r in sub:
+            if "error" in r:
+                body.append([r["plan"], "failed: " + r["error"][:80]] + ["-"] * (len(hdr) - 2))
+                continue
+            body.append([r["plan"], f"{r['tokens_per_s']:,.0f}", f"{r['tokens_per_s'] / best:.2f}",
+                         f"{r['step_s'] * 1e3:.0f}", fb(r["mem_peak_bytes"]),
+                         *(fb(r["mem_breakdown_bytes"][c]) for c in CATS),
+                         fb(r["inter_node_bytes"]), fb(r["intra_node_bytes"]),
+                         f"{r['loss']:.4f}"])
+        lines += [f"### {setting} ({'one node' if setting == '1x4' else '2 nodes x 2 ranks'})",
+                  "", md_table(hdr, body), ""]
+    lines += ["Memory: peak over one step of the distinct live storages of parameters, "
+              "gradients, optimizer state, communication buffers and activations (saved for "
+              "backward), sampled after every op (benchmarks/training_models.py "
+              "ParamMemoryTracker); max over ranks. Link/node bytes: what one rank sent across "
+              "its node link / to its own node in that step (comm_stats over every group the "
+              "plan uses), mean over ranks.", ""]
+    for c in chk:
+        lines.append(f"- {'PASS' if c['ok'] else 'MISS'}: {c['check']} (ratio {c['ratio']:.2f})")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    settings = list(dict.fromkeys(r["setting"] for r in rows))
+    fig, axes = plt.subplots(len(settings), 2, figsize=(13, 3.8 * len(settings)), squeeze=False)
+    for i, s in enumerate(settings):
+        sub = [r for r in rows if r["setting"] == s and "error" not in r]
+        labels = [r["plan"] for r in sub]
+        axes[i][0].bar(labels, [r["tokens_per_s"] for r in sub], color="tab:blue")
+        axes[i][0].set_ylabel("tokens/s (higher is better)")
+        axes[i][0].set_title(f"{s}: throughput")
+        bottom = [0.0] * len(sub)
+        for c in CATS:
+            vals = [r["mem_breakdown_bytes"][c] / 2**20 for r in sub]
+            axes[i][1].bar(labels, vals, bottom=bottom, label=c)
+            bottom = [b + v for b, v in zip(bottom, vals)]
+        axes[i][1].set_ylabel("MiB per rank (lower is better)")
+        axes[i][1].set_title(f"{s}: peak memory")
+        axes[i][1].legend(fontsize=7)
+        for ax in axes[i]:
+            ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--plans", default=",".join(ALONE + ["mixed"]),
+                   help="comma-separated strategy names, 'mixed', or plan JSON files")
+    p.add_argument("--settings", default="1x4,2x2", help="1x4 and/or 2x2")
+    p.add_argument("--rate", default="200mbit", help="tc rate of each node link (2x2)")
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--layers", type=int, default=SMALL["layers"])
+    p.add_argument("--d-model", type=int, default=SMALL["d_model"])
+    p.add_argument("--deadline", type=float, default=600)
+    p.add_argument("--quick", action="store_true",
+                   help="smoke test: 2x2, full_shard and hybrid_shard, 1 step, 2 layers")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = p.parse_args(argv)
+    if args.quick:
+        args.plans, args.settings, args.steps, args.warmup, args.layers = (
+            "full_shard,hybrid_shard", "2x2", 1, 1, 2)
+    args.config = dict(SMALL, layers=args.layers, d_model=args.d_model)
+    plans = [s.strip() for s in args.plans.split(",") if s.strip()]
+    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    bad = [s for s in settings if s not in SETTINGS]
+    if bad:
+        p.error(f"unknown setting(s) {bad}; choose from {list(SETTINGS)}")
+
+    import torch
+
+    import torch_rsdp.plan as plan
+    import training_models as tm
+    from torch_rsdp.testing import netns
+    for spec in plans:  # fail on a bad plan before starting anything
+        label, pl = plan_of(spec)
+        if isinstance(pl, str):
+            plan.parse_strategy(pl)
+        else:
+            plan.Plan(pl["mapping"], pl["default"])
+    with torch.device("meta"):
+        c = args.config
+        n_params = tm.count_params(tm.TransformerLM(c["vocab"], c["d_model"], c["ffn"],
+                                                    c["heads"], c["layers"], c["seq"]))
+    netns.cleanup_stale()
+    info = {"config": args.config, "params": n_params, "steps": args.steps,
+            "warmup": args.warmup, "threads": args.threads, "cores": os.cpu_count(),
+            "torch": torch.__version__, "load": [round(x, 2) for x in os.getloadavg()],
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+    rows = []
+    t0 = time.perf_counter()
+    if "2x2" in settings and netns.namespaces_available():
+        with netns.EmulatedNodes(2, rate=args.rate) as nodes:
+            info["link"] = f"network namespaces, node links limited to {args.rate} (tc)"
+            rows += [run("2x2", s, args, nodes) for s in plans]
+    elif "2x2" in settings:
+        info["link"] = "loopback with RSDP_NODE_ID (no namespaces: no link emulated)"
+        rows += [run("2x2", s, args, None) for s in plans]
+    else:
+        info["link"] = "-"
+    if "1x4" in settings:
+        rows = [run("1x4", s, args, None) for s in plans] + rows
+    info["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    chk = checks(rows)
+    text = markdown(rows, info, chk)
+    print("\n" + text)
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "strategies")
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    with open(stem + ".json", "w") as f:
+        json.dump({"info": info, "rows": rows, "checks": chk}, f, indent=1)
+    plot([r for r in rows], stem + ".png")
+    print(f"# wrote {stem}.md, .json, .png ({info['elapsed_s']} s)")
+    return 1 if any("error" in r for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
