@@ -8,6 +8,8 @@ One launch per world size runs the selected families (tests/harness.py ``run_fam
   embeddings) under mixed plans, and the unwrapped model loading the gathered state dict with
   ``strict=True``;
 * ``accumulate``: two micro-batches (the first under ``plan.no_sync``) equal one batch;
+* ``activation_checkpointing``: blocks recomputed in backward (torch's composable
+  ``checkpoint``) under every kind of strategy;
 * ``mixed_precision``: bf16 compute in every strategy, fp32 master weights and gradients;
 * ``checkpoint``: a checkpoint taken under one plan loads under another and training continues
   identically;
@@ -84,6 +86,20 @@ def fam_accumulate(ctx, rec):
             model = _apply(pc.make_net(), pc.MIX if p == "mix" else p)
             pc.train(model, pc.plan_optim(model, "sgd"), r, W, 2, micro=2)
             pc.assert_close_sd(_full(model), want, TIGHT, f"{p} with no_sync")
+
+
+def fam_activation_checkpointing(ctx, rec):
+    from torch.distributed._composable import checkpoint
+    W, r = ctx.world_size, ctx.rank
+    for p in ("mix", "rotate", "split:2"):
+        with rec.case(p):
+            want = pc.reference(pc.make_net(), "sgd", W, 2)
+            net = pc.make_net()
+            for blk in net.blocks:
+                checkpoint(blk)  # recompute each block's activations in backward
+            model = _apply(net, pc.MIX if p == "mix" else p)
+            pc.train(model, pc.plan_optim(model, "sgd"), r, W, 2)
+            pc.assert_close_sd(_full(model), want, TIGHT, f"{p} with activation checkpointing")
 
 
 def fam_mixed_precision(ctx, rec):
@@ -200,6 +216,7 @@ def fam_errors(ctx, rec):
 
 
 FAMILIES = {"strategies": fam_strategies, "hf": fam_hf, "accumulate": fam_accumulate,
+            "activation_checkpointing": fam_activation_checkpointing,
             "mixed_precision": fam_mixed_precision, "checkpoint": fam_checkpoint,
             "report": fam_report, "errors": fam_errors}
 
@@ -207,7 +224,8 @@ FAMILIES = {"strategies": fam_strategies, "hf": fam_hf, "accumulate": fam_accumu
 # runs on an even and an odd size where it matters, keeping four launches in all.
 BATCHES = {1: ["strategies"],
            2: ["strategies", "errors", "hf", "report"],
-           3: ["strategies", "accumulate", "checkpoint", "mixed_precision", "report"],
+           3: ["strategies", "accumulate", "activation_checkpointing", "checkpoint",
+               "mixed_precision", "report"],
            4: ["strategies", "hf"]}
 
 
