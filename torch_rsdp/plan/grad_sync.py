@@ -10,7 +10,9 @@ launched strictly in index order on every rank, so ranks issue the same collecti
 order even when their backward passes produce gradients in different orders. At the end of
 the backward (an autograd-engine callback queued by the first hook), the buckets not launched
 yet (parameters that got no gradient on this rank) are launched with zeros in their place, then
-every bucket is waited on and the averages are written back into ``.grad``.
+every bucket is waited on and averaged. The bucket *is* the gradient afterwards (``.grad``
+becomes a view of it, as with DDP's ``gradient_as_bucket_view``), so gradients are held once,
+not twice, and one bucket's worth is copied at a time.
 
 Each bucket carries one extra element per parameter saying "this rank had a gradient", so a
 parameter unused on every rank keeps ``grad=None`` (the optimizer then skips it) while one used
@@ -112,6 +114,9 @@ class GradSync:
             else:
                 dst.copy_(p.grad.reshape(-1))
                 flat[n + i] = 1
+                if p.grad.dtype == b.dtype:
+                    p.grad = dst.view_as(p)  # the bucket becomes the gradient (DDP's
+                    # gradient_as_bucket_view): the old gradient is freed now, not at the end
             off += p.numel()
         b.flat = flat
         if self.world > 1:
@@ -138,10 +143,9 @@ class GradSync:
         b.flat[:n].div_(self.world)
         off = 0
         for i, p in enumerate(b.params):
-            if b.flat[n + i] > 0:
-                g = b.flat[off:off + p.numel()].view_as(p)
-                if p.grad is None:
-                    p.grad = g.to(p.dtype).clone()
-                else:
-                    p.grad.copy_(g)
+            g = b.flat[off:off + p.numel()].view_as(p)
+            if b.flat[n + i] == 0:
+                p.grad = None  # no rank had a gradient: the optimizer skips it
+            elif p.grad is None or p.grad.data_ptr() != g.data_ptr():
+                p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
             off += p.numel()
