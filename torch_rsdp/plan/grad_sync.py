@@ -3,16 +3,15 @@ and norms of ``split:k`` modules), bucketed and overlapped with backward, as DDP
 
 [Note: bucket order]
 Parameters are put in buckets of about ``bucket_bytes`` in *reverse* registration order, the
-order in which backward usually produces their gradients. A post-accumulate-grad hook marks a
-parameter ready; when every parameter of the next bucket to launch is ready, its gradients are
-copied into one flat buffer and all-reduced asynchronously while backward goes on. Buckets are
+order in which backward usually produces their gradients. A post-accumulate-grad hook copies a
+parameter's gradient into its bucket's flat buffer as soon as it is ready (``.grad`` becomes a
+view of the bucket, so gradients are held once); when every parameter of the next bucket to
+launch is ready, the bucket is all-reduced asynchronously while backward goes on. Buckets are
 launched strictly in index order on every rank, so ranks issue the same collectives in the same
 order even when their backward passes produce gradients in different orders. At the end of
 the backward (an autograd-engine callback queued by the first hook), the buckets not launched
 yet (parameters that got no gradient on this rank) are launched with zeros in their place, then
-every bucket is waited on and averaged. The bucket *is* the gradient afterwards (``.grad``
-becomes a view of it, as with DDP's ``gradient_as_bucket_view``), so gradients are held once,
-not twice, and one bucket's worth is copied at a time.
+every bucket is waited on and averaged in place.
 
 Each bucket carries one extra element per parameter saying "this rank had a gradient", so a
 parameter unused on every rank keeps ``grad=None`` (the optimizer then skips it) while one used
@@ -35,11 +34,15 @@ DEFAULT_BUCKET_BYTES = 25 << 20
 
 
 class _Bucket:
-    __slots__ = ("params", "index", "ready", "work", "flat", "dtype")
+    __slots__ = ("params", "index", "offsets", "ready", "work", "flat", "dtype")
 
     def __init__(self, params, index, dtype):
         self.params: List[nn.Parameter] = params
         self.index = {id(p): i for i, p in enumerate(params)}
+        self.offsets, off = [], 0
+        for p in params:
+            self.offsets.append(off)
+            off += p.numel()
         self.ready = 0
         self.work = None
         self.flat: Optional[torch.Tensor] = None
@@ -86,6 +89,7 @@ class GradSync:
         self._handles = []
 
     # ----------------------------------------------------------------------------------------
+    @torch.no_grad()
     def _on_grad(self, p: nn.Parameter) -> None:
         if not self.enabled:
             return
@@ -95,33 +99,36 @@ class GradSync:
         if id(p) in self._seen:  # a second accumulation in one backward: already counted
             return
         self._seen.add(id(p))
-        self._bucket_of[id(p)].ready += 1
+        b = self._bucket_of[id(p)]
+        self._copy_in(b, p)
+        b.ready += 1
         while (self._next < len(self.buckets)
                and self.buckets[self._next].ready == len(self.buckets[self._next].params)):
             self._launch(self.buckets[self._next])
             self._next += 1
 
-    @torch.no_grad()
+    def _copy_in(self, b: _Bucket, p: nn.Parameter) -> None:
+        """Moves ``p``'s gradient into its bucket as soon as it is ready, and makes ``.grad`` a
+        view of the bucket (DDP's ``gradient_as_bucket_view``): the gradient then exists once,
+        and only one parameter's is ever held twice."""
+        if b.flat is None:
+            n = sum(q.numel() for q in b.params)
+            b.flat = torch.zeros(n + len(b.params), dtype=b.dtype, device=p.device)
+        i = b.index[id(p)]
+        off = b.offsets[i]
+        dst = b.flat[off:off + p.numel()]
+        dst.copy_(p.grad.reshape(-1))
+        b.flat[b.flat.numel() - len(b.params) + i] = 1
+        if p.grad.dtype == b.dtype:
+            p.grad = dst.view_as(p)
+
     def _launch(self, b: _Bucket) -> None:
-        n = sum(p.numel() for p in b.params)
-        flat = torch.empty(n + len(b.params), dtype=b.dtype, device=b.params[0].device)
-        off = 0
-        for i, p in enumerate(b.params):
-            dst = flat[off:off + p.numel()]
-            if p.grad is None:
-                dst.zero_()
-                flat[n + i] = 0
-            else:
-                dst.copy_(p.grad.reshape(-1))
-                flat[n + i] = 1
-                if p.grad.dtype == b.dtype:
-                    p.grad = dst.view_as(p)  # the bucket becomes the gradient (DDP's
-                    # gradient_as_bucket_view): the old gradient is freed now, not at the end
-            off += p.numel()
-        b.flat = flat
+        if b.flat is None:  # no parameter of the bucket had a gradient on this rank
+            n = sum(q.numel() for q in b.params)
+            b.flat = torch.zeros(n + len(b.params), dtype=b.dtype, device=b.params[0].device)
         if self.world > 1:
             with record_function("RSDP::plan::grad_all_reduce"):
-                b.work = dist.all_reduce(flat, group=self.group, async_op=True)
+                b.work = dist.all_reduce(b.flat, group=self.group, async_op=True)
 
     @torch.no_grad()
     def _finish(self) -> None:
