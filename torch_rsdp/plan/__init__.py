@@ -22,16 +22,30 @@ Strategies (names follow FSDP's ``ShardingStrategy``, lower case):
 :func:`no_sync` accumulates gradients over micro-batches for every strategy;
 :func:`full_state_dict` / :func:`load_full_state_dict` move checkpoints between plans;
 :func:`report` shows what each unit costs on this rank.
+
+:func:`auto` chooses the strategies itself: the fastest plan whose predicted peak memory per
+rank fits a budget, from costs measured here (or for a :class:`Cluster` we do not have).
 """
 from .accumulate import no_sync, set_gradient_sync
+from .auto import AutoPlan, auto, default_units, parse_budget, plan_profile, predict
+from .cluster import Cluster
 from .apply import PlanState, apply, plan_state
 from .checkpoint import full_state_dict, load_full_state_dict
 from .optim import ShardedOptimizer, make_optimizer
 from .report import PlanReport, report
+from .search import BudgetError
 from .spec import STRATEGIES, Plan, Strategy, parse_strategy, resolve
 
 __all__ = [
     "apply",
+    "auto",
+    "predict",
+    "plan_profile",
+    "AutoPlan",
+    "Cluster",
+    "BudgetError",
+    "default_units",
+    "parse_budget",
     "Plan",
     "Strategy",
     "STRATEGIES",

@@ -43,6 +43,13 @@ class Meshes:
         self.device_type = device_type
         self._flat: Optional[DeviceMesh] = None
         self._hybrid: Optional[DeviceMesh] = None
+        self._nodes: Optional[List[List[int]]] = None
+
+    def nodes(self) -> List[List[int]]:
+        """The group ranks of every node."""
+        if self._nodes is None:
+            self._nodes = node_ranks(self.group)
+        return self._nodes
 
     def flat(self) -> DeviceMesh:
         if self._flat is None:
@@ -52,7 +59,7 @@ class Meshes:
     def hybrid(self) -> DeviceMesh:
         if self._hybrid is not None:
             return self._hybrid
-        nodes = node_ranks(self.group)
+        nodes = self.nodes()
         if len(nodes) == 1:
             self._hybrid = self.flat()
             return self._hybrid

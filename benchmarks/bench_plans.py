@@ -1,0 +1,356 @@
+#!/usr/bin/env python3
+"""The planner against every uniform strategy, across memory budgets (OSDP's figure).
+
+A Hugging Face Llama built from a config (nothing downloaded) is trained with AdamW over the
+rsdp backend. In one launch per setting (``1x4``: 4 ranks on one node; ``2x2``: 2 emulated
+nodes x 2 ranks behind a ``tc``-limited link), it
+
+1. finds the tightest budget any plan fits (``plan.BudgetError.smallest_feasible_bytes``) and
+   the unconstrained one (what ``no_shard`` needs), and picks ``--budgets`` budgets between;
+2. runs every uniform strategy once (one unit per layer) and measures its step time and peak
+   memory per rank;
+3. at every budget, plans with ``plan.auto``, trains that plan and measures the same;
+4. with ``2x2``, also plans with ``Cluster(nodes=2, ranks_per_node=2, ...)`` built from the
+   link's rate and compares that prediction with what the emulated cluster measured.
+
+Measured peak memory per rank: torch's ``MemTracker`` (torch.distributed._tools.mem_tracker,
+every tensor torch allocates: parameters, gradients, optimizer state, activations,
+temporaries, communication buffers) over one training step, max over ranks. Step time: median
+of the timed steps, slowest rank.
+
+Targets (PASS/MISS, never the exit code): measured peak <= budget at every budget; predicted
+peak within 10 % of measured; predicted step time within 25 %; auto at least as fast as the
+best uniform strategy that fits (within 5 %) at every budget, and >= 1.15x faster at some
+budget between the extremes in one setting; on 2x2 the plan uses hybrid_shard where it pays;
+the Cluster prediction within 25 % of what 2x2 measured.
+
+    python benchmarks/bench_plans.py                      # both settings
+    python benchmarks/bench_plans.py --settings 1x4 --budgets 6 --steps 4
+    python benchmarks/bench_plans.py --quick              # smoke test
+
+Outputs in --out (default benchmarks/results/): plans.md, plans.json, plans.png.
+Only the standard library is imported at the top (workers enter network namespaces first).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, os.path.join(ROOT, "tests"))
+sys.path.insert(0, HERE)
+sys.path.append(ROOT)
+
+SETTINGS = {"1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
+UNIFORM = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate",
+           "split:2", "split:4"]
+MODEL = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
+             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+             tie_word_embeddings=False)
+QUICK_MODEL = dict(MODEL, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                   vocab_size=512)
+
+
+def _model(cfg):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    torch.manual_seed(0)
+    return LlamaForCausalLM(LlamaConfig(**cfg))
+
+
+def _measure(ctx, cfg, spec, steps, warmup, seq, batch):
+    """(step s, peak bytes) of ``spec`` (a plan or a strategy name), slowest / largest rank."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    import torch_rsdp.plan as plan
+    W, r = ctx.world_size, ctx.rank
+    model = plan.apply(_model(cfg), spec)
+    opt = plan.make_optimizer(model, torch.optim.AdamW, lr=1e-4)
+
+    def step(i):
+        g = torch.Generator().manual_seed(i)
+        ids = torch.randint(0, cfg["vocab_size"], (W * batch, seq + 1), generator=g)
+        ids = ids[r * batch:(r + 1) * batch]
+        out = model(input_ids=ids[:, :-1], labels=ids[:, 1:], use_cache=False)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    times = []
+    for i in range(warmup + steps):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step(i)
+        if i >= warmup:
+            times.append(time.perf_counter() - t0)
+    dist.barrier()
+    mt = MemTracker()
+    mt.track_external(model, opt)
+    with mt:
+        step(warmup + steps)
+    peak = max(v.get("Total", 0) for v in mt.get_tracker_snapshot("peak").values())
+    vals = torch.tensor([statistics.median(times), float(peak)], dtype=torch.float64)
+    dist.all_reduce(vals, op=dist.ReduceOp.MAX)
+    del model, opt, mt
+    return float(vals[0]), int(vals[1])
+
+
+def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, uniform, one_node):
+    import torch
+
+    import torch_rsdp.plan as plan
+    torch.set_num_threads(1)
+    r = ctx.rank
+    model = _model(cfg)
+    ids = torch.randint(0, cfg["vocab_size"], (batch, seq))
+    example = {"input_ids": ids, "labels": ids, "use_cache": False}
+    try:
+        plan.auto(model, example, memory_budget=1)
+    except plan.BudgetError as e:
+        tightest = e.smallest_feasible_bytes
+    loose = plan.auto(model, example, memory_budget=1 << 40).prediction.peak_bytes
+    budgets = [int(tightest + (loose - tightest) * i / (budgets_n - 1)) for i in range(budgets_n)]
+    rows = []
+    for s in uniform:
+        if s == "hybrid_shard" and one_node:
+            continue  # on one node hybrid_shard is full_shard
+        pred = plan.predict(model, example, plan.Plan.uniform(model, s))
+        t, peak = _measure(ctx, cfg, s, steps, warmup, seq, batch)
+        rows.append({"kind": "uniform", "plan": s, "step_s": t, "peak_bytes": peak,
+                     "pred_step_s": pred.step_time_s, "pred_peak_bytes": pred.peak_bytes})
+    for b in budgets:
+        ctx.set_progress(f"auto at {b} bytes")
+        p = plan.auto(model, example, memory_budget=b)
+        t, peak = _measure(ctx, cfg, p, steps, warmup, seq, batch)
+        rows.append({"kind": "auto", "budget_bytes": b, "plan": p.to_dict(), "step_s": t,
+                     "peak_bytes": peak, "pred_step_s": p.prediction.step_time_s,
+                     "pred_peak_bytes": p.prediction.peak_bytes, "explain": p.explain()})
+    cluster = None
+    if rate_Bps:
+        fits = plan.plan_profile(model, example).fits
+        intra = fits["all_gather@intra"].bytes_per_s / 1e9
+        cl = plan.Cluster(nodes=2, ranks_per_node=ctx.world_size // 2, intra_node_GBps=intra,
+                          inter_node_GBps=rate_Bps / 1e9,
+                          latency_us=fits["all_reduce@inter"].latency_s * 1e6)
+        mid = budgets[len(budgets) // 2]
+        p = plan.auto(model, example, memory_budget=mid, topology=cl)
+        t, peak = _measure(ctx, cfg, p, steps, warmup, seq, batch)
+        cluster = {"cluster": repr(cl), "budget_bytes": mid, "plan": p.to_dict(),
+                   "pred_step_s": p.prediction.step_time_s, "step_s": t,
+                   "pred_peak_bytes": p.prediction.peak_bytes, "peak_bytes": peak}
+    if r:
+        return None
+    return {"budgets": budgets, "tightest": tightest, "loose": loose, "rows": rows,
+            "cluster": cluster}
+
+
+# ------------------------------------------------------------------------------ launcher side
+def run(setting, args, nodes, rate_Bps):
+    from harness import LaunchError, launch
+    node_of = SETTINGS[setting]
+    try:
+        res = launch(bench_worker, len(node_of),
+                     (args.model, args.budgets, args.steps, args.warmup, args.seq, args.batch,
+                      rate_Bps if setting == "2x2" else None, args.uniform, setting == "1x4"),
+                     node_of=node_of if setting == "2x2" else None,
+                     netns=nodes if setting == "2x2" else None,
+                     env={"OMP_NUM_THREADS": "1", "RSDP_SPIN_US": "0",
+                          "RSDP_PLAN_CACHE": args.cache},
+                     deadline=args.deadline, pg_timeout=args.deadline / 2)
+        out = dict(res[0])
+    except LaunchError as e:
+        out = {"error": str(e)[:3000]}
+    out["setting"] = setting
+    return out
+
+
+def _pct(pred, meas):
+    return (pred - meas) / meas if meas else float("nan")
+
+
+def checks(results):
+    out = []
+
+    def add(text, ok, detail):
+        out.append({"check": text, "ok": bool(ok), "detail": detail})
+
+    best_gain = []
+    for res in results:
+        if "error" in res:
+            continue
+        st, rows = res["setting"], res["rows"]
+        autos = [r for r in rows if r["kind"] == "auto"]
+        unis = [r for r in rows if r["kind"] == "uniform"]
+        over = [r for r in autos if r["peak_bytes"] > r["budget_bytes"]]
+        add(f"{st}: measured peak <= budget at every budget", not over,
+            f"{len(over)} of {len(autos)} over")
+        perr = max(abs(_pct(r["pred_peak_bytes"], r["peak_bytes"])) for r in autos)
+        add(f"{st}: predicted peak within 10% of measured", perr <= 0.10, f"worst {perr:.0%}")
+        terr = max(abs(_pct(r["pred_step_s"], r["step_s"])) for r in autos)
+        add(f"{st}: predicted step time within 25% of measured", terr <= 0.25,
+            f"worst {terr:.0%}")
+        worst, gains = 0.0, []
+        for r in autos:
+            fit = [u for u in unis if u["peak_bytes"] <= r["budget_bytes"]]
+            if fit:
+                best = min(u["step_s"] for u in fit)
+                worst = max(worst, r["step_s"] / best - 1)
+                gains.append(best / r["step_s"])
+        add(f"{st}: auto as fast as the best uniform strategy that fits (within 5%)",
+            worst <= 0.05, f"worst {worst:+.0%} slower")
+        best_gain.append(max(gains[1:-1] or [0]))
+        if st == "2x2":
+            used = any("hybrid_shard" in r["plan"]["mapping"].values() for r in autos)
+            add("2x2: the plans use hybrid_shard", used, "")
+            c = res.get("cluster")
+            if c:
+                e = _pct(c["pred_step_s"], c["step_s"])
+                add("2x2: Cluster(nodes=2, ...) predicted step time within 25% of measured",
+                    abs(e) <= 0.25, f"{e:+.0%}")
+    if best_gain:
+        add("auto >= 1.15x the best fitting uniform strategy at some budget between the "
+            "extremes", max(best_gain) >= 1.15, f"best {max(best_gain):.2f}x")
+    return out
+
+
+def markdown(results, info, chk):
+    from training_models import fmt_bytes as fb, md_table
+    lines = [f"## Planner vs uniform strategies: Llama {info['model']}, AdamW, rsdp backend", "",
+             f"{info['steps']} timed steps after {info['warmup']} warm-up, seq {info['seq']}, "
+             f"batch {info['batch']}/rank; 2x2 = {info['link']}; torch {info['torch']}; "
+             f"load average at start {info['load']}. Memory: torch MemTracker over one step "
+             f"(every tensor torch allocates), max over ranks.", ""]
+    for res in results:
+        st = res["setting"]
+        if "error" in res:
+            lines += [f"### {st}: failed", "", "```", res["error"], "```", ""]
+            continue
+        hdr = ["run", "budget", "step ms", "pred ms", "peak/rank", "pred peak", "fits",
+               "plan"]
+        body = []
+        for r in res["rows"]:
+            if r["kind"] == "uniform":
+                body.append([r["plan"], "-", f"{r['step_s'] * 1e3:.0f}",
+                             f"{r['pred_step_s'] * 1e3:.0f}", fb(r["peak_bytes"]),
+                             fb(r["pred_peak_bytes"]), "", "uniform"])
+            else:
+                counts = {}
+                for v in list(r["plan"]["mapping"].values()) + [r["plan"]["default"]]:
+                    counts[v] = counts.get(v, 0) + 1
+                mix = ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
+                body.append(["auto", fb(r["budget_bytes"]), f"{r['step_s'] * 1e3:.0f}",
+                             f"{r['pred_step_s'] * 1e3:.0f}", fb(r["peak_bytes"]),
+                             fb(r["pred_peak_bytes"]),
+                             "yes" if r["peak_bytes"] <= r["budget_bytes"] else "NO", mix])
+        lines += [f"### {st} (tightest feasible {fb(res['tightest'])}, unconstrained "
+                  f"{fb(res['loose'])})", "", md_table(hdr, body), ""]
+        c = res.get("cluster")
+        if c:
+            lines += [f"{c['cluster']} at {fb(c['budget_bytes'])}: predicted step "
+                      f"{c['pred_step_s'] * 1e3:.0f} ms, measured {c['step_s'] * 1e3:.0f} ms; "
+                      f"predicted peak {fb(c['pred_peak_bytes'])}, measured "
+                      f"{fb(c['peak_bytes'])}.", ""]
+    for c in chk:
+        lines.append(f"- {'PASS' if c['ok'] else 'MISS'}: {c['check']} ({c['detail']})")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    ok = [r for r in results if "error" not in r]
+    if not ok:
+        return
+    fig, axes = plt.subplots(1, len(ok), figsize=(7 * len(ok), 4.5), squeeze=False)
+    for ax, res in zip(axes[0], ok):
+        budgets = res["budgets"]
+        autos = [r for r in res["rows"] if r["kind"] == "auto"]
+        for u in [r for r in res["rows"] if r["kind"] == "uniform"]:
+            xs = [b / 2**20 for b in budgets if u["peak_bytes"] <= b]
+            if xs:
+                ax.plot(xs, [1 / u["step_s"]] * len(xs), marker=".", label=u["plan"])
+        ax.plot([r["budget_bytes"] / 2**20 for r in autos], [1 / r["step_s"] for r in autos],
+                marker="o", linewidth=2.5, color="black", label="auto")
+        ax.set_xlabel("memory budget per rank (MiB)")
+        ax.set_ylabel("steps/s (higher is better)")
+        ax.set_title(f"{res['setting']}: throughput against budget")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--settings", default="1x4,2x2")
+    p.add_argument("--budgets", type=int, default=6)
+    p.add_argument("--rate", default="100mbit", help="tc rate of each node link (2x2)")
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--seq", type=int, default=64)
+    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--deadline", type=float, default=1500)
+    p.add_argument("--quick", action="store_true", help="smoke test: tiny model, 1x4, 3 budgets")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = p.parse_args(argv)
+    args.model, args.uniform = dict(MODEL), list(UNIFORM)
+    if args.quick:
+        args.model, args.settings, args.budgets, args.steps = QUICK_MODEL, "1x4", 3, 1
+        args.uniform = ["no_shard", "full_shard"]
+    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    if any(s not in SETTINGS for s in settings) or args.budgets < 2:
+        p.error(f"--settings from {list(SETTINGS)}, --budgets >= 2")
+    import tempfile
+
+    import torch
+    from torch_rsdp.testing import netns
+    args.cache = tempfile.mkdtemp(prefix="rsdp-plan-cache-")
+    netns.cleanup_stale()
+    info = {"model": args.model, "steps": args.steps, "warmup": args.warmup, "seq": args.seq,
+            "batch": args.batch, "torch": torch.__version__,
+            "load": [round(x, 2) for x in os.getloadavg()],
+            "date": datetime.datetime.now().isoformat(timespec="seconds"), "link": "-"}
+    t0 = time.perf_counter()
+    results = []
+    if "1x4" in settings:
+        results.append(run("1x4", args, None, None))
+    if "2x2" in settings:
+        if netns.namespaces_available():
+            with netns.EmulatedNodes(2, rate=args.rate) as nodes:
+                info["link"] = f"network namespaces, node links limited to {args.rate} (tc)"
+                results.append(run("2x2", args, nodes, nodes.rate_bps / 8))
+        else:
+            info["link"] = "loopback with RSDP_NODE_ID (no link emulated)"
+            results.append(run("2x2", args, None, None))
+    info["elapsed_s"] = round(time.perf_counter() - t0, 1)
+    chk = checks(results)
+    text = markdown(results, info, chk)
+    print(text)
+    for res in results:
+        for r in res.get("rows", []):
+            if r["kind"] == "auto":
+                print(f"# {res['setting']} budget {r['budget_bytes']}:\n{r['explain']}\n")
+    os.makedirs(args.out, exist_ok=True)
+    stem = os.path.join(args.out, "plans")
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    with open(stem + ".json", "w") as f:
+        json.dump({"info": info, "results": results, "checks": chk}, f, indent=1)
+    plot(results, stem + ".png")
+    print(f"# wrote {stem}.md, .json, .png ({info['elapsed_s']} s)")
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,234 @@
+"""``plan.auto``: choose every unit's strategy under a memory budget from measured costs (OSDP).
+
+    p = plan.auto(model, example_batch, memory_budget="6GiB")
+    print(p.explain())
+    model = plan.apply(model, p)
+
+Steps: decide the units (by default each repeated block, e.g. every transformer layer, and
+every other module that holds parameters: embeddings, norms, the head); measure them and the
+collectives (:mod:`.profile`, cached); price every (unit, strategy) (:mod:`.cost`, or with
+``topology=Cluster(...)`` for a cluster we do not have, :mod:`.cluster`); search the cheapest
+assignment whose peak fits (:mod:`.search`) on group rank 0 and broadcast it, so every rank
+applies the same plan.
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Callable, Dict, List, Optional, Sequence, Union
+
+import torch.distributed as dist
+import torch.nn as nn
+
+from ..rsdp.sharded_attention import can_shard_attention
+from ..rsdp.sharded_embedding import can_shard_embedding
+from .apply import _units
+from .cluster import Cluster
+from .cost import DEFAULT_STRATEGIES, Links, applicable, unit_choices
+from .explain import Prediction, UnitPrediction, explain
+from .mesh import Meshes
+from .profile import OPTIMIZER_STATE_FACTOR, profile_model
+from .search import BudgetError, peak_bytes, runner_up, solve, total_time
+from .spec import Plan, block_patterns, parse_strategy, resolve
+from .split_linear import is_splittable
+
+__all__ = ["auto", "predict", "plan_profile", "AutoPlan", "parse_budget", "default_units"]
+
+
+class AutoPlan(Plan):
+    """A :class:`Plan` with the planner's prediction (``explain()``, ``prediction``)."""
+
+    prediction: Prediction
+
+    def explain(self) -> str:
+        return explain(self.prediction)
+
+
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kb": 1000, "kib": 1 << 10, "m": 1 << 20, "mb": 10**6,
+          "mib": 1 << 20, "g": 1 << 30, "gb": 10**9, "gib": 1 << 30, "t": 1 << 40,
+          "tb": 10**12, "tib": 1 << 40}
+
+
+def parse_budget(budget: Union[str, int, float], local_ranks: int = 1) -> int:
+    """Bytes per rank from ``"6GiB"`` / ``"512MB"`` / bytes / a fraction in (0, 1] of this
+    machine's memory shared by its ``local_ranks`` ranks."""
+    if isinstance(budget, bool):
+        raise TypeError("memory_budget: expected bytes, a size string or a fraction")
+    if isinstance(budget, float) and 0 < budget <= 1:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return int(total * budget / max(1, local_ranks))
+    if isinstance(budget, (int, float)):
+        if budget <= 0:
+            raise ValueError(f"memory_budget must be positive, got {budget}")
+        return int(budget)
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(budget))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"memory_budget {budget!r}: expected e.g. '6GiB', '512MB', bytes, or a "
+                         f"fraction of the machine's memory")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def default_units(model: nn.Module) -> List[str]:
+    """Every repeated block, then every other module that holds parameters itself."""
+    names = [n for n, _ in model.named_modules()]
+    blocks = []
+    for pat in block_patterns(model):
+        prefix = pat[:-1]
+        blocks += [n for n in names if n.startswith(prefix) and "." not in n[len(prefix):]
+                   and n[len(prefix):]]
+    under = tuple(b + "." for b in blocks)
+    others = [n for n, m in model.named_modules()
+              if n and n not in blocks and not n.startswith(under)
+              and any(True for _ in m.parameters(recurse=False))]
+    return blocks + others
+
+
+def _select_units(model: nn.Module, units) -> List[str]:
+    if units is None:
+        return default_units(model)
+    if callable(units):
+        picked = [n for n, m in model.named_modules() if n and units(n, m)]
+        return [n for n in picked if not any(n.startswith(p + ".") for p in picked)]
+    names = dict(model.named_modules())
+    bad = [u for u in units if u not in names]
+    if bad:
+        raise ValueError(f"torch_rsdp.plan.auto: units {bad} are not modules of "
+                         f"{type(model).__name__}")
+    return list(units)
+
+
+def _unit_bytes(model: nn.Module, unit_names: List[str]) -> Dict[str, Dict[str, int]]:
+    """What each unit owns (tied parameters at their common ancestor, as apply does)."""
+    res = resolve(model, Plan({n: "no_shard" for n in unit_names}), strict=True)
+    units = _units(model, res)
+    counts: Dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        counts[id(p)] = counts.get(id(p), 0) + 1
+    linear, rotate = set(), set()
+    for _, m in model.named_modules():
+        if is_splittable(m) and counts.get(id(m.weight), 0) == 1:
+            linear.add(id(m.weight))
+        if type(m) is nn.Linear or can_shard_embedding(m) or can_shard_attention(m):
+            if all(counts.get(id(p), 0) == 1 for p in m.parameters(recurse=False)):
+                rotate.update(id(p) for p in m.parameters())
+    out = {}
+    for name, u in units.items():
+        if name not in unit_names and not (name == "" and u.params):
+            continue
+        ps = list(u.params.values())
+        nb = lambda sel: sum(p.numel() * p.element_size() for p in ps if sel(p))  # noqa: E731
+        out[name] = {"numel": sum(p.numel() for p in ps),
+                     "param_bytes": nb(lambda p: True),
+                     "linear_bytes": nb(lambda p: id(p) in linear),
+                     "rotate_bytes": nb(lambda p: id(p) in rotate)}
+    return out
+
+
+def _costs(model, example_inputs, group, optimizer, strategies, units, topology, use_cache):
+    """(profile, links, [choices per unit]) for this model. Collective."""
+    if optimizer not in OPTIMIZER_STATE_FACTOR:
+        raise ValueError(f"torch_rsdp.plan.auto: unknown optimizer rule {optimizer!r}; "
+                         f"one of {sorted(OPTIMIZER_STATE_FACTOR)}")
+    cands = [str(parse_strategy(s)) for s in (strategies or DEFAULT_STRATEGIES)]
+    meshes = Meshes(group)
+    names = _select_units(model, units)
+    owned = _unit_bytes(model, names)
+    here = Links(dist.get_world_size(group), len(meshes.nodes()), {})
+    timed = (lambda u: [str(s) for s in map(parse_strategy, cands)
+                        if applicable(u, s, here)])
+    prof = profile_model(model, example_inputs, owned, group=group, optimizer=optimizer,
+                         meshes=meshes, use_cache=use_cache, strategies=timed)
+    links = topology.links() if topology is not None else Links.measured(prof)
+    choices = [unit_choices(u, cands, links, optimizer, prof.optim_s_per_byte,
+                            measured_ok=topology is None)
+               for u in prof.units]
+    return prof, links, choices
+
+
+def _prediction(prof, links, choices, picks, budget, topology, ups=None) -> Prediction:
+    topo = (f"{topology}" if topology is not None else
+            f"measured here ({prof.world} ranks, {len(prof.nodes)} node(s))")
+    pred = Prediction(budget, peak_bytes(choices, picks), total_time(choices, picks),
+                      links.world, links.nodes, topo, from_cache=prof.from_cache)
+    for i, u in enumerate(prof.units):
+        c = choices[i][picks[i]]
+        up = ups[i] if ups else None
+        pred.units.append(UnitPrediction(
+            u.name, u.numel, c.strategy, c.resident_bytes + c.live_bytes, c.transient_bytes,
+            c.time_s, *(None, None, None) if up is None else
+            (choices[i][up[0]].strategy, up[1], up[2])))
+    return pred
+
+
+def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
+         optimizer: str = "adamw", strategies: Optional[Sequence[str]] = None,
+         units: Union[None, Sequence[str], Callable[[str, nn.Module], bool]] = None,
+         topology: Optional[Cluster] = None, use_cache: bool = True,
+         headroom: float = 0.05) -> AutoPlan:
+    """The fastest plan whose predicted peak per rank fits ``memory_budget``. Collective.
+
+    example_inputs: one micro-batch as this rank passes it to ``model`` (a tensor, a tuple of
+        positional arguments, or a dict of keyword arguments).
+    memory_budget: per rank: bytes, ``"6GiB"``, or a fraction of this machine's memory.
+    optimizer: the optimizer's state rule: ``"adamw"``, ``"adam"``, ``"sgd"``,
+        ``"sgd_momentum"``, ``"adagrad"``, ``"rmsprop"``.
+    strategies: the candidates (default: every strategy, ``split:2`` and ``split:4``).
+    units: module names, or a predicate ``(name, module) -> bool``; default: each repeated
+        block and every other module holding parameters.
+    topology: a :class:`Cluster` to plan for instead of this group.
+    headroom: the fraction of the budget kept free for what the model does not count
+        (allocator slack, the optimizer's temporaries, library buffers).
+    Raises :class:`BudgetError` (a ``ValueError``) naming the smallest budget that fits.
+    """
+    if not 0 <= headroom < 1:
+        raise ValueError(f"torch_rsdp.plan.auto: headroom must be in [0, 1), got {headroom}")
+    local = (len(Meshes(group).nodes()[0]) if topology is None else topology.ranks_per_node)
+    budget = parse_budget(memory_budget, local)
+    prof, links, choices = _costs(model, example_inputs, group, optimizer, strategies, units,
+                                  topology, use_cache)
+    result: list = [None]
+    if dist.get_rank(group) == 0:  # rank 0 decides; every rank applies the same plan
+        usable = int(budget * (1 - headroom))
+        try:
+            sol = solve(choices, usable)
+            result[0] = ("ok", sol.picks, runner_up(choices, sol, usable))
+        except BudgetError as e:
+            result[0] = ("budget", budget,
+                         -(-e.smallest_feasible_bytes * 10**6 // int((1 - headroom) * 10**6)))
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    dist.broadcast_object_list(result, src=src, group=group)
+    if result[0][0] == "budget":
+        raise BudgetError(result[0][1], result[0][2])
+    _, picks, ups = result[0]
+    mapping = {u.name: choices[i][picks[i]].strategy for i, u in enumerate(prof.units)}
+    default = mapping.pop("", "no_shard")
+    p = AutoPlan(mapping, default)
+    p.prediction = _prediction(prof, links, choices, picks, budget, topology, ups)
+    return p
+
+
+def predict(model: nn.Module, example_inputs, plan, *, group=None, optimizer: str = "adamw",
+            units=None, topology: Optional[Cluster] = None, use_cache: bool = True
+            ) -> Prediction:
+    """What the planner predicts for ``plan`` (any :class:`Plan`, mapping or strategy name):
+    peak per rank and step time. Collective (profiles, or reads the cache)."""
+    p = Plan.of(plan, model=model)
+    prof, links, choices = _costs(model, example_inputs, group, optimizer, None, units,
+                                  topology, use_cache)
+    res = resolve(model, p, strict=False)
+    nodes = links.nodes
+    picks = []
+    for i, u in enumerate(prof.units):
+        s = parse_strategy(res.strategy_of_module(u.name))
+        names = [c.strategy for c in choices[i]]
+        want = str(s)
+        if want not in names:  # what apply does with a strategy the unit cannot use
+            want = "full_shard" if s.kind == "hybrid_shard" and nodes == 1 else "no_shard"
+        picks.append(names.index(want))
+    return _prediction(prof, links, choices, picks, 0, topology)
+
+
+def plan_profile(model: nn.Module, example_inputs, *, group=None, optimizer: str = "adamw",
+                 units=None, use_cache: bool = True):
+    """The profile the planner uses (per-unit measurements, collective fits). Collective."""
+    return _costs(model, example_inputs, group, optimizer, None, units, None, use_cache)[0]
