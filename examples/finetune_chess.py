@@ -5,6 +5,7 @@
     python examples/finetune_chess.py --strategy rsdp --nproc 4          # spawns its own ranks
     python examples/finetune_chess.py --strategy fsdp2 --backend gloo --nproc 4
     python examples/finetune_chess.py --compare --nproc 4                # all strategies, one table
+    python examples/finetune_chess.py --strategy plan --plan auto --memory-budget 8MiB --nproc 4
     python examples/finetune_chess.py --nproc 4 --save /tmp/chess.pt     # then, to fine-tune it:
     python examples/finetune_chess.py --nproc 4 --init-from /tmp/chess.pt --lr 3e-4 --seed 1
 
@@ -14,7 +15,11 @@ TransformerLM (benchmarks/training_models.py). Strategies:
 
 * ``rsdp``  -- ``torch_rsdp.rsdp.shard(model)``: weights sharded, shards rotate around the ring;
 * ``fsdp2`` -- ``fully_shard`` on every block, then on the root (1-D device mesh);
-* ``ddp``   -- ``DistributedDataParallel`` (``no_sync`` on all but the last micro-batch).
+* ``ddp``   -- ``DistributedDataParallel`` (``no_sync`` on all but the last micro-batch);
+* ``plan``  -- ``torch_rsdp.plan``: ``--plan auto --memory-budget 8MiB`` lets the planner
+  choose each block's strategy under that per-rank budget (its explanation is printed);
+  ``--plan full_shard`` (any strategy name, one unit per block) or ``--plan my.json`` applies
+  that plan. In ``--runs`` a plan run is written ``plan=auto:rsdp`` or ``plan=rotate:rsdp``.
 
 Batch sizes follow the usual recipe: ``--batch-size-per-device`` sequences per forward;
 ``--gradient-accumulation-steps`` micro-batches per optimizer step; the total batch is
@@ -27,7 +32,7 @@ the last step, see training_models.ParamMemoryTracker) and peak RSS, and at the 
 held-out loss and the fraction of greedy next-move predictions that are legal moves.
 
 ``--compare`` trains every run of ``--runs`` (default rsdp:rsdp, fsdp2:rsdp, ddp:rsdp,
-fsdp2:gloo) one after another in the same processes, from the same initial weights on the same
+fsdp2:gloo, plan=auto:rsdp) one after another in the same processes, from the same initial weights on the same
 batches, and prints one comparison table (peak RSS is reset between runs where Linux allows;
 it can only grow). Backends other than ``--backend`` run on extra process groups.
 """
@@ -54,13 +59,18 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
 import chess_data  # noqa: E402
 import training_models as tm  # noqa: E402
 
-DEFAULT_COMPARE = "rsdp:rsdp,fsdp2:rsdp,ddp:rsdp,fsdp2:gloo"
+DEFAULT_COMPARE = "rsdp:rsdp,fsdp2:rsdp,ddp:rsdp,fsdp2:gloo,plan=auto:rsdp"
 
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--strategy", choices=tm.STRATEGIES, default="rsdp")
+    p.add_argument("--strategy", choices=tm.STRATEGIES + ("plan",), default="rsdp")
+    p.add_argument("--plan", default="auto",
+                   help="with --strategy plan: 'auto', a strategy name, or a plan JSON file")
+    p.add_argument("--memory-budget", default=None,
+                   help="per-rank budget for --plan auto (e.g. 8MiB; default: 60%% of what "
+                        "no_shard would need, as the planner predicts it)")
     p.add_argument("--backend", default="rsdp", help="rsdp, gloo (CPU) or nccl (GPU)")
     p.add_argument("--compare", action="store_true", help="train every run of --runs in turn")
     p.add_argument("--runs", default=DEFAULT_COMPARE, help="strategy:backend list for --compare")
@@ -119,7 +129,10 @@ class Run:
         if a.init_from:
             model.load_state_dict(torch.load(a.init_from, map_location="cpu", weights_only=True))
         model.to(self.device)
-        if self.strategy == "rsdp":
+        self.plan_text = None
+        if self.strategy.startswith("plan"):
+            model = self.build_plan(model)
+        elif self.strategy == "rsdp":
             rsdp, why = tm.rsdp_import()
             if rsdp is None:
                 raise RuntimeError(f"rsdp: not available: {why}")
@@ -139,12 +152,38 @@ class Run:
         self.model = model
         decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
         other = [p for n, p in model.named_parameters() if p.ndim < 2]
-        self.opt = torch.optim.AdamW([{"params": decay, "weight_decay": a.weight_decay},
-                                      {"params": other, "weight_decay": 0.0}], lr=a.lr)
+        groups = [{"params": decay, "weight_decay": a.weight_decay},
+                  {"params": other, "weight_decay": 0.0}]
+        if self.strategy.startswith("plan"):
+            import torch_rsdp.plan as plan
+            self.opt = plan.make_optimizer(model, torch.optim.AdamW, lr=a.lr,
+                                           weight_decay=a.weight_decay)
+        else:
+            self.opt = torch.optim.AdamW(groups, lr=a.lr)
         warm, total = max(1, a.warmup_steps), max(1, a.steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: min((s + 1) / warm, 0.5 * (1 + math.cos(
                 math.pi * min(1.0, max(0, s - warm) / max(1, total - warm)))) * 0.9 + 0.1))
+
+    def build_plan(self, model):
+        """``plan=SPEC`` (or ``--strategy plan --plan SPEC``): apply a plan, or plan first."""
+        import torch_rsdp.plan as plan
+        a = self.args
+        spec = self.strategy.partition("=")[2] or a.plan
+        if spec != "auto":
+            return plan.apply(model, tm.load_plan(spec), group=self.group)
+        x, _ = self.data.batch(self.indices(0, 0))
+        budget = a.memory_budget
+        if budget is None:  # 60% of what replicating everything would need
+            loose = plan.auto(model, (x.to(self.device),), memory_budget=1 << 40,
+                              group=self.group, strategies=["no_shard"])
+            budget = int(0.6 * loose.prediction.peak_bytes)
+        p = plan.auto(model, (x.to(self.device),), memory_budget=budget, group=self.group)
+        self.plan_text = p.explain()
+        self.log(f"=== {self.strategy}:{self.backend}: the planner's choice\n{self.plan_text}",
+                 flush=True)
+        self.prediction = p.prediction
+        return plan.apply(model, p, group=self.group)
 
     def indices(self, step, micro):
         a = self.args
@@ -176,8 +215,9 @@ class Run:
                 for micro in range(accum):
                     x, y = self.data.batch(self.indices(step, micro))
                     x, y = x.to(self.device), y.to(self.device)
-                    sync = (self.strategy != "ddp" or micro == accum - 1)
-                    with contextlib.nullcontext() if sync else self.model.no_sync():
+                    sync = micro == accum - 1 or not (self.strategy == "ddp"
+                                                      or self.strategy.startswith("plan"))
+                    with contextlib.nullcontext() if sync else self.no_sync():
                         loss = tm.lm_loss(self.model(x), y, chess_data.IGNORE) / accum
                         loss.backward()
                     step_loss += loss.item()
@@ -202,6 +242,7 @@ class Run:
             times.append(dt)
         per_rank = tm.gather_floats([tm.median(times), mem.peak if mem else float("nan"),
                                      tm.proc_status_kib("VmHWM") * 1024.0,
+                                     mem.peak_all if mem else float("nan"),
                                      *((mem.peak_breakdown[c] if mem else 0.0)
                                        for c in tm.ParamMemoryTracker.CATS)], self.device)
         step_s = max(r[0] for r in per_rank)
@@ -212,10 +253,25 @@ class Run:
             "params": self.n_params, "tokens_per_step": tokens_per_step, "steps": a.steps,
             "timed_steps": len(times), "step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
             "mem_peak_bytes": per_rank[peak_rank][1],
-            "mem_breakdown_bytes": dict(zip(tm.ParamMemoryTracker.CATS, per_rank[peak_rank][3:])),
+            "mem_breakdown_bytes": dict(zip(tm.ParamMemoryTracker.CATS, per_rank[peak_rank][4:])),
+            "mem_peak_with_activations_bytes": max(r[3] for r in per_rank),
             "rss_peak_bytes": max(r[2] for r in per_rank), "losses": losses,
             "final_loss": losses[-1][1], "elapsed_s": elapsed,
         }
+        pred = getattr(self, "prediction", None)
+        if pred is not None:
+            # the planner prices one micro-batch's forward, backward and step: one step here
+            # is that times the accumulation (communication then counted in every micro-batch,
+            # an upper bound: no_sync skips it)
+            self.result.update(predicted_step_s=pred.step_time_s * a.gradient_accumulation_steps,
+                               predicted_peak_bytes=pred.peak_bytes,
+                               memory_budget_bytes=pred.budget_bytes)
+
+    def no_sync(self):
+        if self.strategy.startswith("plan"):
+            import torch_rsdp.plan as plan
+            return plan.no_sync(self.model)
+        return self.model.no_sync()
 
     @torch.no_grad()
     def evaluate(self):
@@ -249,7 +305,10 @@ class Run:
         self.result.update(eval_loss=eval_loss, legal_move_rate=legal)
 
     def save(self, path):
-        if self.strategy == "rsdp":
+        if self.strategy.startswith("plan"):
+            import torch_rsdp.plan as plan
+            sd = plan.full_state_dict(self.model)
+        elif self.strategy == "rsdp":
             import torch_rsdp.rsdp as rsdp
             sd = rsdp.full_state_dict(self.model)
         elif self.strategy == "fsdp2":
@@ -319,6 +378,7 @@ def process_main(args) -> int:
         if b not in groups and unavailable[b] is None:
             groups[b] = dist.new_group(backend=b)
     runs = args.runs if args.compare else [(args.strategy, args.backend)]
+    runs = [(f"plan={args.plan}" if s == "plan" else s, b) for s, b in runs]
     data = chess_data.ChessMoves(args.seq_len, args.seed)
     total = args.batch_size_per_device * world * args.gradient_accumulation_steps
     log(f"chess fine-tuning: {world} ranks ({local_world} per node), device {device}, "
@@ -358,6 +418,14 @@ def process_main(args) -> int:
         gc.collect()
         dist.barrier()
     log("\n" + summary_table(results))
+    for r in results:
+        if "predicted_step_s" in r:
+            log(f"{r['strategy']}: predicted step {r['predicted_step_s'] * 1e3:.1f} ms "
+                f"(per micro-batch x {args.gradient_accumulation_steps}), measured "
+                f"{r['step_s'] * 1e3:.1f} ms; predicted peak/rank "
+                f"{tm.fmt_bytes(r['predicted_peak_bytes'])}, measured (with activations) "
+                f"{tm.fmt_bytes(r['mem_peak_with_activations_bytes'])}, budget "
+                f"{tm.fmt_bytes(r['memory_budget_bytes'])}")
     log(f"\nparam mem = {tm.METHOD}\nload average now: {tm.load_average()}", flush=True)
     if rank == 0 and args.json_out:
         with open(args.json_out, "w") as f:
@@ -382,7 +450,7 @@ def main(argv=None) -> int:
     for item in args.runs.split(","):
         s, _, b = item.strip().partition(":")
         if s:
-            if s not in tm.STRATEGIES:
+            if s not in tm.STRATEGIES and not s.startswith("plan="):
                 raise SystemExit(f"unknown strategy {s!r} in --runs")
             runs.append((s, b or args.backend))
     args.runs = runs
