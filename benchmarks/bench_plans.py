@@ -100,7 +100,6 @@ def _measure(ctx, cfg, spec, steps, warmup, seq, batch):
     peak = max(v.get("Total", 0) for v in mt.get_tracker_snapshot("peak").values())
     vals = torch.tensor([statistics.median(times), float(peak)], dtype=torch.float64)
     dist.all_reduce(vals, op=dist.ReduceOp.MAX)
-    del model, opt, mt
     return float(vals[0]), int(vals[1])
 
 

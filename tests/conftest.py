@@ -5,11 +5,15 @@
   in-place build (python setup.py build_ext --inplace) is found from any working directory.
 - The backend under test is chosen with RSDP_TEST_BACKEND (default "rsdp"; "gloo" validates
   the tests themselves).
+- ``nodes``: emulated nodes (network namespaces) for a multi-node test module.
 """
 
 import importlib.util
 import os
 import sys
+import warnings
+
+import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -25,3 +29,41 @@ def pytest_report_header(config):
 
     return [f"torch_rsdp tests: backend under test = {backend_under_test()!r} "
             f"(set RSDP_TEST_BACKEND=gloo to validate the tests against gloo)"]
+
+
+def _say(request, text: str) -> None:
+    """A line in pytest's output even when output is captured (which mode ran)."""
+    tr = request.config.pluginmanager.getplugin("terminalreporter")
+    capman = request.config.pluginmanager.getplugin("capturemanager")
+    if tr is not None and capman is not None:
+        with capman.global_and_fixture_disabled():
+            tr.write_line(f"[{request.module.__name__}] {text}")
+    print(text)
+
+
+@pytest.fixture(scope="module")
+def nodes(request):
+    """Three emulated nodes for the whole module (2-node topologies use nodes 0 and 1);
+    None in loopback mode (no permission for namespaces, or RSDP_TEST_LOOPBACK_NODES=1), where
+    ranks share the loopback and RSDP_NODE_ID tells the nodes apart. Removed at the end even
+    when tests failed."""
+    from torch_rsdp.testing import netns
+
+    stale = netns.cleanup_stale()
+    if stale:
+        _say(request, f"removed leftovers of an earlier crashed run: {stale}")
+    forced = os.environ.get("RSDP_TEST_LOOPBACK_NODES", "") not in ("", "0")
+    if forced or not netns.namespaces_available():
+        why = ("RSDP_TEST_LOOPBACK_NODES is set" if forced else
+               "network namespaces cannot be created here (needs root and iproute2)")
+        msg = (f"{why}: the multi-node tests run with all ranks on the loopback, told apart "
+               f"by RSDP_NODE_ID; no network link between the nodes is emulated")
+        _say(request, f"multi-node mode: RSDP_NODE_ID loopback ({msg})")
+        warnings.warn(msg)
+        yield None
+        return
+    with netns.EmulatedNodes(3) as en:
+        _say(request, f"multi-node mode: network namespaces ({en.describe()})")
+        yield en
+    left = [n for n in netns.leftovers() if netns._tag_of(n) == en.tag]
+    assert not left, f"emulated nodes not removed: {left}"

@@ -27,7 +27,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 
 import pytest
 import torch
@@ -180,40 +179,6 @@ def matrix_worker(ctx, names, node_of, setting, subset):
 # --------------------------------------------------------------------------------------------
 # pytest side
 # --------------------------------------------------------------------------------------------
-
-
-def _say(request, text: str) -> None:
-    """A line in pytest's output even when output is captured (which mode ran)."""
-    tr = request.config.pluginmanager.getplugin("terminalreporter")
-    capman = request.config.pluginmanager.getplugin("capturemanager")
-    if tr is not None and capman is not None:
-        with capman.global_and_fixture_disabled():
-            tr.write_line(f"[test_multinode] {text}")
-    print(text)
-
-
-@pytest.fixture(scope="module")
-def nodes(request):
-    """Three emulated nodes for the whole module (2-node topologies use nodes 0 and 1);
-    None in loopback mode. Removed at the end even when tests failed."""
-    stale = netns.cleanup_stale()
-    if stale:
-        _say(request, f"removed leftovers of an earlier crashed run: {stale}")
-    forced = os.environ.get("RSDP_TEST_LOOPBACK_NODES", "") not in ("", "0")
-    if forced or not netns.namespaces_available():
-        why = ("RSDP_TEST_LOOPBACK_NODES is set" if forced else
-               "network namespaces cannot be created here (needs root and iproute2)")
-        msg = (f"{why}: the multi-node tests run with all ranks on the loopback, told apart "
-               f"by RSDP_NODE_ID; no network link between the nodes is emulated")
-        _say(request, f"multi-node mode: RSDP_NODE_ID loopback ({msg})")
-        warnings.warn(msg)
-        yield None
-        return
-    with netns.EmulatedNodes(3) as en:
-        _say(request, f"multi-node mode: network namespaces ({en.describe()})")
-        yield en
-    left = [n for n in netns.leftovers() if netns._tag_of(n) == en.tag]
-    assert not left, f"emulated nodes not removed: {left}"
 
 
 _BATCH: dict = {}

@@ -23,7 +23,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.nn as nn
 
 import plan_cases as pc
 from harness import assert_family, backend_under_test, launch, launch_families, run_families

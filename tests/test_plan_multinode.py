@@ -9,31 +9,16 @@ sends fewer bytes across the node link than full_shard for the same step.
 """
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 
 import plan_cases as pc
 from harness import backend_under_test, format_family_failures, launch, run_families
-from torch_rsdp.testing import netns
 
 pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp",
                                 reason="topology and traffic counters are rsdp's")
 
 NODE_OF = (0, 0, 1, 1)
-
-
-@pytest.fixture(scope="module")
-def nodes():
-    netns.cleanup_stale()
-    if not netns.namespaces_available():
-        warnings.warn("network namespaces cannot be created here: ranks share the loopback and "
-                      "RSDP_NODE_ID tells the nodes apart")
-        yield None
-        return
-    with netns.EmulatedNodes(2) as en:
-        yield en
 
 
 def fam_strategies(ctx, rec):

@@ -7,32 +7,17 @@ is the rank order the workers assume, and one hop in every rotation crosses each
 """
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
 import test_ring_shift as rs
 import test_rsdp
 from harness import backend_under_test, format_family_failures, launch
-from torch_rsdp.testing import netns
 
 pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp",
                                 reason="ring_shift and RSDP are rsdp-only")
 
 PLACEMENTS = {"2x2": (0, 0, 1, 1), "3x1": (0, 1, 2)}
 RSDP_FAMILIES = ("linear", "embedding", "attention", "transformer", "adam")
-
-
-@pytest.fixture(scope="module")
-def nodes():
-    netns.cleanup_stale()
-    if not netns.namespaces_available():
-        warnings.warn("network namespaces cannot be created here: ranks share the loopback and "
-                      "RSDP_NODE_ID tells the nodes apart")
-        yield None
-        return
-    with netns.EmulatedNodes(3) as en:
-        yield en
 
 
 @pytest.mark.parametrize("placement", PLACEMENTS)

@@ -44,7 +44,7 @@ added from its fit). For a :class:`~torch_rsdp.plan.Cluster` it is modelled: pla
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List
 
 from .grad_sync import DEFAULT_BUCKET_BYTES
 from .profile import OPTIMIZER_STATE_FACTOR, Fit, Profile, UnitProfile
