@@ -40,6 +40,7 @@ import warnings
 from . import coverage
 from .coverage import FILTERED, NOT_DECOMPOSABLE, TOO_SMALL, LeftWhole, classify
 from .replicated import ReplicatedGradSync
+from .rotation_unit import shard_unit, unit_problem
 from .ring_plan import RingPlan
 from .shard_state import MixedPrecision
 from .sharded_attention import shard_attention
@@ -47,6 +48,7 @@ from .sharded_conv1d import shard_conv1d
 from .sharded_embedding import shard_embedding
 from .sharded_linear import shard_linear, tie_linear
 from .tied import find_ties, tied_group
+from .tp_plan import group_units, resolve_plan
 
 __all__ = ["shard", "RSDPState", "rsdp_state"]
 
@@ -94,7 +96,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
           linear_split: str | Callable[[str, nn.Module], str] = "out",
           min_numel: int = 0, filter: Optional[Filter] = None,
           mp_policy: Optional[MixedPrecision] = None,
-          sync_module_states: bool = True) -> nn.Module:
+          sync_module_states: bool = True, tp_plan=None) -> nn.Module:
     """Shards ``model`` over ``group`` (default: world) in place and returns it. Collective.
 
     linear_split: ``"out"`` (rows of W and b), ``"in"`` (columns of W; bias replicated), or a
@@ -107,6 +109,12 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     mp_policy: compute in ``param_dtype``, reduce gradients in ``reduce_dtype``
         (master shards keep the parameters' dtype).
     sync_module_states: broadcast parameters and buffers from group rank 0 first.
+    tp_plan: ``None`` (every layer rotates on its own), ``"auto"`` (the model's
+        ``config.base_model_tp_plan``, else built-in rules for q/k/v/o and gate/up/down) or a
+        dict of name pattern -> ``"colwise"`` / ``"rowwise"`` (torch's ``parallelize_module``
+        vocabulary). Column-split layers and the row-split layer they feed, under one parent
+        (an attention block, an MLP), become one rotation unit: their shards travel in one
+        buffer (:mod:`.rotation_unit`). With a dict, a pairing that cannot form a unit raises.
     """
     if getattr(model, "_rsdp_root", None) is not None:
         raise ValueError("shard() was already applied to this module")
@@ -139,6 +147,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     ties = find_ties(model)
     why: Dict[str, str] = {}  # module name -> why it stays whole
     sharded: Dict[str, nn.Module] = {}
+    _shard_units(model, tp_plan, ties, plan, mp_policy, accept, sharded)
     done = set()  # ids of modules already decided (members of a tied group)
     for name, mod in list(model.named_modules()):
         if id(mod) in done or getattr(mod, "_rsdp", None) is not None:
@@ -181,6 +190,27 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     model._rsdp_root = RSDPState(plan, sharded, ReplicatedGradSync(model, replicated, group),
                                  whole, full_numel, model)
     return model
+
+
+def _shard_units(model, tp_plan, ties, plan, mp, accept, sharded) -> None:
+    """Shards the rotation units ``tp_plan`` pairs up; layers that cannot form one are left
+    to the per-layer rules (or, for an explicit plan, raise)."""
+    styles = resolve_plan(model, tp_plan)
+    for parent, kids in group_units(styles).items():
+        unit = model.get_submodule(parent)
+        members = [(k.rpartition(".")[2], model.get_submodule(k), styles[k]) for k in kids]
+        problem = unit_problem(unit, members)
+        if problem is None and any(id(p) in ties for _, m, _ in members for p in m.parameters()):
+            problem = "a layer's parameter is tied to another module"
+        if problem is None:
+            numel = sum(m.weight.numel() for _, m, _ in members)
+            if any(accept(n, m, numel) is not None for n, m in
+                   [(parent, unit)] + [(k, model.get_submodule(k)) for k in kids]):
+                continue  # filtered / too small: the per-layer rules decide and record why
+            sharded[parent] = shard_unit(unit, members, plan, mp, parent)
+        elif isinstance(tp_plan, dict):
+            raise ValueError(f"tp_plan: {parent or '<root>'} cannot be a rotation unit: "
+                             f"{problem}")
 
 
 def _local_ids(sharded: Dict[str, nn.Module]) -> set:
