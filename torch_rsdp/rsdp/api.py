@@ -18,6 +18,9 @@ What happens, in order:
    An embedding and the output head(s) tied to it (one Parameter) share one shard: the head
    is split by input features, which is the embedding's split by embedding dimension, and
    stays tied (:mod:`.tied`). Other shared parameters stay whole.
+   With ``tp_plan``, first the planned pairs of column-split layers and the row-split layer
+   they feed (attention q/k/v -> o, MLP gate/up -> down) become rotation units that keep all
+   their shards in one buffer (:mod:`.tp_plan`, :mod:`.rotation_unit`).
 4. All other parameters stay replicated; their gradients are averaged over the group after
    every backward (:class:`.ReplicatedGradSync`). ``rsdp_state(model).left_whole`` lists
    each with its size and the reason (:mod:`.coverage`); a module with a matrix RSDP cannot
