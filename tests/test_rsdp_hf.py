@@ -380,11 +380,14 @@ def fam_units(ctx, rec):
     import torch_rsdp.rsdp as rsdp
 
     r, W = ctx.rank, ctx.world_size
-    cases = [("llama_u", "auto"), ("qwen2_u", "auto"), ("llama_u", _explicit_plan()),
-             ("llama", "auto")]  # the last: 2 KV heads over 3-4 ranks leaves ranks without any
-    for kind, tp in cases:
-        with rec.case(f"{kind} tp_plan={'auto' if tp == 'auto' else 'explicit'}"):
-            model, ref = _sharded(kind, tp_plan=tp)
+    cases = [("llama_u", "auto", True), ("qwen2_u", "auto", True),
+             ("llama_u", _explicit_plan(), True), ("llama_u", "auto", False),
+             ("qwen2_u", "auto", False),
+             ("llama", "auto", True)]  # the last: 2 KV heads over 3-4 ranks leave ranks without
+    for kind, tp, recompute in cases:
+        with rec.case(f"{kind} tp_plan={'auto' if tp == 'auto' else 'explicit'} "
+                      f"recompute={recompute}"):
+            model, ref = _sharded(kind, tp_plan=tp, unit_recompute=recompute)
             _check_tie(model, kind)
             st = rsdp.rsdp_state(model)
             units = [n for n in st.sharded if n.endswith(("self_attn", "mlp"))]
@@ -404,8 +407,8 @@ def fam_units(ctx, rec):
                 frac = st.resident_numel() / st.full_numel
                 assert frac <= 1 / W + 0.05, f"{kind}: rank {r} holds {frac:.3f} of the model"
     with rec.case("llama_u adamw 3 steps + 2x2 accumulated, full state dict into a fresh model"):
-        for steps, micro in ((3, 1), (2, 2)):
-            model, ref = _sharded("llama_u", tp_plan="auto")
+        for steps, micro, recompute in ((3, 1, True), (2, 2, False)):
+            model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=recompute)
             _train(model, model.parameters(), r, W, steps, micro, reference=False)
             _train(ref, ref.parameters(), r, W, steps, micro, reference=True)
             full = rsdp.full_state_dict(model, rank0_only=False)
@@ -413,6 +416,25 @@ def fam_units(ctx, rec):
                 _close(full[k], v, f"units trained {k} ({steps}x{micro})")
         fresh = _make("llama_u", seed=5)
         fresh.load_state_dict(full, strict=True)
+    with rec.case("recompute=False keeps activations, not weights"):
+        model, _ = _sharded("llama_u", tp_plan="auto", unit_recompute=False)
+        loss, _ = _loss(model, r)
+        nodes, seen, todo = [], set(), [loss.grad_fn]
+        while todo:  # every unit's backward node, with what it keeps for backward
+            fn = todo.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            if type(fn).__name__ == "_UnitFnBackward":
+                nodes.append(fn)
+            todo.extend(f for f, _ in fn.next_functions)
+        assert len(nodes) == 4, len(nodes)
+        for fn in nodes:
+            held = [w for _, weights in fn.graphs.values() for w in weights.values()]
+            assert held and all(w.untyped_storage().nbytes() <= w.element_size() for w in held), (
+                "a kept graph holds weight storage: "
+                f"{max(w.untyped_storage().nbytes() for w in held)} B")
+        loss.backward()
     with rec.case("bf16 compute"):
         mp = rsdp.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                  output_dtype=torch.float32)

@@ -99,7 +99,8 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
           linear_split: str | Callable[[str, nn.Module], str] = "out",
           min_numel: int = 0, filter: Optional[Filter] = None,
           mp_policy: Optional[MixedPrecision] = None,
-          sync_module_states: bool = True, tp_plan=None) -> nn.Module:
+          sync_module_states: bool = True, tp_plan=None,
+          unit_recompute: bool = True) -> nn.Module:
     """Shards ``model`` over ``group`` (default: world) in place and returns it. Collective.
 
     linear_split: ``"out"`` (rows of W and b), ``"in"`` (columns of W; bias replicated), or a
@@ -118,6 +119,9 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
         vocabulary). Column-split layers and the row-split layer they feed, under one parent
         (an attention block, an MLP), become one rotation unit: their shards travel in one
         buffer (:mod:`.rotation_unit`). With a dict, a pairing that cannot form a unit raises.
+    unit_recompute: units recompute each shard's part in backward (default; they keep only
+        their inputs) or, with False, keep each shard's activations from forward (faster, as
+        much activation memory as the unsharded blocks).
     """
     if getattr(model, "_rsdp_root", None) is not None:
         raise ValueError("shard() was already applied to this module")
@@ -150,7 +154,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     ties = find_ties(model)
     why: Dict[str, str] = {}  # module name -> why it stays whole
     sharded: Dict[str, nn.Module] = {}
-    _shard_units(model, tp_plan, ties, plan, mp_policy, accept, sharded)
+    _shard_units(model, tp_plan, ties, plan, mp_policy, accept, sharded, unit_recompute)
     done = set()  # ids of modules already decided (members of a tied group)
     for name, mod in list(model.named_modules()):
         if id(mod) in done or getattr(mod, "_rsdp", None) is not None:
@@ -195,7 +199,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     return model
 
 
-def _shard_units(model, tp_plan, ties, plan, mp, accept, sharded) -> None:
+def _shard_units(model, tp_plan, ties, plan, mp, accept, sharded, recompute) -> None:
     """Shards the rotation units ``tp_plan`` pairs up; layers that cannot form one are left
     to the per-layer rules (or, for an explicit plan, raise)."""
     styles = resolve_plan(model, tp_plan)
@@ -210,7 +214,7 @@ def _shard_units(model, tp_plan, ties, plan, mp, accept, sharded) -> None:
             if any(accept(n, m, numel) is not None for n, m in
                    [(parent, unit)] + [(k, model.get_submodule(k)) for k in kids]):
                 continue  # filtered / too small: the per-layer rules decide and record why
-            sharded[parent] = shard_unit(unit, members, plan, mp, parent)
+            sharded[parent] = shard_unit(unit, members, plan, mp, parent, recompute)
         elif isinstance(tp_plan, dict):
             raise ValueError(f"tp_plan: {parent or '<root>'} cannot be a rotation unit: "
                              f"{problem}")

@@ -15,7 +15,10 @@ embeddings, GQA and its attention kernel, on that shard's heads), and the row-sp
 partial outputs are summed over the ring; the row-split bias (whole) is added once. Every
 shard's call starts from the same RNG state, so dropout after the row-split layer masks
 every partial sum alike. Backward (:func:`.rotation.rotate_accumulate`) recomputes each
-shard's part while its weights are in hand and sends its weight gradient home.
+shard's part while its weights are in hand and sends its weight gradient home; with
+``recompute=False`` it instead runs each shard's autograd graph recorded in forward, whose
+saved weights are references into the rotation buffer (:class:`_WeightRefs`), so activations
+are kept but weights never are.
 
 Contract: the unit's forward must return (first, if a tuple) the row-split layer's output
 *as is* (checked on every call: a forward that adds a residual or a norm after it cannot be
@@ -25,7 +28,7 @@ filled once per forward (all heads); decoding with a filled cache is not support
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -85,8 +88,9 @@ def unit_problem(unit: nn.Module, members) -> Optional[str]:
 class _Unit:
     """Per-unit geometry and members (kept on the unit module as ``_rsdp_unit``)."""
 
-    def __init__(self, name, members, atoms, world, base_forward):
+    def __init__(self, name, members, atoms, world, base_forward, recompute):
         self.name = name
+        self.recompute = recompute
         self.members = members  # [(attribute, module, style)]
         self.row = [m for _, m, s in members if s == ROW][0]
         self.sizes, self.starts = chunk_sizes(atoms, world), chunk_starts(atoms, world)
@@ -133,9 +137,19 @@ def _fill_caches(call: _Call) -> None:
                                     *args, **kwargs)
 
 
-def _run_shard(unit, call: _Call, ins, buf, j, record: bool) -> torch.Tensor:
-    """The unit's own forward on shard ``j`` (weights in ``buf``); returns the row-split
-    layer's partial output."""
+def _views(st: ShardState, buf: torch.Tensor, j: int, leaves: bool) -> Dict[str, torch.Tensor]:
+    """Shard ``j``'s parameters inside ``buf`` (as leaves that require grad when ``leaves``:
+    their gradients come out per parameter, with no scatter into a whole flat buffer)."""
+    views = {n: st.layout.view(buf, n, j) for n in st.names}
+    if leaves:
+        views = {n: v.detach().requires_grad_() for n, v in views.items()}
+    return views
+
+
+def _run_shard(unit, call: _Call, ins, weights: Dict[str, torch.Tensor], j: int,
+               record: bool) -> torch.Tensor:
+    """The unit's own forward on shard ``j`` (its parameters: ``weights``); returns the
+    row-split layer's partial output."""
     u: _Unit = unit._rsdp_unit
     leaves = list(call.leaves)
     for i, t in zip(call.grad_idx, ins):
@@ -143,9 +157,8 @@ def _run_shard(unit, call: _Call, ins, buf, j, record: bool) -> torch.Tensor:
     args, kwargs = tree_unflatten(leaves, call.spec)
     for key, real in call.caches.items():
         kwargs[key] = _CacheShard(real, call.kv.setdefault(key, {}) if record else None, j)
-    hand = (unit._rsdp.layout, buf, j)
     for _, m, _ in u.members:
-        m._rsdp_hand = hand
+        m._rsdp_hand = weights
     try:
         out = u.base_forward(unit, *args, **kwargs)
         row_out = u.row._rsdp_last
@@ -162,6 +175,37 @@ def _run_shard(unit, call: _Call, ins, buf, j, record: bool) -> torch.Tensor:
     return y
 
 
+def _stub(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of ``t``'s shape and dtype over one element (stride 0)."""
+    return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
+
+
+class _WeightRefs:
+    """[Note: keeping activations without keeping weights]
+    With ``recompute=False`` each shard's forward is recorded by autograd while its weights
+    are in hand. Autograd would save those weights (``grad_input = dy @ W`` needs them), i.e.
+    keep every shard of the layer alive until backward. These saved-tensor hooks save a
+    tensor living in the rotation buffer as a *reference* (offset, shape, strides) instead,
+    and backward resolves it in whichever buffer holds that shard when its graph is run."""
+
+    def __init__(self):
+        self.fwd_ptr = None  # storage of the buffer in hand during forward
+        self.bwd_buf = None  # the buffer in hand during backward
+
+    def pack(self, t):
+        if (self.fwd_ptr is not None and t.device.type != "meta"
+                and t.untyped_storage().data_ptr() == self.fwd_ptr):
+            return ("rsdp_weight", t.storage_offset(), tuple(t.shape), t.stride(),
+                    t.requires_grad)
+        return t
+
+    def unpack(self, packed):
+        if isinstance(packed, tuple) and packed and packed[0] == "rsdp_weight":
+            _, off, shape, stride, _ = packed
+            return self.bwd_buf.as_strided(shape, stride, off)
+        return packed
+
+
 class _UnitFn(torch.autograd.Function):
     """Sum over shards of the unit's row-split partial outputs (row bias excluded)."""
 
@@ -171,18 +215,35 @@ class _UnitFn(torch.autograd.Function):
         u: _Unit = unit._rsdp_unit
         n_in = len(call.grad_idx)
         ins = tensors[:n_in]
+        keep = not u.recompute and any(ctx.needs_input_grad[2:])
         src = st.compute_flat()
         rng = torch.get_rng_state()
-        acc = []
+        acc, graphs = [], {}
+        refs = _WeightRefs() if keep else None
+        leaves_in = [t.detach().requires_grad_(t.requires_grad) for t in ins] if keep else ins
 
         def visit(j, buf):
-            if u.sizes[j]:
-                torch.set_rng_state(rng)  # every shard draws the same dropout masks
-                y = _run_shard(unit, call, ins, buf, j, record=True)
-                if acc:
-                    acc[0].add_(y)
-                else:
-                    acc.append(y.clone())
+            if not u.sizes[j]:
+                return
+            torch.set_rng_state(rng)  # every shard draws the same dropout masks
+            if keep:  # record this shard's graph; its weights are saved as references
+                refs.fwd_ptr = buf.untyped_storage().data_ptr()
+                weights = _views(st, buf, j, leaves=True)
+                with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
+                        refs.pack, refs.unpack):
+                    y = _run_shard(unit, call, leaves_in, weights, j, record=True)
+                # the leaves are only gradient targets now: let go of the rotation buffer
+                for w in weights.values():
+                    w.data = _stub(w)
+                graphs[j] = (y, weights)
+                y = y.detach()
+            else:
+                y = _run_shard(unit, call, ins, _views(st, buf, j, leaves=False), j,
+                               record=True)
+            if acc:
+                acc[0].add_(y)
+            else:
+                acc.append(y.clone())
 
         with torch.no_grad():
             rotate(st.plan, src, visit, direction=1, label="RSDP::unit_forward")
@@ -191,7 +252,9 @@ class _UnitFn(torch.autograd.Function):
         _fill_caches(call)
         call.kv = {}
         ctx.unit, ctx.call, ctx.rng = unit, call, rng
-        ctx.save_for_backward(*ins)
+        ctx.graphs, ctx.refs, ctx.leaves_in = graphs, refs, leaves_in if keep else None
+        ctx.save_for_backward(*([] if keep else ins))
+        ctx.in_meta = [(t.dtype, t.shape, t.device) for t in ins]
         y = acc[0]
         return y.to(st.mp.output_dtype or y.dtype)
 
@@ -200,47 +263,56 @@ class _UnitFn(torch.autograd.Function):
         unit, call = ctx.unit, ctx.call
         st: ShardState = unit._rsdp
         u: _Unit = unit._rsdp_unit
-        ins = ctx.saved_tensors
-        n_in = len(ins)
+        keep = ctx.refs is not None
+        n_in = len(ctx.in_meta)
         need_in = ctx.needs_input_grad[2:2 + n_in]
         need_w = any(ctx.needs_input_grad[2 + n_in:])
+        ins = ctx.leaves_in if keep else ctx.saved_tensors
         src = st.compute_flat()
         dy = dy.to(src.dtype)
-        grads_in = [torch.zeros_like(t) if w else None for t, w in zip(ins, need_in)]
+        grads_in = [torch.zeros(shape, dtype=dt, device=dev) if w else None
+                    for (dt, shape, dev), w in zip(ctx.in_meta, need_in)]
         names = st.names
 
         def step(j, buf, out):
             if not u.sizes[j]:
                 return
-            with torch.enable_grad():
+            if keep:  # run the graph recorded in forward, weights resolved in ``buf``
+                y, weights = ctx.graphs.pop(j)
+                leaves_in = ins
+                ctx.refs.bwd_buf = buf
+            else:  # recompute this shard's part while its weights are in hand
                 leaves_in = [t.detach().requires_grad_(w) for t, w in zip(ins, need_in)]
-                wbuf = buf.detach().requires_grad_(need_w)
-                with torch.random.fork_rng(devices=[]):
+                weights = _views(st, buf, j, leaves=True)
+                with torch.enable_grad(), torch.random.fork_rng(devices=[]):
                     torch.set_rng_state(ctx.rng)
-                    y = _run_shard(unit, call, leaves_in, wbuf, j, record=False)
-                leaves = [t for t in leaves_in if t.requires_grad] + ([wbuf] if need_w else [])
-                got = list(torch.autograd.grad(y, leaves, dy.to(y.dtype), allow_unused=True))
-            for i, t in enumerate(leaves_in):
-                if t.requires_grad:
+                    y = _run_shard(unit, call, leaves_in, weights, j, record=False)
+            wanted = [t for t, w in zip(leaves_in, need_in) if w and t.requires_grad]
+            wl = [weights[n] for n in names] if need_w else []
+            with torch.enable_grad():
+                got = list(torch.autograd.grad(y, wanted + wl, dy.to(y.dtype),
+                                               allow_unused=True))
+            for i, (t, w) in enumerate(zip(leaves_in, need_in)):
+                if w and t.requires_grad:
                     g = got.pop(0)
                     if g is not None:
                         grads_in[i].add_(g)
-            if need_w:
-                gbuf = got.pop(0)
-                for n in names:
-                    dst = st.layout.view(out, n, j)
-                    if gbuf is None:
-                        dst.zero_()
-                    else:
-                        dst.copy_(st.layout.view(gbuf, n, j))
+            for n, g in zip(names if need_w else [], got):
+                dst = st.layout.view(out, n, j)
+                if g is None:
+                    dst.zero_()
+                else:
+                    dst.copy_(g)
 
         acc = rotate_accumulate(st.plan, src, step, grad_dtype=st.grad_dtype,
                                 label="RSDP::unit_backward")
         st.release(src)
         del src
+        ctx.graphs = ctx.leaves_in = None
         grads = st.grads_from(acc) if need_w else {}
         del acc
-        gins = [g.to(t.dtype) if g is not None else None for g, t in zip(grads_in, ins)]
+        gins = [g.to(dt) if g is not None else None
+                for g, (dt, _, _) in zip(grads_in, ctx.in_meta)]
         return (None, None, *gins, *[grads.get(n) for n in names])
 
 
@@ -285,13 +357,12 @@ class RSDPUnitMemberMixin:
         if hand is None:
             raise RuntimeError(f"{type(self).__name__} {self._rsdp_key!r} is a layer of a "
                                f"rotation unit and only runs inside its unit's forward")
-        lay, buf, j = hand
-        w = lay.view(buf, self._rsdp_key + ".weight", j)
+        w = hand[self._rsdp_key + ".weight"]
         if self._rsdp_transposed:
             w = w.t()
         b = None
         if self._rsdp_style == COL and self.bias is not None:
-            b = lay.view(buf, self._rsdp_key + ".bias", j)
+            b = hand[self._rsdp_key + ".bias"]
         y = F.linear(x.to(w.dtype), w, b)
         if self._rsdp_style == ROW:
             self._rsdp_last = y
@@ -313,9 +384,15 @@ def _subclass(mixin: type, base: type, prefix: str) -> type:
 
 
 def shard_unit(unit: nn.Module, members: List[tuple], plan: RingPlan,
-               mp: Optional[MixedPrecision] = None, name: str = "") -> nn.Module:
+               mp: Optional[MixedPrecision] = None, name: str = "",
+               recompute: bool = True) -> nn.Module:
     """Shards ``unit`` (its planned children ``members``: ``(attribute, module, style)``) as
-    one rotation unit, in place, and returns it."""
+    one rotation unit, in place, and returns it.
+
+    ``recompute``: backward recomputes each shard's part while its weights are in hand (the
+    unit keeps only its inputs, like activation checkpointing); ``False`` keeps each shard's
+    activations from forward instead (as much activation memory as the unsharded block, no
+    recomputation; weights are still never kept, see :class:`_WeightRefs`)."""
     problem = unit_problem(unit, members)
     if problem is not None:
         raise ValueError(f"rotation unit {name or type(unit).__name__}: {problem}")
@@ -340,7 +417,7 @@ def shard_unit(unit: nn.Module, members: List[tuple], plan: RingPlan,
 
     base = type(unit)
     unit._rsdp = ShardState(unit, plan, full, take, dims, mp)
-    unit._rsdp_unit = _Unit(name, members, atoms, plan.world, base.forward)
+    unit._rsdp_unit = _Unit(name, members, atoms, plan.world, base.forward, recompute)
     unit._rsdp_out_len = 0
     for key, m, style in members:
         m._rsdp_key, m._rsdp_style, m._rsdp_transposed = key, style, is_conv1d(m)
