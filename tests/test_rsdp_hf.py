@@ -116,6 +116,9 @@ def _check_tie(model, kind):
     if kind in TIED:
         head, emb = (model.get_submodule(n) for n in TIED[kind])
         assert head.weight is emb.weight, f"{kind}: the head is no longer tied to the embedding"
+        shard = emb.weight
+        model.tie_weights()  # Hugging Face's own re-tying keeps the one (sharded) Parameter
+        assert head.weight is emb.weight is shard, f"{kind}: tie_weights() replaced the shard"
 
 
 # --------------------------------------------------------------------------------------------

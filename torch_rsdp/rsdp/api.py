@@ -156,11 +156,14 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     sharded: Dict[str, nn.Module] = {}
     _shard_units(model, tp_plan, ties, plan, mp_policy, accept, sharded, unit_recompute)
     done = set()  # ids of modules already decided (members of a tied group)
+    local, n_seen = set(), 0
     for name, mod in list(model.named_modules()):
         if id(mod) in done or getattr(mod, "_rsdp", None) is not None:
             continue
-        if any(id(p) in _local_ids(sharded) for p in mod.parameters(recurse=False)):
-            continue  # a part of a sharded module (an attention's out_proj)
+        if len(sharded) != n_seen:  # refresh the ids of the parameters sharded so far
+            local, n_seen = _local_ids(sharded), len(sharded)
+        if any(id(p) in local for p in mod.parameters(recurse=False)):
+            continue  # a part of a sharded module (an attention's out_proj, a unit's layer)
         rule, reason = classify(mod)
         tied = [ties[id(p)] for p in mod.parameters(recurse=False) if id(p) in ties]
         if tied:
