@@ -409,6 +409,29 @@ def fam_units(ctx, rec):
             if kind != "llama":
                 frac = st.resident_numel() / st.full_numel
                 assert frac <= 1 / W + 0.05, f"{kind}: rank {r} holds {frac:.3f} of the model"
+    with rec.case("eager attention, left padding mask"):
+        cls, cfg = _config("llama_u")
+        cfg._attn_implementation = "eager"
+        torch.manual_seed(0)
+        ref = cls(cfg)
+        model = rsdp.shard(copy.deepcopy(ref), tp_plan="auto", unit_recompute=False)
+
+        def batch(q):
+            ids = _ids(q, "pad")
+            mask = torch.ones_like(ids)
+            mask[0, :2] = 0  # the first sequence is left-padded
+            return ids, mask
+
+        ids, mask = batch(r)
+        out = model(input_ids=ids, attention_mask=mask, labels=ids)
+        out.loss.backward()
+        refs = [ref(input_ids=i, attention_mask=m, labels=i) for i, m in map(batch, range(W))]
+        (sum(o.loss for o in refs) / W).backward()
+        _close(out.logits, refs[r].logits.detach(), "eager padded logits")
+        ref_params = dict(ref.named_parameters())
+        for name, p in model.named_parameters():
+            _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+                   f"eager padded grad of {name}")
     with rec.case("llama_u adamw 3 steps + 2x2 accumulated, full state dict into a fresh model"):
         for steps, micro, recompute in ((3, 1, True), (2, 2, False)):
             model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=recompute)
