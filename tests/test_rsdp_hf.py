@@ -432,6 +432,17 @@ def fam_units(ctx, rec):
         for name, p in model.named_parameters():
             _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
                    f"eager padded grad of {name}")
+    with rec.case("Hugging Face gradient checkpointing around units"):
+        for recompute in (True, False):
+            model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=recompute)
+            model.gradient_checkpointing_enable()
+            model.train()
+            _loss(model, r)[0].backward()
+            (sum(_loss(ref, q)[0] for q in range(W)) / W).backward()
+            ref_params = dict(ref.named_parameters())
+            for name, p in model.named_parameters():
+                _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+                       f"checkpointed (recompute={recompute}) grad of {name}")
     with rec.case("llama_u adamw 3 steps + 2x2 accumulated, full state dict into a fresh model"):
         for steps, micro, recompute in ((3, 1, True), (2, 2, False)):
             model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=recompute)
