@@ -128,6 +128,9 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     if isinstance(linear_split, str) and linear_split not in ("out", "in", "none"):
         raise ValueError(f"linear_split must be 'out', 'in', 'none' or a callable, "
                          f"got {linear_split!r}")
+    if tp_plan is not None and tp_plan != "auto" and not isinstance(tp_plan, dict):
+        raise ValueError(f"tp_plan must be None, 'auto' or a dict of name pattern -> "
+                         f"'colwise' / 'rowwise', got {type(tp_plan).__name__}")
     plan = RingPlan(group)
     if sync_module_states and plan.world > 1:
         src = dist.get_global_rank(group, 0) if group is not None else 0
