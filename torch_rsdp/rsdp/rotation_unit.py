@@ -175,6 +175,18 @@ def _run_shard(unit, call: _Call, ins, weights: Dict[str, torch.Tensor], j: int,
     return y
 
 
+def _rng_state(device: torch.device):
+    """The CPU generator's state and, for a CUDA unit, the device's (dropout draws there)."""
+    return (torch.get_rng_state(),
+            torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+
+
+def _set_rng_state(state, device: torch.device) -> None:
+    torch.set_rng_state(state[0])
+    if state[1] is not None:
+        torch.cuda.set_rng_state(state[1], device)
+
+
 def _stub(t: torch.Tensor) -> torch.Tensor:
     """A tensor of ``t``'s shape and dtype over one element (stride 0)."""
     return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
@@ -217,7 +229,7 @@ class _UnitFn(torch.autograd.Function):
         ins = tensors[:n_in]
         keep = not u.recompute and any(ctx.needs_input_grad[2:])
         src = st.compute_flat()
-        rng = torch.get_rng_state()
+        rng = _rng_state(src.device)
         acc, graphs = [], {}
         refs = _WeightRefs() if keep else None
         leaves_in = [t.detach().requires_grad_(t.requires_grad) for t in ins] if keep else ins
@@ -225,7 +237,7 @@ class _UnitFn(torch.autograd.Function):
         def visit(j, buf):
             if not u.sizes[j]:
                 return
-            torch.set_rng_state(rng)  # every shard draws the same dropout masks
+            _set_rng_state(rng, src.device)  # every shard draws the same dropout masks
             if keep:  # record this shard's graph; its weights are saved as references
                 refs.fwd_ptr = buf.untyped_storage().data_ptr()
                 weights = _views(st, buf, j, leaves=True)
@@ -284,8 +296,9 @@ class _UnitFn(torch.autograd.Function):
             else:  # recompute this shard's part while its weights are in hand
                 leaves_in = [t.detach().requires_grad_(w) for t, w in zip(ins, need_in)]
                 weights = _views(st, buf, j, leaves=True)
-                with torch.enable_grad(), torch.random.fork_rng(devices=[]):
-                    torch.set_rng_state(ctx.rng)
+                with torch.enable_grad(), torch.random.fork_rng(
+                        devices=[src.device] if src.device.type == "cuda" else []):
+                    _set_rng_state(ctx.rng, src.device)
                     y = _run_shard(unit, call, leaves_in, weights, j, record=False)
             wanted = [t for t, w in zip(leaves_in, need_in) if w and t.requires_grad]
             wl = [weights[n] for n in names] if need_w else []
