@@ -112,6 +112,20 @@ def fam_units(ctx, rec):
         for name, p in model.named_parameters():
             _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
                    f"eager padded grad of {name}")
+    with rec.case("attention dropout: recomputation replays the forward's masks"):
+        cls, cfg = _config("llama_u")
+        cfg.attention_dropout = 0.3
+        got = []
+        for recompute in (False, True):  # False keeps the forward's graphs: the masks it drew
+            torch.manual_seed(0)
+            model = rsdp.shard(cls(cfg), tp_plan="auto", unit_recompute=recompute).train()
+            torch.manual_seed(100 + r)
+            loss, logits = _loss(model, r)
+            loss.backward()
+            got.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+        _close(got[1][0], got[0][0], "dropout logits")
+        for n, g in got[0][1].items():
+            _close(got[1][1][n], g, f"dropout grad of {n} (recomputed vs kept)")
     with rec.case("Hugging Face gradient checkpointing around units"):
         for recompute in (True, False):
             model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=recompute)
