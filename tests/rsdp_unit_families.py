@@ -179,8 +179,9 @@ def fam_units(ctx, rec):
             assert p.grad.dtype == torch.float32, name
             _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
                    f"units bf16 grad of {name}", 2e-2, 5e-2)
-    with rec.case("KV cache filled once with every head; decoding raises"):
+    with rec.case("KV cache: filled once with every head, decoding, generate()"):
         model, ref = _sharded("llama_u", tp_plan="auto")
+        model.eval(), ref.eval()
         ids = _ids(r, "kv")
         with torch.no_grad():
             got = model(input_ids=ids, use_cache=True).past_key_values
@@ -188,12 +189,14 @@ def fam_units(ctx, rec):
             for li in range(2):
                 _close(got.layers[li].keys, exp.layers[li].keys, f"cache keys {li}")
                 _close(got.layers[li].values, exp.layers[li].values, f"cache values {li}")
-            try:
-                model(input_ids=ids[:, :1], past_key_values=got, use_cache=True)
-            except NotImplementedError as e:
-                assert "KV cache" in str(e), str(e)
-            else:
-                raise AssertionError("decoding with a filled cache was accepted")
+            nxt = ids[:, -1:]
+            step = model(input_ids=nxt, past_key_values=got, use_cache=True).logits
+            _close(step, ref(input_ids=nxt, past_key_values=exp, use_cache=True).logits,
+                   "decoding step logits")
+            assert got.get_seq_length(0) == ids.shape[1] + 1
+            kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=1)
+            out = model.generate(ids, **kw)
+            assert torch.equal(out, ref.generate(ids, **kw)), "generate() differs"
     with rec.case("built-in rules on a plain module (biases: column ones sharded, row one whole)"):
         torch.manual_seed(0)
         ref = nn.Sequential(GatedMLP(), nn.LayerNorm(12), GatedMLP())

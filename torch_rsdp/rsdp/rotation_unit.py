@@ -23,7 +23,8 @@ are kept but weights never are.
 Contract: the unit's forward must return (first, if a tuple) the row-split layer's output
 *as is* (checked on every call: a forward that adds a residual or a norm after it cannot be
 split this way); other outputs (attention weights) come back as ``None``. A KV cache is
-filled once per forward (all heads); decoding with a filled cache is not supported.
+filled once per forward (all heads); decoding reads each shard's heads from Hugging Face's
+``DynamicCache`` (other cache layouts raise once they hold a past).
 """
 from __future__ import annotations
 
@@ -103,25 +104,33 @@ class _Call:
     def __init__(self, leaves, spec, grad_idx, caches):
         self.leaves, self.spec, self.grad_idx, self.caches = leaves, spec, grad_idx, caches
         self.kv: dict = {}  # cache kwarg -> {shard: (keys, values, layer_idx, args, kwargs)}
+        self.past: dict = {}  # cache kwarg -> {layer_idx: cached length before this call}
 
 
 class _CacheShard:
-    """Stands in for a KV cache during one shard's call: hands the shard's keys / values back
-    (nothing is cached yet) and, in forward, keeps them so that the real cache is updated once
-    with every head (:func:`_fill_caches`)."""
+    """Stands in for a KV cache during one shard's call. ``update`` hands back what the real
+    cache would for this shard's KV heads (its past keys / values, then the new ones) without
+    storing anything; in forward it keeps the new ones, so that the real cache is updated once
+    with every head (:func:`_fill_caches`). Backward's recomputation sees the past as the
+    forward saw it (``past``: cached length per layer when the forward ran)."""
 
-    def __init__(self, real, store: Optional[dict], j: int):
-        self._real, self._store, self._j = real, store, j
+    def __init__(self, real, store: Optional[dict], past: dict, heads: slice, j: int):
+        self._real, self._store, self._past, self._heads, self._j = real, store, past, heads, j
 
     def update(self, keys, values, layer_idx, *args, **kwargs):
-        if self._store is None:  # backward's recomputation: the forward filled the cache
+        if self._store is not None:  # forward: remember how much was cached before
+            self._past.setdefault(layer_idx, self._real.get_seq_length(layer_idx))
+            self._store[self._j] = (keys, values, layer_idx, args, kwargs)
+        n = self._past.get(layer_idx, 0)
+        if n == 0:
             return keys, values
-        if self._real.get_seq_length(layer_idx) > 0:
-            raise NotImplementedError("torch_rsdp.rsdp rotation units: decoding with a filled "
-                                      "KV cache is not supported (shard without tp_plan to "
-                                      "generate)")
-        self._store[self._j] = (keys, values, layer_idx, args, kwargs)
-        return keys, values
+        layer = self._real.layers[layer_idx] if hasattr(self._real, "layers") else None
+        if type(layer).__name__ != "DynamicLayer":
+            raise NotImplementedError(f"torch_rsdp.rsdp rotation units: decoding with a "
+                                      f"filled {type(layer).__name__} is not supported (only "
+                                      f"DynamicCache's full layers); shard without tp_plan")
+        return (torch.cat([layer.keys[:, self._heads, :n], keys], dim=-2),
+                torch.cat([layer.values[:, self._heads, :n], values], dim=-2))
 
     def __getattr__(self, name):
         return getattr(self._real, name)
@@ -155,8 +164,10 @@ def _run_shard(unit, call: _Call, ins, weights: Dict[str, torch.Tensor], j: int,
     for i, t in zip(call.grad_idx, ins):
         leaves[i] = t
     args, kwargs = tree_unflatten(leaves, call.spec)
+    heads = slice(u.starts[j], u.starts[j] + u.sizes[j])  # atoms of a unit with a cache: KV heads
     for key, real in call.caches.items():
-        kwargs[key] = _CacheShard(real, call.kv.setdefault(key, {}) if record else None, j)
+        kwargs[key] = _CacheShard(real, call.kv.setdefault(key, {}) if record else None,
+                                  call.past.setdefault(key, {}), heads, j)
     for _, m, _ in u.members:
         m._rsdp_hand = weights
     try:
