@@ -218,7 +218,8 @@ def fam_coverage(ctx, rec):
         try:
             model.transformer.h[0].mlp.c_fc(torch.randn(2, 5))
         except ValueError as e:
-            assert "RSDPConv1D" in str(e) and "in_features=48" in str(e), str(e)
+            assert "RSDPConv1D 'transformer.h.0.mlp.c_fc'" in str(e), str(e)
+            assert "(2, 5)" in str(e) and "in_features=48" in str(e), str(e)
         else:
             raise AssertionError("a wrong input width was accepted")
         try:

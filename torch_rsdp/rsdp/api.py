@@ -192,6 +192,8 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
         else:
             sharded[name] = shard_attention(mod, plan, mp_policy)
 
+    for name, mod in sharded.items():
+        mod._rsdp_name = name  # for error messages
     local = _local_ids(sharded)
     replicated, seen = [], set()
     for p in model.parameters():

@@ -61,8 +61,9 @@ class _LinearFn(torch.autograd.Function):
         fin, fout, split, tr = _geometry(mod)
         src = st.compute_flat()
         if x.shape[-1] != fin:
-            raise ValueError(f"{type(mod).__name__}: input of shape {tuple(x.shape)} does not "
-                             f"end with in_features={fin}")
+            name = getattr(mod, "_rsdp_name", "")
+            raise ValueError(f"{type(mod).__name__} {name!r}: input of shape {tuple(x.shape)} "
+                             f"does not end with in_features={fin}")
         x2 = x.reshape(-1, fin).to(src.dtype)
 
         def w_io(buf, j):
