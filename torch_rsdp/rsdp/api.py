@@ -3,19 +3,28 @@
     import torch_rsdp.rsdp as rsdp
     model = rsdp.shard(model)                 # collective: every rank of the group calls it
     opt = torch.optim.AdamW(model.parameters())   # sees only the local shards
+    print(rsdp.rsdp_state(model).report())    # what stayed whole on every rank, and why
 
 What happens, in order:
 
 1. The ring order of ``group`` is learnt (:class:`.RingPlan`, collective).
 2. With ``sync_module_states`` every parameter and buffer is broadcast from group rank 0, so
    all ranks start from the same model (like DDP; the model is still whole at this point).
-3. Every plain ``nn.Linear`` / ``nn.Embedding`` / ``nn.MultiheadAttention`` accepted by
-   ``filter`` (and with at least ``min_numel`` weight elements, and no parameter shared with
-   another module) is sharded in place: its class becomes :class:`.RSDPLinear` /
-   :class:`.RSDPEmbedding` / :class:`.RSDPMultiheadAttention` (split by heads) and its
-   parameters become this rank's shards; the full tensors are dropped.
+3. Every plain ``nn.Linear``, transformers ``Conv1D`` (GPT-2's transposed Linear),
+   ``nn.Embedding`` and ``nn.MultiheadAttention`` accepted by ``filter`` (and with at least
+   ``min_numel`` weight elements) is sharded in place: its class becomes :class:`.RSDPLinear`
+   / ``RSDPConv1D`` / :class:`.RSDPEmbedding` / :class:`.RSDPMultiheadAttention` (split by
+   heads) and its parameters become this rank's shards; the full tensors are dropped.
+   An embedding and the output head(s) tied to it (one Parameter) share one shard: the head
+   is split by input features, which is the embedding's split by embedding dimension, and
+   stays tied (:mod:`.tied`). Other shared parameters stay whole.
+   With ``tp_plan``, first the planned pairs of column-split layers and the row-split layer
+   they feed (attention q/k/v -> o, MLP gate/up -> down) become rotation units that keep all
+   their shards in one buffer (:mod:`.tp_plan`, :mod:`.rotation_unit`).
 4. All other parameters stay replicated; their gradients are averaged over the group after
-   every backward (:class:`.ReplicatedGradSync`).
+   every backward (:class:`.ReplicatedGradSync`). ``rsdp_state(model).left_whole`` lists
+   each with its size and the reason (:mod:`.coverage`); a module with a matrix RSDP cannot
+   decompose also raises a warning on group rank 0.
 
 Sharded gradients arrive at their owner already averaged over the group, so one optimiser
 step equals DDP's on the same global batch. Buffers (e.g. BatchNorm statistics) are only
@@ -23,18 +32,26 @@ synchronised once, at step 2.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+import warnings
+
+from . import coverage
+from .coverage import FILTERED, NOT_DECOMPOSABLE, TOO_SMALL, LeftWhole, classify
 from .replicated import ReplicatedGradSync
+from .rotation_unit import shard_unit, unit_problem
 from .ring_plan import RingPlan
 from .shard_state import MixedPrecision
-from .sharded_attention import RSDPMultiheadAttention, can_shard_attention, shard_attention
-from .sharded_embedding import RSDPEmbedding, can_shard_embedding, shard_embedding
-from .sharded_linear import RSDPLinear, shard_linear
+from .sharded_attention import shard_attention
+from .sharded_conv1d import shard_conv1d
+from .sharded_embedding import shard_embedding
+from .sharded_linear import shard_linear, tie_linear
+from .tied import find_ties, tied_group
+from .tp_plan import group_units, resolve_plan
 
 __all__ = ["shard", "RSDPState", "rsdp_state"]
 
@@ -44,14 +61,31 @@ Filter = Callable[[str, nn.Module], bool]
 class RSDPState:
     """What :func:`shard` attached to the root (``rsdp_state(model)`` returns it)."""
 
-    def __init__(self, plan: RingPlan, sharded: dict, replicated: ReplicatedGradSync):
+    def __init__(self, plan: RingPlan, sharded: dict, replicated: ReplicatedGradSync,
+                 left_whole: Optional[List[LeftWhole]] = None, full_numel: int = 0,
+                 root: Optional[nn.Module] = None):
         self.plan = plan
-        self.sharded = sharded  # qualified name -> RSDPLinear / RSDPEmbedding
+        self.sharded = sharded  # qualified name -> RSDPLinear / RSDPEmbedding / ...
         self.replicated = replicated
+        self.left_whole = list(left_whole or [])  # every parameter every rank holds whole
+        self.full_numel = full_numel  # parameter elements of the unsharded model
+        self._root = root
 
     @property
     def group(self):
         return self.plan.group
+
+    def resident_numel(self) -> int:
+        """Parameter elements this rank holds (its shards plus every whole parameter)."""
+        if self._root is None:
+            return 0
+        return sum(p.numel() for p in self._root.parameters())
+
+    def report(self) -> str:
+        """A table: how much of the model this rank holds, and every parameter left whole
+        with its shape, size and the reason."""
+        return coverage.report(self.left_whole, self.full_numel, self.resident_numel(),
+                               self.plan.world, self.plan.rank, len(self.sharded))
 
 
 def rsdp_state(model: nn.Module) -> RSDPState:
@@ -62,61 +96,174 @@ def rsdp_state(model: nn.Module) -> RSDPState:
 
 
 def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
-          linear_split: str | Callable[[str, nn.Linear], str] = "out",
+          linear_split: str | Callable[[str, nn.Module], str] = "out",
           min_numel: int = 0, filter: Optional[Filter] = None,
           mp_policy: Optional[MixedPrecision] = None,
-          sync_module_states: bool = True) -> nn.Module:
+          sync_module_states: bool = True, tp_plan=None,
+          unit_recompute: bool = True) -> nn.Module:
     """Shards ``model`` over ``group`` (default: world) in place and returns it. Collective.
 
     linear_split: ``"out"`` (rows of W and b), ``"in"`` (columns of W; bias replicated), or a
-        callable ``(qualified_name, linear) -> "out" | "in" | "none"``.
+        callable ``(qualified_name, module) -> "out" | "in" | "none"``; applies to ``nn.Linear``
+        and ``Conv1D``. A head tied to an embedding is always split ``"in"`` (unless
+        ``"none"``, which leaves the head and its embedding whole).
     min_numel: layers whose weight has fewer elements stay replicated.
-    filter: ``(qualified_name, module) -> bool``; False keeps that module replicated.
+    filter: ``(qualified_name, module) -> bool``; False keeps that module replicated (for
+        tied modules: False for any of them keeps all of them replicated).
     mp_policy: compute in ``param_dtype``, reduce gradients in ``reduce_dtype``
         (master shards keep the parameters' dtype).
     sync_module_states: broadcast parameters and buffers from group rank 0 first.
+    tp_plan: ``None`` (every layer rotates on its own), ``"auto"`` (the model's
+        ``config.base_model_tp_plan``, else built-in rules for q/k/v/o and gate/up/down) or a
+        dict of name pattern -> ``"colwise"`` / ``"rowwise"`` (torch's ``parallelize_module``
+        vocabulary). Column-split layers and the row-split layer they feed, under one parent
+        (an attention block, an MLP), become one rotation unit: their shards travel in one
+        buffer (:mod:`.rotation_unit`). With a dict, a pairing that cannot form a unit raises.
+    unit_recompute: units recompute each shard's part in backward (default; they keep only
+        their inputs) or, with False, keep each shard's activations from forward (faster, as
+        much activation memory as the unsharded blocks).
     """
     if getattr(model, "_rsdp_root", None) is not None:
         raise ValueError("shard() was already applied to this module")
+    if isinstance(linear_split, str) and linear_split not in ("out", "in", "none"):
+        raise ValueError(f"linear_split must be 'out', 'in', 'none' or a callable, "
+                         f"got {linear_split!r}")
+    if tp_plan is not None and tp_plan != "auto" and not isinstance(tp_plan, dict):
+        raise ValueError(f"tp_plan must be None, 'auto' or a dict of name pattern -> "
+                         f"'colwise' / 'rowwise', got {type(tp_plan).__name__}")
     plan = RingPlan(group)
     if sync_module_states and plan.world > 1:
         src = dist.get_global_rank(group, 0) if group is not None else 0
         with torch.no_grad():
             for t in list(model.parameters()) + list(model.buffers()):
                 dist.broadcast(t.data, src=src, group=group)
+    full_numel = sum(p.numel() for p in model.parameters())
 
-    # Parameters used by more than one module (tied weights) stay replicated: sharding one
-    # user would silently untie them.
-    owners: dict = {}
-    for mod in model.modules():
-        for p in mod.parameters(recurse=False):
-            owners.setdefault(id(p), set()).add(id(mod))
-    shared = {pid for pid, mods in owners.items() if len(mods) > 1}
+    def split_of(name, mod):
+        split = linear_split(name, mod) if callable(linear_split) else linear_split
+        if split not in ("out", "in", "none"):
+            raise ValueError(f"linear_split({name!r}) returned {split!r}; expected 'out', "
+                             f"'in' or 'none'")
+        return split
 
-    sharded = {}
-    for name, mod in list(model.named_modules()):
-        if isinstance(mod, (RSDPLinear, RSDPEmbedding, RSDPMultiheadAttention)):
-            continue
-        if any(id(p) in shared for p in mod.parameters(recurse=False)):
-            continue
+    def accept(name, mod, numel):
+        """None when ``mod`` may be sharded, else the reason it stays whole."""
         if filter is not None and not filter(name, mod):
+            return FILTERED
+        if numel < min_numel:
+            return f"{TOO_SMALL} ({numel} weight elements < min_numel={min_numel})"
+        return None
+
+    ties = find_ties(model)
+    why: Dict[str, str] = {}  # module name -> why it stays whole
+    sharded: Dict[str, nn.Module] = {}
+    _shard_units(model, tp_plan, ties, plan, mp_policy, accept, sharded, unit_recompute)
+    done = set()  # ids of modules already decided (members of a tied group)
+    local, n_seen = set(), 0
+    for name, mod in list(model.named_modules()):
+        if id(mod) in done or getattr(mod, "_rsdp", None) is not None:
             continue
-        if type(mod) is nn.Linear and mod.weight.numel() >= min_numel:
-            split = linear_split(name, mod) if callable(linear_split) else linear_split
-            if split != "none":
-                sharded[name] = shard_linear(mod, plan, split, mp_policy)
-        elif can_shard_embedding(mod) and mod.weight.numel() >= min_numel:
+        if len(sharded) != n_seen:  # refresh the ids of the parameters sharded so far
+            local, n_seen = _local_ids(sharded), len(sharded)
+        if any(id(p) in local for p in mod.parameters(recurse=False)):
+            continue  # a part of a sharded module (an attention's out_proj, a unit's layer)
+        rule, reason = classify(mod)
+        tied = [ties[id(p)] for p in mod.parameters(recurse=False) if id(p) in ties]
+        if tied:
+            _shard_tied(tied, plan, mp_policy, accept, split_of, sharded, why, done)
+            continue
+        if rule is None:
+            if reason:
+                why[name] = reason
+            continue
+        weight = mod.in_proj_weight if rule == "attention" else mod.weight
+        reason = accept(name, mod, weight.numel())
+        if reason is None and rule in ("linear", "conv1d"):
+            split = split_of(name, mod)
+            reason = None if split != "none" else "linear_split chose 'none'"
+        if reason is not None:
+            why[name] = reason
+        elif rule == "linear":
+            sharded[name] = shard_linear(mod, plan, split, mp_policy)
+        elif rule == "conv1d":
+            sharded[name] = shard_conv1d(mod, plan, split, mp_policy)
+        elif rule == "embedding":
             sharded[name] = shard_embedding(mod, plan, mp_policy)
-        elif can_shard_attention(mod) and mod.in_proj_weight.numel() >= min_numel:
+        else:
             sharded[name] = shard_attention(mod, plan, mp_policy)
 
-    local = set()
-    for mod in sharded.values():
-        local.update(id(mod._rsdp.param(n)) for n in mod._rsdp.names)
+    for name, mod in sharded.items():
+        mod._rsdp_name = name  # for error messages
+    local = _local_ids(sharded)
     replicated, seen = [], set()
     for p in model.parameters():
         if id(p) not in local and id(p) not in seen and p.requires_grad:
             seen.add(id(p))
             replicated.append(p)
-    model._rsdp_root = RSDPState(plan, sharded, ReplicatedGradSync(model, replicated, group))
+    whole = coverage.left_whole(model, local, why)
+    _warn_undecomposable(whole, plan, min_numel)
+    model._rsdp_root = RSDPState(plan, sharded, ReplicatedGradSync(model, replicated, group),
+                                 whole, full_numel, model)
     return model
+
+
+def _shard_units(model, tp_plan, ties, plan, mp, accept, sharded, recompute) -> None:
+    """Shards the rotation units ``tp_plan`` pairs up; layers that cannot form one are left
+    to the per-layer rules (or, for an explicit plan, raise)."""
+    styles = resolve_plan(model, tp_plan)
+    for parent, kids in group_units(styles).items():
+        unit = model.get_submodule(parent)
+        members = [(k.rpartition(".")[2], model.get_submodule(k), styles[k]) for k in kids]
+        problem = unit_problem(unit, members)
+        if problem is None and any(id(p) in ties for _, m, _ in members for p in m.parameters()):
+            problem = "a layer's parameter is tied to another module"
+        if problem is None:
+            numel = sum(m.weight.numel() for _, m, _ in members)
+            if any(accept(n, m, numel) is not None for n, m in
+                   [(parent, unit)] + [(k, model.get_submodule(k)) for k in kids]):
+                continue  # filtered / too small: the per-layer rules decide and record why
+            sharded[parent] = shard_unit(unit, members, plan, mp, parent, recompute)
+        elif isinstance(tp_plan, dict):
+            raise ValueError(f"tp_plan: {parent or '<root>'} cannot be a rotation unit: "
+                             f"{problem}")
+
+
+def _local_ids(sharded: Dict[str, nn.Module]) -> set:
+    """ids of the sharded parameters of ``sharded``'s modules."""
+    return {id(m._rsdp.param(n)) for m in sharded.values() for n in m._rsdp.names}
+
+
+def _shard_tied(tied, plan, mp, accept, split_of, sharded, why, done) -> None:
+    """Shards a module's tied group (an embedding and its heads) on one shard, or records why
+    all of its members stay whole."""
+    uses = [u for group in tied for u in group]
+    members = {id(m): (n, m) for n, m, _ in uses}
+    done.update(members)
+    group, reason = tied_group(tied[0]) if len(tied) == 1 else (None, "tied more than once")
+    if group is not None:
+        for n, m in group.members:
+            reason = accept(n, m, m.weight.numel())
+            if reason is None and m is not group.embedding[1] and split_of(n, m) == "none":
+                reason = "linear_split chose 'none'"
+            if reason is not None:
+                reason = f"{reason} (for {n or '<root>'}, tied: kept whole with its partners)"
+                break
+    if group is None or reason is not None:
+        for n, _ in members.values():
+            why[n] = reason
+        return
+    ename, emb = group.embedding
+    sharded[ename] = shard_embedding(emb, plan, mp)
+    for n, m in group.heads:
+        sharded[n] = tie_linear(m, emb._rsdp, ename)
+
+
+def _warn_undecomposable(whole: List[LeftWhole], plan: RingPlan, min_numel: int) -> None:
+    """A matrix RSDP could not decompose is likely a layer the user expected to be sharded."""
+    big = [e for e in whole if e.reason.startswith(NOT_DECOMPOSABLE) and len(e.shape) >= 2
+           and e.numel >= min_numel]
+    if big and plan.rank == 0:
+        listed = ", ".join(f"{e.name} {e.shape}" for e in big[:5])
+        more = f" and {len(big) - 5} more" if len(big) > 5 else ""
+        warnings.warn(f"torch_rsdp.rsdp.shard: kept whole on every rank (no RSDP rule): "
+                      f"{listed}{more}; see rsdp_state(model).report()", stacklevel=3)

@@ -10,6 +10,10 @@ home to ``j`` (see :mod:`.rotation`). Gradients are averaged over the group, lik
 Input split: rank ``r`` holds columns ``chunk r`` of ``W``; the output is the sum over shards of
 ``x[:, cols_j] @ W_j^T``; the bias is small and stays replicated (added outside the ring).
 
+transformers' ``Conv1D`` (GPT-2; weight stored ``[in, out]``, ``y = x W + b``) runs the same code
+on the transposed view (:mod:`.sharded_conv1d`). An output head tied to a sharded embedding
+shares the embedding's shard (:func:`tie_linear`).
+
 Shapes that do not divide by the world size work: shards are padded to the largest one in the
 flat buffers (:mod:`.flat_shard`); padding never enters the arithmetic.
 
@@ -37,36 +41,53 @@ def _into(dst: torch.Tensor, fn, *args) -> None:
         dst.copy_(fn(*args))
 
 
+def _geometry(mod):
+    """(in_features, out_features, split, transposed) of a sharded linear-like module.
+
+    ``transposed``: the weight is stored ``[in, out]`` (transformers' ``Conv1D``,
+    ``y = x W + b``) instead of ``nn.Linear``'s ``[out, in]``. The arithmetic below always
+    works on ``w_io``, the shard seen as ``[in_j, out]`` / ``[in, out_j]``."""
+    return mod._rsdp_in, mod._rsdp_out, mod._rsdp_split, mod._rsdp_transposed
+
+
 class _LinearFn(torch.autograd.Function):
-    """``y = linear(x, W, b)`` with ``W`` / ``b`` this rank's shards of a sharded Linear."""
+    """``y = linear(x, W, b)`` with ``W`` / ``b`` this rank's shards of a sharded Linear
+    (or ``Conv1D``)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, mod: "RSDPLinear"):
+    def forward(ctx, x, weight, bias, mod):
         st: ShardState = mod._rsdp
-        plan, lay, split = st.plan, st.layout, mod._rsdp_split
+        plan, lay = st.plan, st.layout
+        fin, fout, split, tr = _geometry(mod)
         src = st.compute_flat()
-        x2 = x.reshape(-1, mod.in_features).to(src.dtype)
+        if x.shape[-1] != fin:
+            name = getattr(mod, "_rsdp_name", "")
+            raise ValueError(f"{type(mod).__name__} {name!r}: input of shape {tuple(x.shape)} "
+                             f"does not end with in_features={fin}")
+        x2 = x.reshape(-1, fin).to(src.dtype)
+
+        def w_io(buf, j):
+            w = lay.view(buf, "weight", j)
+            return w if tr else w.t()
+
         if split == "out":
-            sizes, starts = chunk_sizes(mod.out_features, plan.world), chunk_starts(
-                mod.out_features, plan.world)
-            y = x2.new_empty(x2.shape[0], mod.out_features)
+            sizes, starts = chunk_sizes(fout, plan.world), chunk_starts(fout, plan.world)
+            y = x2.new_empty(x2.shape[0], fout)
 
             def visit(j, buf):
                 if sizes[j]:
                     cols = y[:, starts[j]:starts[j] + sizes[j]]
-                    w = lay.view(buf, "weight", j)
                     if "bias" in lay.shapes:
-                        torch.addmm(lay.view(buf, "bias", j), x2, w.t(), out=cols)
+                        torch.addmm(lay.view(buf, "bias", j), x2, w_io(buf, j), out=cols)
                     else:
-                        torch.mm(x2, w.t(), out=cols)
+                        torch.mm(x2, w_io(buf, j), out=cols)
         else:
-            sizes, starts = chunk_sizes(mod.in_features, plan.world), chunk_starts(
-                mod.in_features, plan.world)
-            y = x2.new_zeros(x2.shape[0], mod.out_features)
+            sizes, starts = chunk_sizes(fin, plan.world), chunk_starts(fin, plan.world)
+            y = x2.new_zeros(x2.shape[0], fout)
 
             def visit(j, buf):
                 if sizes[j]:
-                    y.addmm_(x2[:, starts[j]:starts[j] + sizes[j]], lay.view(buf, "weight", j).t())
+                    y.addmm_(x2[:, starts[j]:starts[j] + sizes[j]], w_io(buf, j))
 
         rotate(plan, src, visit, direction=1, label="RSDP::linear_forward")
         st.release(src)
@@ -74,46 +95,56 @@ class _LinearFn(torch.autograd.Function):
         ctx.mod = mod
         ctx.x_dtype = x.dtype
         ctx.save_for_backward(x2)
-        return y.view(*x.shape[:-1], mod.out_features).to(st.mp.output_dtype or y.dtype)
+        return y.view(*x.shape[:-1], fout).to(st.mp.output_dtype or y.dtype)
 
     @staticmethod
     def backward(ctx, dy):
         (x2,) = ctx.saved_tensors
-        mod: RSDPLinear = ctx.mod
+        mod = ctx.mod
         st: ShardState = mod._rsdp
-        plan, lay, split = st.plan, st.layout, mod._rsdp_split
+        plan, lay = st.plan, st.layout
+        fin, fout, split, tr = _geometry(mod)
         need_x = ctx.needs_input_grad[0]
         need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
         if not (need_x or need_w):
             return None, None, None, None
         src = st.compute_flat() if need_x else st.local_flat()
-        dy2 = dy.reshape(-1, mod.out_features).to(x2.dtype)
+        dy2 = dy.reshape(-1, fout).to(x2.dtype)
         gx = torch.zeros_like(x2) if need_x else None
         has_bias = "bias" in lay.shapes
-        n_split = mod.out_features if split == "out" else mod.in_features
+        n_split = fout if split == "out" else fin
         sizes, starts = chunk_sizes(n_split, plan.world), chunk_starts(n_split, plan.world)
+
+        def w_io(buf, j):
+            w = lay.view(buf, "weight", j)
+            return w if tr else w.t()
+
+        def grad_w(buf, j, xs, d):
+            """Overwrites shard j's weight region of ``buf`` with ``xs^T d`` in its layout."""
+            if tr:
+                _into(lay.view(buf, "weight", j), torch.mm, xs.t(), d)
+            else:
+                _into(lay.view(buf, "weight", j), torch.mm, d.t(), xs)
 
         if split == "out":
             def visit(j, buf):
                 if sizes[j]:
-                    gx.addmm_(dy2[:, starts[j]:starts[j] + sizes[j]], lay.view(buf, "weight", j))
+                    gx.addmm_(dy2[:, starts[j]:starts[j] + sizes[j]], w_io(buf, j).t())
 
             def contribute(j, buf):
                 if sizes[j]:
                     d = dy2[:, starts[j]:starts[j] + sizes[j]]
-                    _into(lay.view(buf, "weight", j), torch.mm, d.t(), x2)
+                    grad_w(buf, j, x2, d)
                     if has_bias:
                         _into(lay.view(buf, "bias", j), torch.sum, d, 0)
         else:
             def visit(j, buf):
                 if sizes[j]:
-                    torch.mm(dy2, lay.view(buf, "weight", j),
-                             out=gx[:, starts[j]:starts[j] + sizes[j]])
+                    torch.mm(dy2, w_io(buf, j).t(), out=gx[:, starts[j]:starts[j] + sizes[j]])
 
             def contribute(j, buf):
                 if sizes[j]:
-                    _into(lay.view(buf, "weight", j), torch.mm, dy2.t(),
-                          x2[:, starts[j]:starts[j] + sizes[j]])
+                    grad_w(buf, j, x2[:, starts[j]:starts[j] + sizes[j]], dy2)
 
         acc = counter_rotate(plan, src, visit=visit if need_x else None,
                              contribute=contribute if need_w else None,
@@ -125,8 +156,17 @@ class _LinearFn(torch.autograd.Function):
         gw = grads.get("weight") if ctx.needs_input_grad[1] else None
         gb = grads.get("bias") if ctx.needs_input_grad[2] else None
         if gx is not None:
-            gx = gx.view(*dy.shape[:-1], mod.in_features).to(ctx.x_dtype)
+            gx = gx.view(*dy.shape[:-1], fin).to(ctx.x_dtype)
         return gx, gw, gb, None
+
+
+def sharded_linear_forward(mod, x: torch.Tensor) -> torch.Tensor:
+    """Forward of a sharded linear-like module (output split: the bias is sharded with the
+    rows and added inside the ring; input split: the replicated bias is added afterwards)."""
+    if mod._rsdp_split == "out":
+        return _LinearFn.apply(x, mod.weight, mod.bias, mod)
+    y = _LinearFn.apply(x, mod.weight, None, mod)
+    return y if mod.bias is None else y + mod.bias.to(y.dtype)
 
 
 class RSDPLinear(nn.Linear):
@@ -140,10 +180,7 @@ class RSDPLinear(nn.Linear):
     _rsdp_split: str
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._rsdp_split == "out":
-            return _LinearFn.apply(x, self.weight, self.bias, self)
-        y = _LinearFn.apply(x, self.weight, None, self)
-        return y if self.bias is None else y + self.bias.to(y.dtype)
+        return sharded_linear_forward(self, x)
 
     def extra_repr(self) -> str:
         return (f"{super().extra_repr()}, rsdp_split={self._rsdp_split}, "
@@ -157,23 +194,66 @@ def shard_linear(module: nn.Linear, plan: RingPlan, split: str = "out",
     ``split="out"`` shards rows of ``W`` and ``b``; ``split="in"`` shards columns of ``W`` and
     leaves ``b`` a replicated parameter.
     """
-    if split not in ("out", "in"):
-        raise ValueError(f"split must be 'out' or 'in', got {split!r}")
     if type(module) is not nn.Linear:
         raise TypeError(f"shard_linear expects an nn.Linear, got {type(module).__name__}")
+    shard_linear_like(module, plan, split, mp, module.in_features, module.out_features,
+                      transposed=False)
+    module.__class__ = RSDPLinear
+    return module
+
+
+def shard_linear_like(module: nn.Module, plan: RingPlan, split: str, mp, fin: int, fout: int,
+                      transposed: bool) -> None:
+    """Replaces ``module.weight`` (``[out, in]``, or ``[in, out]`` when ``transposed``) and, for
+    the output split, ``module.bias`` by this rank's shards; the caller swaps the class."""
+    if split not in ("out", "in"):
+        raise ValueError(f"split must be 'out' or 'in', got {split!r}")
+    expect = (fin, fout) if transposed else (fout, fin)
+    if tuple(module.weight.shape) != expect:
+        raise ValueError(f"{type(module).__name__}: weight shape {tuple(module.weight.shape)}, "
+                         f"expected {expect}")
     W = plan.world
-    n = module.out_features if split == "out" else module.in_features
+    n = fout if split == "out" else fin
     sizes, starts = chunk_sizes(n, W), chunk_starts(n, W)
+    # the dimension of the weight that is split: rows of [out, in] for the output split...
+    wdim = (0 if split == "out" else 1) if not transposed else (1 if split == "out" else 0)
 
     def take(name, t, j):
         sl = slice(starts[j], starts[j] + sizes[j])
-        return t[sl] if split == "out" else t[:, sl]
+        return t.narrow(wdim if name == "weight" else 0, sl.start, sl.stop - sl.start)
 
     full = {"weight": module.weight}
     if split == "out":
         full["bias"] = module.bias
-    dims = {"weight": 0 if split == "out" else 1, "bias": 0}
+    dims = {"weight": wdim, "bias": 0}
     module._rsdp = ShardState(module, plan, full, take, dims, mp)
+    _set_geometry(module, split, fin, fout, transposed)
+
+
+def _set_geometry(module, split, fin, fout, transposed):
     module._rsdp_split = split
+    module._rsdp_in, module._rsdp_out = fin, fout
+    module._rsdp_transposed = transposed
+
+
+def tie_linear(module: nn.Linear, state: ShardState, owner: str = "the embedding"
+               ) -> RSDPLinear:
+    """Makes ``module`` (an output head whose weight *is* a sharded embedding's weight) an
+    input-split :class:`RSDPLinear` on that embedding's :class:`ShardState`.
+
+    An embedding ``[vocab, dim]`` split by embedding dimension holds columns ``chunk r`` of
+    ``dim``; the head's weight ``[vocab, dim]`` split by input features holds the same columns,
+    so one flat shard serves both and the tie (one Parameter object) survives. Each use
+    returns its own averaged gradient for the shared shard; autograd adds them."""
+    if type(module) is not nn.Linear:
+        raise TypeError(f"tie_linear expects an nn.Linear, got {type(module).__name__}")
+    shapes = state.layout.shapes["weight"]
+    full_shape = (shapes[0][0], sum(s[1] for s in shapes))
+    if full_shape != (module.out_features, module.in_features) or state.dims["weight"] != 1:
+        raise ValueError(f"tie_linear: head weight {(module.out_features, module.in_features)} "
+                         f"does not match {owner}'s column-split weight {full_shape}")
+    module.weight = state.param("weight")
+    module._rsdp = state
+    _set_geometry(module, "in", module.in_features, module.out_features, False)
     module.__class__ = RSDPLinear
     return module

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""RSDP rotation units vs per-layer rotation on a Hugging Face Llama built from a config.
+
+    python benchmarks/bench_rsdp_units.py                       # 4 CPU ranks, small model
+    python benchmarks/bench_rsdp_units.py --world-size 2 --layers 8 --hidden 512
+    python benchmarks/bench_rsdp_units.py --device cuda         # rank r on GPU r % count
+
+Three runs, each in fresh processes, same model (seed 0), same batches: ``layer`` --
+``shard(model)``, every Linear rotates on its own (7 rotations per transformer layer);
+``units`` -- ``shard(model, tp_plan="auto")``, attention and MLP rotate as one buffer each (2
+per layer), backward recomputes each shard's part; ``units-keep`` -- the same with
+``unit_recompute=False`` (activations kept from forward). Reported per run: median forward and
+backward time (slowest rank, after one warm-up step), ring shifts per forward, and the loss
+(all runs compute the same math, so losses agree to rounding). Needs ``transformers``.
+With more ranks than cores, RSDP_SPIN_US=0 unless set (a spinning rank steals its peer's core).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+RUNS = {"layer": dict(), "units": dict(tp_plan="auto"),
+        "units-keep": dict(tp_plan="auto", unit_recompute=False)}
+
+
+def _worker(rank, args, run, port, out):
+    import transformers as tf
+
+    import torch_rsdp  # noqa: F401  (registers "rsdp")
+    import torch_rsdp.rsdp as rsdp
+
+    tf.logging.set_verbosity_error()
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // args.world_size))
+    dist.init_process_group("rsdp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=args.world_size)
+    dev = torch.device("cpu")
+    if args.device == "cuda":
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    cfg = tf.LlamaConfig(vocab_size=args.vocab, hidden_size=args.hidden,
+                         intermediate_size=args.ffn, num_hidden_layers=args.layers,
+                         num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                         bos_token_id=0, eos_token_id=1)
+    torch.manual_seed(0)
+    model = rsdp.shard(tf.LlamaForCausalLM(cfg).to(dev), **RUNS[run])
+    plan = rsdp.rsdp_state(model).plan
+    shifts, shift = [0], plan.shift
+
+    def counting(*a, **kw):
+        shifts[0] += 1
+        return shift(*a, **kw)
+
+    plan.shift = counting
+    gen = torch.Generator().manual_seed(rank)
+    fwd, bwd, per_fwd = [], [], 0
+
+    def sync():
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+
+    for step in range(args.steps + 1):
+        ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(dev)
+        sync()
+        t0 = time.perf_counter()
+        before = shifts[0]
+        loss = model(input_ids=ids, labels=ids, use_cache=False).loss
+        sync()
+        t1 = time.perf_counter()
+        per_fwd = shifts[0] - before
+        loss.backward()
+        sync()
+        t2 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        if step:  # the first step warms up
+            fwd.append(t1 - t0)
+            bwd.append(t2 - t1)
+    out[rank] = (statistics.median(fwd), statistics.median(bwd), per_fwd, loss.item())
+    dist.destroy_process_group()
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--world-size", type=int, default=4)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--ffn", type=int, default=512)
+    ap.add_argument("--heads", type=int, default=8)
+    ap.add_argument("--kv-heads", type=int, default=4)
+    ap.add_argument("--vocab", type=int, default=1000)
+    ap.add_argument("--seq", type=int, default=64)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    ap.add_argument("--runs", default=",".join(RUNS))
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args()
+    if args.world_size > (os.cpu_count() or 1):
+        os.environ.setdefault("RSDP_SPIN_US", "0")
+    rows = {}
+    for run in args.runs.split(","):
+        out = mp.Manager().dict()
+        mp.spawn(_worker, args=(args, run, _free_port(), out), nprocs=args.world_size)
+        res = [out[r] for r in range(args.world_size)]
+        rows[run] = dict(fwd_ms=1e3 * max(r[0] for r in res), bwd_ms=1e3 * max(r[1] for r in res),
+                         shifts_per_forward=res[0][2],
+                         loss=sum(r[3] for r in res) / len(res))
+    print(f"| run ({args.world_size} ranks, {args.device}) | forward ms | backward ms | "
+          f"ring shifts per forward | loss |")
+    print("|---|---|---|---|---|")
+    for run, r in rows.items():
+        print(f"| {run} | {r['fwd_ms']:.1f} | {r['bwd_ms']:.1f} | {r['shifts_per_forward']} | "
+              f"{r['loss']:.6f} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(args=vars(args), results=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
