@@ -62,7 +62,10 @@ def fam_hf(ctx, rec):
     # Adam's normalisation would turn into full-size steps of noise: SGD for GPT-2.
     cases = [("llama", lambda s: pc.make_llama(s), pc.LLAMA_PLAN, "adamw"),
              ("llama_tied", lambda s: pc.make_llama(s, tied=True), pc.LLAMA_PLAN, "adamw"),
-             ("gpt2", pc.make_gpt2, pc.GPT2_PLAN, "sgd")]
+             ("gpt2", pc.make_gpt2, pc.GPT2_PLAN, "sgd"),
+             # tied embedding and head in one rotate unit: RSDP shares one shard
+             ("llama_tied_rotate", lambda s: pc.make_llama(s, tied=True), "rotate", "adamw"),
+             ("gpt2_rotate", pc.make_gpt2, "rotate", "sgd")]
     for name, make, p, opt_name in cases:
         with rec.case(name):
             want = pc.reference(make(0), opt_name, W, 3)

@@ -254,10 +254,13 @@ def _apply_rotate(unit: Unit, group, mp) -> None:
     st.replicated.params = [p for p in st.replicated.params if id(p) in own]
     new = _qualified(unit)
     unit.params = {n: p for n, p in new.items() if id(p) in own or id(p) in sharded}
+    prefix = unit.name + "." if unit.name else ""
+    reasons = {prefix + e.name: e.reason for e in getattr(st, "left_whole", [])}
     whole = []
     for n, p in unit.params.items():
         if id(p) not in sharded:
-            unit.left_whole[n] = "not decomposable by rotation (replicated, gradient averaged)"
+            unit.left_whole[n] = (reasons.get(n, "not decomposable by rotation")
+                                  + " (replicated, gradient averaged)")
             whole.append(p)
     _cast_unit(unit, whole, mp)
 

@@ -108,7 +108,7 @@ def _unit_bytes(model: nn.Module, unit_names: List[str]) -> Dict[str, Dict[str, 
     for _, m in model.named_modules():
         if is_splittable(m) and counts.get(id(m.weight), 0) == 1:
             linear.add(id(m.weight))
-        if type(m) is nn.Linear or can_shard_embedding(m) or can_shard_attention(m):
+        if is_splittable(m) or can_shard_embedding(m) or can_shard_attention(m):
             if all(counts.get(id(p), 0) == 1 for p in m.parameters(recurse=False)):
                 rotate.update(id(p) for p in m.parameters())
     out = {}
