@@ -10,8 +10,10 @@
     python examples/finetune_chess.py --nproc 4 --init-from /tmp/chess.pt --lr 3e-4 --seed 1
 
 The data (examples/chess_data.py) are games the project generates itself, in coordinate
-notation, tokenised by character; nothing is downloaded. The model is the benchmark's
-TransformerLM (benchmarks/training_models.py). Strategies:
+notation, tokenised by character; nothing is downloaded. The model is a Hugging Face
+``LlamaForCausalLM`` built from a config (grouped-query attention, the chess vocabulary, 13 M
+parameters by default; ``--model transformerlm`` trains the benchmark's TransformerLM from
+benchmarks/training_models.py instead). Strategies:
 
 * ``rsdp``  -- ``torch_rsdp.rsdp.shard(model)``: weights sharded, shards rotate around the ring;
 * ``fsdp2`` -- ``fully_shard`` on every block, then on the root (1-D device mesh);
@@ -79,11 +81,13 @@ def build_parser():
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="auto: cuda when available and the backend is not gloo")
     # data and model
+    p.add_argument("--model", choices=("llama", "transformerlm"), default="llama")
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--d-model", type=int, default=128)
-    p.add_argument("--ffn", type=int, default=512)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--d-model", type=int, default=384)
+    p.add_argument("--ffn", type=int, default=1024)
+    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--kv-heads", type=int, default=2, help="llama: key/value heads (GQA)")
+    p.add_argument("--layers", type=int, default=8)
     p.add_argument("--checkpoint-activations", action="store_true")
     # optimisation
     p.add_argument("--steps", type=int, default=40, help="optimizer steps")
@@ -91,7 +95,7 @@ def build_parser():
     p.add_argument("--gradient-accumulation-steps", type=int, default=2)
     p.add_argument("--total-batch-size", type=int, default=None,
                    help="if set: accumulation = total / (per-device x world)")
-    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0, help="initial weights and data")
@@ -106,6 +110,36 @@ def build_parser():
     p.add_argument("--timeout", type=int, default=600, help="process-group timeout, seconds")
     p.add_argument("--json-out", default=None, help="rank 0 writes the results here")
     return p
+
+
+# --------------------------------------------------------------------------------- the model
+
+
+def build_model(a, vocab_size: int):
+    """The model of ``--model``, from the seed (the same weights on every rank)."""
+    if a.model == "transformerlm":
+        return tm.TransformerLM(vocab_size, a.d_model, a.ffn, a.heads, a.layers, a.seq_len,
+                                checkpoint_activations=a.checkpoint_activations)
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=a.d_model, intermediate_size=a.ffn,
+                      num_hidden_layers=a.layers, num_attention_heads=a.heads,
+                      num_key_value_heads=a.kv_heads, max_position_embeddings=a.seq_len,
+                      tie_word_embeddings=False, use_cache=False,
+                      pad_token_id=chess_data.PAD)
+    model = LlamaForCausalLM(cfg)
+    if a.checkpoint_activations:
+        model.gradient_checkpointing_enable({"use_reentrant": False})
+    return model
+
+
+def blocks_of(model):
+    """The repeated blocks (FSDP2's units)."""
+    inner = getattr(model, "module", model)
+    return inner.model.layers if hasattr(inner, "model") else inner.blocks
+
+
+def logits_of(out):
+    return out.logits if hasattr(out, "logits") else out
 
 
 # --------------------------------------------------------------------------------- one run
@@ -123,8 +157,7 @@ class Run:
     def build(self):
         a = self.args
         torch.manual_seed(a.seed)
-        model = tm.TransformerLM(self.data.vocab_size, a.d_model, a.ffn, a.heads, a.layers,
-                                 a.seq_len, checkpoint_activations=a.checkpoint_activations)
+        model = build_model(a, self.data.vocab_size)
         self.n_params = tm.count_params(model)
         if a.init_from:
             model.load_state_dict(torch.load(a.init_from, map_location="cpu", weights_only=True))
@@ -142,7 +175,7 @@ class Run:
             from torch.distributed.fsdp import fully_shard
             mesh = (init_device_mesh(self.device.type, (self.world,)) if self.group is None
                     else DeviceMesh.from_group(self.group, self.device.type))
-            for blk in model.blocks:
+            for blk in blocks_of(model):
                 fully_shard(blk, mesh=mesh)
             fully_shard(model, mesh=mesh)
         else:
@@ -178,7 +211,8 @@ class Run:
             loose = plan.auto(model, (x.to(self.device),), memory_budget=1 << 40,
                               group=self.group, strategies=["no_shard"])
             budget = int(0.6 * loose.prediction.peak_bytes)
-        p = plan.auto(model, (x.to(self.device),), memory_budget=budget, group=self.group)
+        p = plan.auto(model, (x.to(self.device),), memory_budget=budget, group=self.group,
+                      accumulation=a.gradient_accumulation_steps)
         self.plan_text = p.explain()
         self.log(f"=== {self.strategy}:{self.backend}: the planner's choice\n{self.plan_text}",
                  flush=True)
@@ -218,7 +252,7 @@ class Run:
                     sync = micro == accum - 1 or not (self.strategy == "ddp"
                                                       or self.strategy.startswith("plan"))
                     with contextlib.nullcontext() if sync else self.no_sync():
-                        loss = tm.lm_loss(self.model(x), y, chess_data.IGNORE) / accum
+                        loss = tm.lm_loss(logits_of(self.model(x)), y, chess_data.IGNORE) / accum
                         loss.backward()
                     step_loss += loss.item()
                 self.opt.step()
@@ -280,7 +314,7 @@ class Run:
         B = a.batch_size_per_device
         base = data.EVAL_OFFSET + self.rank * max(B, a.eval_prompts)
         x, y = data.batch(range(base, base + B))
-        eval_loss = self.mean(tm.lm_loss(self.model(x.to(self.device)), y.to(self.device),
+        eval_loss = self.mean(tm.lm_loss(logits_of(self.model(x.to(self.device))), y.to(self.device),
                                          chess_data.IGNORE).item())
         legal = float("nan")
         if a.eval_prompts > 0:
@@ -294,7 +328,7 @@ class Run:
                 pos.append(len(ids))
             start = list(pos)
             for _ in range(6):  # a move is at most 5 characters, then a space
-                logits = self.model(buf.to(self.device)).float().cpu()
+                logits = logits_of(self.model(buf.to(self.device))).float().cpu()
                 for i in range(len(prompts)):
                     if pos[i] < a.seq_len:
                         buf[i, pos[i]] = logits[i, pos[i] - 1].argmax()

@@ -124,7 +124,8 @@ def _unit_bytes(model: nn.Module, unit_names: List[str]) -> Dict[str, Dict[str, 
     return out
 
 
-def _costs(model, example_inputs, group, optimizer, strategies, units, topology, use_cache):
+def _costs(model, example_inputs, group, optimizer, strategies, units, topology, use_cache,
+           accumulation=1):
     """(profile, links, [choices per unit]) for this model. Collective."""
     if optimizer not in OPTIMIZER_STATE_FACTOR:
         raise ValueError(f"torch_rsdp.plan.auto: unknown optimizer rule {optimizer!r}; "
@@ -139,8 +140,10 @@ def _costs(model, example_inputs, group, optimizer, strategies, units, topology,
     prof = profile_model(model, example_inputs, owned, group=group, optimizer=optimizer,
                          meshes=meshes, use_cache=use_cache, strategies=timed)
     links = topology.links() if topology is not None else Links.measured(prof)
+    if accumulation < 1:
+        raise ValueError(f"torch_rsdp.plan.auto: accumulation must be >= 1, got {accumulation}")
     choices = [unit_choices(u, cands, links, optimizer, prof.optim_s_per_byte,
-                            measured_ok=topology is None)
+                            measured_ok=topology is None, accumulation=accumulation)
                for u in prof.units]
     return prof, links, choices
 
@@ -164,7 +167,7 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
          optimizer: str = "adamw", strategies: Optional[Sequence[str]] = None,
          units: Union[None, Sequence[str], Callable[[str, nn.Module], bool]] = None,
          topology: Optional[Cluster] = None, use_cache: bool = True,
-         headroom: float = 0.05) -> AutoPlan:
+         headroom: float = 0.05, accumulation: int = 1) -> AutoPlan:
     """The fastest plan whose predicted peak per rank fits ``memory_budget``. Collective.
 
     example_inputs: one micro-batch as this rank passes it to ``model`` (a tensor, a tuple of
@@ -178,6 +181,8 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     topology: a :class:`Cluster` to plan for instead of this group.
     headroom: the fraction of the budget kept free for what the model does not count
         (allocator slack, the optimizer's temporaries, library buffers).
+    accumulation: micro-batches per optimizer step (``plan.no_sync`` on all but the last):
+        sharded units then keep unsharded gradients between micro-batches.
     Raises :class:`BudgetError` (a ``ValueError``) naming the smallest budget that fits.
     """
     if not 0 <= headroom < 1:
@@ -185,7 +190,7 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     local = (len(Meshes(group).nodes()[0]) if topology is None else topology.ranks_per_node)
     budget = parse_budget(memory_budget, local)
     prof, links, choices = _costs(model, example_inputs, group, optimizer, strategies, units,
-                                  topology, use_cache)
+                                  topology, use_cache, accumulation)
     result: list = [None]
     if dist.get_rank(group) == 0:  # rank 0 decides; every rank applies the same plan
         usable = int(budget * (1 - headroom))

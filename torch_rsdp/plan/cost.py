@@ -27,6 +27,9 @@ split:k            (2 + f) (Pl / W + P - Pl)        A               T + 3 Pl / k
                                                                     its gradient, padding)
 =================  ===============================  ==============  =========================
 
+With gradient accumulation (``accumulation > 1``), FSDP2 units and split layers also keep their
+unsharded gradient (``P``, ``Pl``) between micro-batches, as ``plan.no_sync`` makes them.
+
 Step time = forward + backward + the optimizer step on the bytes this rank steps. For the group
 that was profiled, forward + backward under each strategy is *measured* (the unit copied, the
 strategy applied, timed with its real collectives; ``shard_optim``'s broadcast after the step is
@@ -96,7 +99,7 @@ def applicable(u: UnitProfile, strategy: Strategy, links: Links) -> bool:
 
 def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer: str,
                  optim_s_per_byte: float, bucket: int = DEFAULT_BUCKET_BYTES,
-                 measured_ok: bool = True) -> List[Choice]:
+                 measured_ok: bool = True, accumulation: int = 1) -> List[Choice]:
     """One :class:`Choice` per applicable strategy (in the order given). With
     ``measured_ok`` (planning for the group that was profiled), a strategy's forward +
     backward time measured with it applied replaces compute + modelled communication."""
@@ -147,5 +150,9 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
             comm = t("broadcast", P / W) * W if k == "shard_optim" and W > 1 else 0.0
             compute = measured
         time_s = compute + comm + optim_s_per_byte * stepped
-        out.append(Choice(str(s), time_s, int(mem[0]), int(mem[1]), int(mem[2])))
+        resident = mem[0]
+        if accumulation > 1:  # no_sync keeps unsharded gradients between micro-batches
+            resident += {"full_shard": P, "shard_grad_op": P, "hybrid_shard": P,
+                         "split": u.linear_bytes}.get(k, 0)
+        out.append(Choice(str(s), time_s, int(resident), int(mem[1]), int(mem[2])))
     return out
