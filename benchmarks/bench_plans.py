@@ -49,8 +49,10 @@ sys.path.append(ROOT)
 SETTINGS = {"1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
 UNIFORM = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate",
            "split:2", "split:4"]
-MODEL = dict(vocab_size=4096, hidden_size=256, intermediate_size=704, num_hidden_layers=4,
-             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+# 12 M parameters: weights and Adam state dominate activations at this micro-batch, so
+# replicating everything needs about 3x the tightest plan's memory.
+MODEL = dict(vocab_size=4096, hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
+             num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
              tie_word_embeddings=False)
 QUICK_MODEL = dict(MODEL, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                    vocab_size=512)
@@ -297,8 +299,8 @@ def main(argv=None) -> int:
     p.add_argument("--rate", default="100mbit", help="tc rate of each node link (2x2)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--seq", type=int, default=64)
-    p.add_argument("--batch", type=int, default=4)
+    p.add_argument("--seq", type=int, default=32)
+    p.add_argument("--batch", type=int, default=2)
     p.add_argument("--deadline", type=float, default=1500)
     p.add_argument("--quick", action="store_true", help="smoke test: tiny model, 1x4, 3 budgets")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
