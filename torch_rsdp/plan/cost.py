@@ -5,29 +5,36 @@ weights), ``Pr`` the part ``rotate`` shards, ``f`` optimizer state per parameter
 ``A`` activations saved for backward, ``T`` its peak temporaries; ``W`` ranks, ``L`` ranks per
 node, ``B`` the gradient bucket of replicated parameters.
 
-Memory is split as :mod:`.search` needs it: *resident* (held all step: sharded parameters,
-gradients, optimizer state), *live* (held from the unit's forward to its backward: activations,
-and for ``shard_grad_op`` the gathered weights), *transient* (only while the unit computes):
+Memory is split as :mod:`.search` needs it: *resident* (held all step: sharded parameters and
+optimizer state), *live* (held from the unit's forward to its backward: activations, and for
+``shard_grad_op`` the gathered weights; or, once its backward has run, the unit's gradients:
+per unit the larger of the two counts, as backward frees activations while it makes
+gradients), *transient* (only while the unit computes):
 
-=================  ===============================  ==============  =========================
-strategy           resident                         live            transient
-=================  ===============================  ==============  =========================
-no_shard           (2 + f) P                        A               T + min(P, B)
-shard_optim        2 P + f P / W                    A               T + min(P, B)
-full_shard         (2 + f) P / W                    A               T + 3 P  (gathered unit,
-                                                                    the prefetched next one,
-                                                                    unsharded gradient)
-shard_grad_op      (2 + f) P / W                    A + P (W-1)/W   T + 2 P
-hybrid_shard       (2 + f) P / L                    A               T + 3 P
-rotate             (2 + f) (Pr / W + P - Pr)        A               T + 4 Pr / W  (weights in
-                                                                    hand and in flight,
-                                                                    gradient accumulator and
-                                                                    contribution)
-split:k            (2 + f) (Pl / W + P - Pl)        A               T + 3 Pl / k  (one slice,
-                                                                    its gradient, padding)
-=================  ===============================  ==============  =========================
+=================  ===============================  ====================  ====================
+strategy           resident (+ gradients)           live                  transient
+=================  ===============================  ====================  ====================
+no_shard           (1 + f) P  (+ P)                 A                     T + min(P, B)
+shard_optim        P + f P / W  (+ P)               A                     T + min(P, B)
+full_shard         (1 + f) P / W  (+ P / W)         A                     T + 5 P  (gathered
+                                                                          copy and its copy-out,
+                                                                          unsharded gradient and
+                                                                          the reduce-scatter
+                                                                          input, the prefetched
+                                                                          next unit)
+shard_grad_op      (1 + f) P / W  (+ P / W)         A + P (W-1)/W         T + 3 P
+hybrid_shard       (1 + f) P / L  (+ P / L)         A                     T + 5 P
+rotate             (1 + f) (Pr / W + P - Pr)  (+ ..)  A                   T + 4 Pr / W  (weights
+                                                                          in hand and in flight,
+                                                                          gradient accumulator
+                                                                          and contribution)
+split:k            (1 + f) (Pl / W + P - Pl)  (+ ..)  A                   T + 3 Pl / k  (one
+                                                                          slice, its gradient,
+                                                                          padding)
+=================  ===============================  ====================  ====================
 
-With gradient accumulation (``accumulation > 1``), FSDP2 units and split layers also keep their
+These coefficients were checked against torch's MemTracker on this backend
+(benchmarks/bench_plans.py). With gradient accumulation (``accumulation > 1``), FSDP2 units and split layers also keep their
 unsharded gradient (``P``, ``Pl``) between micro-batches, as ``plan.no_sync`` makes them.
 
 Step time = forward + backward + the optimizer step on the bytes this rank steps. For the group
@@ -114,32 +121,35 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
         k = s.kind
         t = links.t
         compute = u.fwd_s + u.bwd_s
+        # (state without gradients, gradients, live, transient), in bytes per rank
         if k == "no_shard":
-            mem = ((2 + f) * P, A, T + min(P, bucket))
+            mem = ((1 + f) * P, P, A, T + min(P, bucket))
             comm, stepped = t("all_reduce", P), P
         elif k == "shard_optim":
-            mem = (2 * P + f * P / W, A, T + min(P, bucket))
+            mem = (P + f * P / W, P, A, T + min(P, bucket))
             comm = t("all_reduce", P) + W * t("broadcast", P / W)
             stepped = P / W
-        elif k in ("full_shard", "shard_grad_op"):
-            gathers = 2 if k == "full_shard" else 1
-            live = A if k == "full_shard" else A + P * (W - 1) / W
-            mem = ((2 + f) * P / W, live, T + (3 if k == "full_shard" else 2) * P)
-            comm = gathers * t("all_gather", P) + t("reduce_scatter", P)
+        elif k == "full_shard":
+            mem = ((1 + f) * P / W, P / W, A, T + 5 * P)
+            comm = 2 * t("all_gather", P) + t("reduce_scatter", P)
+            stepped = P / W
+        elif k == "shard_grad_op":
+            mem = ((1 + f) * P / W, P / W, A + P * (W - 1) / W, T + 3 * P)
+            comm = t("all_gather", P) + t("reduce_scatter", P)
             stepped = P / W
         elif k == "hybrid_shard":
-            mem = ((2 + f) * P / L, A, T + 3 * P)
+            mem = ((1 + f) * P / L, P / L, A, T + 5 * P)
             comm = (2 * t("all_gather", P, "intra") + t("reduce_scatter", P, "intra")
                     + t("all_reduce", P / L, "inter"))
             stepped = P / L
         elif k == "rotate":
             pr, rest = u.rotate_bytes, P - u.rotate_bytes
-            mem = ((2 + f) * (pr / W + rest), A, T + 4 * pr / W)
+            mem = ((1 + f) * (pr / W + rest), pr / W + rest, A, T + 4 * pr / W)
             comm = 3 * (W - 1) * t("ring_shift", pr / W) + t("all_reduce", rest)
             stepped = pr / W + rest
         else:  # split:k
             pl, rest = u.linear_bytes, P - u.linear_bytes
-            mem = ((2 + f) * (pl / W + rest), A, T + 3 * pl / s.k)
+            mem = ((1 + f) * (pl / W + rest), pl / W + rest, A, T + 3 * pl / s.k)
             comm = (s.k * (2 * t("all_gather", pl / s.k) + t("reduce_scatter", pl / s.k))
                     + t("all_reduce", rest))
             stepped = pl / W + rest
@@ -150,9 +160,13 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
             comm = t("broadcast", P / W) * W if k == "shard_optim" and W > 1 else 0.0
             compute = measured
         time_s = compute + comm + optim_s_per_byte * stepped
-        resident = mem[0]
-        if accumulation > 1:  # no_sync keeps unsharded gradients between micro-batches
-            resident += {"full_shard": P, "shard_grad_op": P, "hybrid_shard": P,
-                         "split": u.linear_bytes}.get(k, 0)
-        out.append(Choice(str(s), time_s, int(resident), int(mem[1]), int(mem[2])))
+        state, grads, live, transient = mem
+        if accumulation == 1:
+            # Gradients appear as backward frees the activations (zero_grad(set_to_none)
+            # leaves none from the last step): per unit, one or the other is held.
+            resident, live = state, max(live, grads)
+        else:  # no_sync keeps gradients, and the sharded units' unsharded ones, throughout
+            resident = state + grads + {"full_shard": P, "shard_grad_op": P, "hybrid_shard": P,
+                                        "split": u.linear_bytes}.get(k, 0)
+        out.append(Choice(str(s), time_s, int(resident), int(live), int(transient)))
     return out
