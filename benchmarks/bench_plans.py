@@ -55,6 +55,7 @@ MODEL = dict(vocab_size=4096, hidden_size=384, intermediate_size=1024, num_hidde
              num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
              tie_word_embeddings=False)
 QUICK_MODEL = dict(MODEL, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
+                   num_attention_heads=4,
                    vocab_size=512)
 
 
