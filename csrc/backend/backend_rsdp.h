@@ -119,6 +119,9 @@ class BackendRSDP : public c10d::Backend {
                          std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts);
   Body prepare_allgather_base(at::Tensor& output, at::Tensor& input,
                               const c10d::AllgatherOptions& opts);
+  // all_reduce of a sparse COO tensor (backend_sparse.cpp).
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts);
   Body prepare_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                    const c10d::ReduceScatterOptions& opts);
   // Queues body on the worker; the Work completes with `outputs`.
