@@ -48,6 +48,17 @@ def fam_all_gather_coalesced(ctx, rec):
             for q in range(W):
                 for i, n in enumerate(sizes):
                     eq(outs[q][i], val(q, i, n), f"outputs[{q}][{i}]")
+    with rec.case("one list per input is refused"):
+        # The layout this API does not take: [inputs][ranks]. Every rank raises at the call.
+        ins = [val(r, 0, 2)]
+        outs = [[torch.zeros(2, dtype=torch.int64) for _ in range(W)]]
+        try:
+            dist.all_gather_coalesced(outs, ins)
+        except (ValueError, RuntimeError) as e:
+            if backend_under_test() == "rsdp":
+                assert f"rank {r}" in str(e) and "all_gather_coalesced" in str(e), str(e)
+        else:
+            raise AssertionError("a [inputs][ranks] layout was accepted")
     with rec.case("async future"):
         ins = [val(r, 0, 3), val(r, 1, 2)]
         outs = [[torch.zeros(3, dtype=torch.int64), torch.zeros(2, dtype=torch.int64)]
@@ -242,6 +253,34 @@ def fam_group_names(ctx, rec):
             dist.destroy_process_group(g)
 
 
+def fam_sequence_numbers(ctx, rec):
+    """The backend's _get_sequence_number_for_group counts the group's collectives; a new
+    group starts at 0 (torch calls _set_sequence_number_for_group on gloo's). torch's
+    ProcessGroup forwards these to gloo/NCCL/UCC only, so ask the backend object."""
+    r, W = ctx.rank, ctx.world_size
+
+    def seq(pg):
+        return pg._get_backend(torch.device("cpu"))._get_sequence_number_for_group()
+
+    with rec.case("counts collectives"):
+        pg = dist.group.WORLD
+        before = seq(pg)
+        for _ in range(3):
+            dist.all_reduce(torch.ones(2))
+        dist.broadcast(torch.ones(2), src=0)
+        after = seq(pg)
+        assert after - before == 4, (before, after)
+        got = [None] * W
+        dist.all_gather_object(got, after)  # all ranks agree
+        assert got == [got[0]] * W, got
+    with rec.case("new group starts at 0"):
+        sub = dist.new_group(list(range(W)))
+        assert seq(sub) == 0, seq(sub)
+        dist.all_reduce(torch.ones(1), group=sub)
+        assert seq(sub) == 1, seq(sub)
+        dist.destroy_process_group(sub)
+
+
 def _expect_timeout(budget_s, fn, what):
     t0 = time.monotonic()
     try:
@@ -312,11 +351,31 @@ def fam_sparse_all_reduce(ctx, rec):
         t = sparse_of(r)
         got = dist.all_reduce(t, async_op=True).get_future().wait()[0]
         eq(got.to_dense(), sum(sparse_of(q).to_dense() for q in range(W)), "future value")
-    if backend_under_test() != "gloo":  # gloo has no AVG at all
-        with rec.case("AVG"):
-            t = sparse_of(r)
-            dist.all_reduce(t, op=dist.ReduceOp.AVG)
-            eq(t.to_dense(), sum(sparse_of(q).to_dense() for q in range(W)) / W, "avg")
+    if backend_under_test() == "gloo":
+        return  # gloo has no AVG, and does not compare the sizes of sparse tensors
+    with rec.case("AVG"):
+        t = sparse_of(r)
+        dist.all_reduce(t, op=dist.ReduceOp.AVG)
+        eq(t.to_dense(), sum(sparse_of(q).to_dense() for q in range(W)) / W, "avg")
+    with rec.case("sizes that differ between ranks raise on every rank"):
+        t = torch.sparse_coo_tensor(torch.tensor([[0], [0]]), torch.ones(1), (7 + r, 3))
+        try:
+            dist.all_reduce(t)
+        except ValueError as e:
+            assert f"rank {r}" in str(e) and "does not match" in str(e), str(e)
+        else:
+            raise AssertionError("sparse tensors of different sizes were summed")
+    with rec.case("MAX is refused"):
+        try:
+            dist.all_reduce(sparse_of(r), op=dist.ReduceOp.MAX)
+        except ValueError as e:
+            assert "MAX" in str(e) and "sparse" in str(e), str(e)
+        else:
+            raise AssertionError("MAX of sparse tensors was accepted")
+    with rec.case("the group still works"):
+        t = torch.ones(3)
+        dist.all_reduce(t)
+        eq(t, torch.full((3,), float(W)), "dense all_reduce after the errors")
 
 
 class _SparseNet(torch.nn.Module):
@@ -363,6 +422,7 @@ FAMILIES = {
     "object_collectives": fam_object_collectives,
     "futures": fam_futures,
     "group_names": fam_group_names,
+    "sequence_numbers": fam_sequence_numbers,
     "sparse_all_reduce": fam_sparse_all_reduce,
     "ddp_sparse_embedding": fam_ddp_sparse_embedding,
     "timeouts": fam_timeouts,  # last: it re-creates the default group

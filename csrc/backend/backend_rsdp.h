@@ -86,7 +86,9 @@ class BackendRSDP : public c10d::Backend {
                                                int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
-  void setSequenceNumberForGroup() override { seq_ = 0; }
+  // As gloo's: the count starts at 0 when the group is made, and torch's call
+  // at group creation has nothing to reset.
+  void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return seq_; }
   // shutdown: queued collectives still run (as gloo's destructor does);
   // abort: waits fail at once and queued collectives are cancelled.
