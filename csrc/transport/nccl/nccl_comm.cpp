@@ -238,9 +238,9 @@ NcclComm::NcclComm(const Group& g, Bootstrap& store, const std::vector<int>& ran
       const size_t shown = std::min<size_t>(ranks_.size(), 8);
       for (size_t i = 0; i < shown; ++i) members += (i ? ", " : "") + g.who(ranks_[i]);
       if (shown < ranks_.size()) members += ", ...";
-      RSDP_FAIL(ErrorKind::kTimeout, who(), ": NCCL initialization: ", timed_out_waiting(timeout.count()),
-                "; is every one of its ", size(), " ranks (", members,
-                ") creating communicator '", tag_, "'?");
+      RSDP_FAIL(ErrorKind::kTimeout, who(), ": NCCL initialization: ",
+                timed_out_waiting(timeout.count()), "; is every one of its ", size(), " ranks (",
+                members, ") creating communicator '", tag_, "'?");
     }
   }
   if (r != ncclSuccess) {
@@ -331,7 +331,8 @@ void NcclComm::settle(std::unique_lock<std::mutex>& lk, int result, const char* 
       if (deadline.expired()) {
         std::string msg = detail::cat(
             who(), ": ", call, " did not complete on the host: ",
-            timed_out_waiting(timeout_.count()), " (NCCL was still setting up; a peer may be missing, hung or dead)");
+            timed_out_waiting(timeout_.count()),
+            " (NCCL was still setting up; a peer may be missing, hung or dead)");
         abort_locked(ErrorKind::kTimeout, msg);
         throw Error(ErrorKind::kTimeout, msg + "; the communicator was aborted");
       }

@@ -88,7 +88,8 @@ void ShmComm::attach(Bootstrap& store) {
   } else {
     std::string key = group_.key("shm/name");
     RSDP_CHECK_KIND(ErrorKind::kTimeout, store.wait({key}, group_.timeout), group_.me(),
-                    ": ", timed_out_waiting(group_.timeout.count()), " for ", group_.who(0), " to create the shared memory of group '", group_.name, "'");
+                    ": ", timed_out_waiting(group_.timeout.count()), " for ", group_.who(0),
+                    " to create the shared memory of group '", group_.name, "'");
     std::string name = store.get(key);
     seg_ = ShmSegment::open(name, bytes);
     auto* h = reinterpret_cast<SegmentHeader*>(seg_.data());
