@@ -253,6 +253,20 @@ def fam_group_names(ctx, rec):
             dist.destroy_process_group(g)
 
 
+def fam_monitored_barrier(ctx, rec):
+    """torch documents monitored_barrier for gloo only and refuses other backends itself."""
+    with rec.case("all ranks"):
+        if backend_under_test() == "gloo":
+            dist.monitored_barrier(timeout=datetime.timedelta(seconds=20))
+        else:
+            try:
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=20))
+            except ValueError as e:
+                assert "GLOO" in str(e), str(e)
+            else:
+                raise AssertionError("torch ran monitored_barrier on a backend other than gloo")
+
+
 def fam_sequence_numbers(ctx, rec):
     """The backend's _get_sequence_number_for_group counts the group's collectives; a new
     group starts at 0 (torch calls _set_sequence_number_for_group on gloo's). torch's
@@ -314,6 +328,14 @@ def fam_timeouts(ctx, rec):
                                                       timeout=datetime.timedelta(seconds=0.5)),
                             "per-call timeout")
     ctx.store_sync("timeouts/call")
+    dist.destroy_process_group(sub)
+    sub = dist.new_group([0, 1], timeout=datetime.timedelta(seconds=300))
+    with rec.case("barrier(timeout=1ms): torch's test_barrier_timeout_arg", ranks=[0]):
+        if r == 0:
+            msg = _expect_timeout(0.001, lambda: dist.barrier(
+                group=sub, timeout=datetime.timedelta(seconds=0.001)), "1 ms timeout")
+            assert "Timed out waiting 1ms" in msg, msg
+    ctx.store_sync("timeouts/call1ms")
     dist.destroy_process_group(sub)
     # init_process_group(timeout=): the default group's own timeout.
     ctx.reinit(timeout=datetime.timedelta(seconds=1.5))
@@ -423,6 +445,7 @@ FAMILIES = {
     "futures": fam_futures,
     "group_names": fam_group_names,
     "sequence_numbers": fam_sequence_numbers,
+    "monitored_barrier": fam_monitored_barrier,
     "sparse_all_reduce": fam_sparse_all_reduce,
     "ddp_sparse_embedding": fam_ddp_sparse_embedding,
     "timeouts": fam_timeouts,  # last: it re-creates the default group
