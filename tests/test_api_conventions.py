@@ -146,6 +146,26 @@ def fam_tensor_coalesced(ctx, rec):
             eq(outs[i], exp if n else torch.zeros(0), f"output {i}")
 
 
+def fam_tensor_shapes(ctx, rec):
+    """torch's docs: the big tensor is the inputs concatenated along dim 0, or (not on gloo,
+    which refuses it; NCCL takes it) stacked along a new dim 0."""
+    r, W = ctx.rank, ctx.world_size
+    layouts = {"concatenated": torch.cat, "stacked": torch.stack}
+    if backend_under_test() == "gloo":
+        del layouts["stacked"]
+    for name, join in layouts.items():
+        with rec.case(f"all_gather_into_tensor {name}"):
+            exp = join([val(q, 0, 6).view(2, 3) for q in range(W)])
+            out = torch.full(exp.shape, -1, dtype=torch.int64)
+            dist.all_gather_into_tensor(out, val(r, 0, 6).view(2, 3))
+            eq(out, exp, "output")
+        with rec.case(f"reduce_scatter_tensor {name}"):
+            out = torch.full((2, 3), -1.0)
+            inp = join([val(r, q, 6, torch.float32).view(2, 3) for q in range(W)])
+            dist.reduce_scatter_tensor(out, inp)
+            eq(out, sum(val(s, r, 6, torch.float32) for s in range(W)).view(2, 3), "output")
+
+
 def fam_batch_isend_irecv(ctx, rec):
     r, W = ctx.rank, ctx.world_size
     for n in (6, 0):
@@ -440,6 +460,7 @@ FAMILIES = {
     "reduce_scatter_list": fam_reduce_scatter_list,
     "all_to_all_lists": fam_all_to_all_lists,
     "tensor_coalesced": fam_tensor_coalesced,
+    "tensor_shapes": fam_tensor_shapes,
     "batch_isend_irecv": fam_batch_isend_irecv,
     "object_collectives": fam_object_collectives,
     "futures": fam_futures,
