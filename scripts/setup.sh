@@ -59,8 +59,32 @@ fi
 # (pip's editable install would recompile everything in a temporary directory
 # every time). A .pth file then puts this checkout on Python's path, which is
 # what an editable install amounts to.
-say "building torch_rsdp._C (MAX_JOBS=${MAX_JOBS:-2})"
-MAX_JOBS=${MAX_JOBS:-2} $PY setup.py -q build_ext --inplace
+# The compiler's command lines go to a log, not the terminal: ninja's [k/N]
+# counter is shown instead (in place on a terminal, every 10 files otherwise),
+# and the whole log is printed if the build fails.
+mkdir -p build
+log=build/setup-build.log
+: > "$log"
+build_progress() {
+  local line shown=0
+  while IFS= read -r line; do
+    printf '%s\n' "$line" >> "$log"
+    [[ $line =~ ^\[([0-9]+)/([0-9]+)\] ]] || continue
+    local k=${BASH_REMATCH[1]} n=${BASH_REMATCH[2]}
+    if [ -t 1 ]; then
+      printf '\r[setup] compiling %d/%d' "$k" "$n"; shown=1
+    elif [ "$k" = "$n" ] || [ $((k % 10)) = 0 ]; then
+      say "compiled $k/$n"
+    fi
+  done
+  if [ "$shown" = 1 ]; then echo; fi
+}
+say "building torch_rsdp._C (MAX_JOBS=${MAX_JOBS:-2}; full log in $log)"
+if ! MAX_JOBS=${MAX_JOBS:-2} $PY setup.py -q build_ext --inplace 2>&1 | build_progress; then
+  say "the build failed; its log ($log):"
+  cat "$log"
+  exit 1
+fi
 site=$($PY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 echo "$(pwd)" > "$site/torch_rsdp_checkout.pth"
 (cd / && $PY -c "import torch_rsdp, torch.distributed as d; assert 'rsdp' in d.Backend.backend_list; print('[setup] torch_rsdp', torch_rsdp.__version__, 'ready at', torch_rsdp.__path__[0])")

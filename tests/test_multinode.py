@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -282,6 +283,30 @@ def test_node_death(nodes):
         assert o["after_kill_s"] <= FAULT_TIMEOUT + 5, (
             f"[{res.mode}] rank {r} raised {o['after_kill_s']:.1f}s after node {KILL_NODE} "
             f"died (timeout {FAULT_TIMEOUT}s): {o['msg'][:300]}")
+
+
+# --------------------------------------------------------------------------------------------
+# A quiet start: no UCX warnings
+# --------------------------------------------------------------------------------------------
+
+
+def _quiet_worker(ctx):
+    t = torch.ones(1 << 10)
+    dist.all_reduce(t)  # small: through the leaders over UCX
+    dist.all_reduce(torch.ones(1 << 16))  # large: the rails
+    dist.barrier()
+    return float(t[0])
+
+
+def test_no_ucx_warnings(nodes):
+    """UCX prints its warnings into every rank's output (e.g. a transport setting set where
+    the installed UCX does not read it); a multi-node start must leave none."""
+    node_of = TOPOLOGIES["2x2"]
+    res = launch(_quiet_worker, len(node_of), node_of=node_of, netns=nodes, deadline=90)
+    for r in range(len(node_of)):
+        assert res[r] == len(node_of), res[r]
+        log = res.outcomes[r].log_tail
+        assert not re.search(r"UCX\s+(WARN|ERROR)", log), f"[{res.mode}] rank {r}:\n{log}"
 
 
 # --------------------------------------------------------------------------------------------

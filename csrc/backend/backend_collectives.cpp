@@ -42,6 +42,10 @@ Work BackendRSDP::broadcast(std::vector<at::Tensor>& tensors, const c10d::Broadc
 Work BackendRSDP::allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) {
   return translate_errors([&] {
     auto c = ctx("all_reduce");
+    RSDP_CHECK(tensors.size() == 1, "rsdp rank ", global_rank_,
+               ": all_reduce: expects exactly one tensor, got ", tensors.size());
+    if (tensors[0].defined() && tensors[0].layout() == at::kSparse)
+      return allreduce_sparse(tensors, opts);
     check_one(c, tensors, "tensor");
     at::Tensor t = tensors[0], d = dense(t);
     DType dt = to_dtype(c, t);
@@ -173,17 +177,32 @@ Work BackendRSDP::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outp
                                       std::vector<at::Tensor>& inputs,
                                       const c10d::AllgatherOptions& opts) {
   return translate_errors([&] {
-    RSDP_CHECK(outputs.size() == inputs.size(), "rsdp rank ", global_rank_,
-               ": all_gather_coalesced: ", outputs.size(), " output lists for ", inputs.size(),
-               " inputs");
+    // torch's layout (its docstring, gloo): outputs[r][i] receives input i of
+    // rank r, so there is one output list per rank, each as long as inputs.
+    const int n = getSize();
+    RSDP_CHECK(!inputs.empty(), "rsdp rank ", global_rank_, ": all_gather_coalesced: no inputs");
+    RSDP_CHECK(static_cast<int>(outputs.size()) == n, "rsdp rank ", global_rank_,
+               ": all_gather_coalesced: expects one output list per rank (", n, "), got ",
+               outputs.size(), " lists");
+    for (int r = 0; r < n; ++r)
+      RSDP_CHECK(outputs[r].size() == inputs.size(), "rsdp rank ", global_rank_,
+                 ": all_gather_coalesced: output list ", r, " has ", outputs[r].size(),
+                 " tensors for ", inputs.size(), " inputs (outputs[rank][i] receives input i)");
     std::vector<Body> bodies;
     std::vector<at::Tensor> all_outputs;
     for (size_t i = 0; i < inputs.size(); ++i) {
-      std::vector<std::vector<at::Tensor>> o{outputs[i]};
+      std::vector<std::vector<at::Tensor>> o(1);
+      for (int r = 0; r < n; ++r) {
+        RSDP_CHECK(outputs[r][i].numel() == inputs[i].numel(), "rsdp rank ", global_rank_,
+                   ": all_gather_coalesced: outputs[", r, "][", i, "] is ",
+                   describe(outputs[r][i]), " but input ", i, " is ", describe(inputs[i]),
+                   "; they must have the same number of elements");
+        o[0].push_back(outputs[r][i]);
+      }
       std::vector<at::Tensor> in{inputs[i]};
       bodies.push_back(prepare_allgather(o, in, opts));
-      all_outputs.insert(all_outputs.end(), outputs[i].begin(), outputs[i].end());
     }
+    for (const auto& l : outputs) all_outputs.insert(all_outputs.end(), l.begin(), l.end());
     return enqueue(c10d::OpType::ALLGATHER_COALESCED, "rsdp:all_gather_coalesced", all_outputs,
                    sequence(std::move(bodies)), opts.asyncOp, inputs[0].device());
   });

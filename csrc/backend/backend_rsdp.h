@@ -86,7 +86,9 @@ class BackendRSDP : public c10d::Backend {
                                                int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
-  void setSequenceNumberForGroup() override { seq_ = 0; }
+  // As gloo's: the count starts at 0 when the group is made, and torch's call
+  // at group creation has nothing to reset.
+  void setSequenceNumberForGroup() override {}
   uint64_t getSequenceNumberForGroup() override { return seq_; }
   // shutdown: queued collectives still run (as gloo's destructor does);
   // abort: waits fail at once and queued collectives are cancelled.
@@ -119,6 +121,9 @@ class BackendRSDP : public c10d::Backend {
                          std::vector<at::Tensor>& inputs, const c10d::AllgatherOptions& opts);
   Body prepare_allgather_base(at::Tensor& output, at::Tensor& input,
                               const c10d::AllgatherOptions& opts);
+  // all_reduce of a sparse COO tensor (backend_sparse.cpp).
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts);
   Body prepare_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
                                    const c10d::ReduceScatterOptions& opts);
   // Queues body on the worker; the Work completes with `outputs`.

@@ -28,6 +28,13 @@ PYBIND11_MODULE(_C, m) {
                              [](const rsdp::BackendRSDP& b) { return b.options().shm_bytes; })
       .def_property_readonly(
           "oneshot_bytes", [](const rsdp::BackendRSDP& b) { return b.options().oneshot_bytes; })
+      // As ProcessGroupGloo's: torch's ProcessGroup forwards these only to
+      // gloo/NCCL/UCC and says "does not yet support sequence numbers" for a
+      // plugin, so they are reached through pg._get_backend(device).
+      .def("_get_sequence_number_for_group", &rsdp::BackendRSDP::getSequenceNumberForGroup,
+           "How many collectives the group has issued.")
+      .def("_set_sequence_number_for_group", &rsdp::BackendRSDP::setSequenceNumberForGroup,
+           "Nothing to do: the count starts at 0 with the group (as gloo's).")
       .def_property_readonly("ring_order", &rsdp::BackendRSDP::ring_order,
                              "Group ranks in ring order (ranks of a node adjacent).")
       .def("ring_neighbours", &rsdp::BackendRSDP::ring_neighbours, py::arg("direction") = 1,

@@ -65,7 +65,9 @@ void check_tensor(const OpContext& ctx, const at::Tensor& t, const char* what) {
              "rebuild it where torch has CUDA and nvcc is installed)");
 #endif
   RSDP_CHECK(t.layout() == at::kStrided, "rsdp rank ", ctx.rank, ": ", ctx.op, ": ", what, " ",
-             describe(t), " is not a dense (strided) tensor");
+             describe(t), " has layout ", t.layout(),
+             "; rsdp takes dense (strided) tensors, and sparse COO tensors in all_reduce "
+             "(SUM, AVG)");
   to_dtype(ctx, t);
 }
 

@@ -39,6 +39,13 @@ std::string cat(const Args&... args) {
   throw Error(kind, msg);
 }
 
+// The words of a timeout, as gloo and NCCL put them ("Timed out waiting
+// 1000ms"): torch's own tests and users' scripts match "Timed out" / "timeout".
+// e.g. "barrier() as collective #1: timeout: Timed out waiting 1000ms for rank 2".
+inline std::string timed_out_waiting(long long ms) {
+  return detail::cat("timeout: Timed out waiting ", ms, "ms");
+}
+
 // errno text for a failed system call, e.g. sys_error("shm_open /rsdp-..").
 std::string errno_text(int err);
 

@@ -62,8 +62,8 @@ Group join_group(Bootstrap& store, int rank, int size, std::vector<int> global_r
     int n = 0;
     for (int r = 0; r < size; ++r)
       if (!store.check(keys[r])) missing << (n++ ? ", " : "") << g.who(r);
-    RSDP_FAIL(ErrorKind::kTimeout, g.me(), ": timed out after ", timeout.count() / 1000.0,
-              " s waiting for ", missing.str(), " to join process group '", g.name, "' of size ",
+    RSDP_FAIL(ErrorKind::kTimeout, g.me(), ": ", timed_out_waiting(timeout.count()), " for ",
+              missing.str(), " to join process group '", g.name, "' of size ",
               size, " (", n == 1 ? "it" : "they", " never reached init_process_group/new_group)");
   }
   g.peers.resize(size);

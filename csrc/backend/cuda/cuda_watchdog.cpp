@@ -50,8 +50,8 @@ bool CudaWatchdog::poll_once() {
     if (e.done->query()) {
       e.work->gpu_done(nullptr);
     } else if (Clock::now() > e.deadline) {
-      const std::string msg = e.what + " did not finish on the GPU before its deadline; the "
-                              "process group is aborted";
+      const std::string msg = e.what + " did not finish on the GPU before its deadline (timeout: "
+                              "Timed out waiting for the GPU); the process group is aborted";
       std::cerr << msg << std::endl;
       e.work->gpu_done(std::make_exception_ptr(Error(ErrorKind::kTimeout, msg)));
       on_timeout_(msg);

@@ -102,8 +102,8 @@ void IpcComm::setup() {
     for (int p = 0; p < n; ++p)
       if (p != me && !store_.check(record_key(g, p)))
         missing += (missing.empty() ? "" : ", ") + g.who(p);
-    RSDP_FAIL(ErrorKind::kTimeout, g.me(), ": timed out after ", g.timeout.count() / 1000.0,
-              " s waiting for ", missing, " to publish its CUDA-IPC staging buffer for group '",
+    RSDP_FAIL(ErrorKind::kTimeout, g.me(), ": ", timed_out_waiting(g.timeout.count()), " for ",
+              missing, " to publish its CUDA-IPC staging buffer for group '",
               g.name, "' (did every rank of the node issue the same first collective on CUDA "
               "tensors?)");
   }

@@ -151,8 +151,6 @@ std::chrono::milliseconds left_until(std::chrono::steady_clock::time_point end) 
   return std::max(left, std::chrono::milliseconds(1));
 }
 
-double seconds(std::chrono::milliseconds ms) { return ms.count() / 1000.0; }
-
 }  // namespace
 
 bool nccl_supports(DType dt, RedOp op) {
@@ -213,7 +211,7 @@ NcclComm::NcclComm(const Group& g, Bootstrap& store, const std::vector<int>& ran
   } else {
     auto wait_for = timeout.count() > 0 ? left_until(start + timeout) : timeout;
     RSDP_CHECK_KIND(ErrorKind::kTimeout, store.wait({key}, wait_for), who(),
-                    ": timed out after ", seconds(timeout), " s waiting for ",
+                    ": ", timed_out_waiting(timeout.count()), " for ",
                     g.who(ranks_[0]), " to publish the unique id of NCCL communicator '",
                     tag_, "'");
     std::string v = store.get(key);
@@ -240,9 +238,9 @@ NcclComm::NcclComm(const Group& g, Bootstrap& store, const std::vector<int>& ran
       const size_t shown = std::min<size_t>(ranks_.size(), 8);
       for (size_t i = 0; i < shown; ++i) members += (i ? ", " : "") + g.who(ranks_[i]);
       if (shown < ranks_.size()) members += ", ...";
-      RSDP_FAIL(ErrorKind::kTimeout, who(), ": NCCL initialization did not complete within ",
-                seconds(timeout), " s; is every one of its ", size(), " ranks (", members,
-                ") creating communicator '", tag_, "'?");
+      RSDP_FAIL(ErrorKind::kTimeout, who(), ": NCCL initialization: ",
+                timed_out_waiting(timeout.count()), "; is every one of its ", size(), " ranks (",
+                members, ") creating communicator '", tag_, "'?");
     }
   }
   if (r != ncclSuccess) {
@@ -332,8 +330,9 @@ void NcclComm::settle(std::unique_lock<std::mutex>& lk, int result, const char* 
       }
       if (deadline.expired()) {
         std::string msg = detail::cat(
-            who(), ": ", call, " did not complete on the host within ", seconds(timeout_),
-            " s (NCCL was still setting up; a peer may be missing, hung or dead)");
+            who(), ": ", call, " did not complete on the host: ",
+            timed_out_waiting(timeout_.count()),
+            " (NCCL was still setting up; a peer may be missing, hung or dead)");
         abort_locked(ErrorKind::kTimeout, msg);
         throw Error(ErrorKind::kTimeout, msg + "; the communicator was aborted");
       }

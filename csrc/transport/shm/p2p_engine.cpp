@@ -373,8 +373,8 @@ void P2PEngine::check_deadlines() {
     std::string msg =
         dead ? detail::cat(g.me(), ": ", r->what(g), " failed: ", g.who(r->peer), " (pid ",
                            g.peers[r->peer].pid, ") exited")
-             : detail::cat(g.me(), ": ", r->what(g), " timed out after ",
-                           r->deadline.budget().count() / 1000.0, " s");
+             : detail::cat(g.me(), ": ", r->what(g), ": ",
+                           timed_out_waiting(r->deadline.budget().count()));
     finish(r, std::make_exception_ptr(Error(dead ? ErrorKind::kPeer : ErrorKind::kTimeout, msg)),
            -1);
     return true;

@@ -81,15 +81,15 @@ void ShmComm::attach(Bootstrap& store) {
       std::string missing;
       for (int r = 1; r < n; ++r)
         if (!store.check(keys[r - 1])) missing += (missing.empty() ? "" : ", ") + group_.who(r);
-      RSDP_FAIL(ErrorKind::kTimeout, group_.me(), ": timed out after ",
-                group_.timeout.count() / 1000.0, " s waiting for ", missing,
+      RSDP_FAIL(ErrorKind::kTimeout, group_.me(), ": ",
+                timed_out_waiting(group_.timeout.count()), " for ", missing,
                 " to attach the shared memory of group '", group_.name, "'");
     }
   } else {
     std::string key = group_.key("shm/name");
     RSDP_CHECK_KIND(ErrorKind::kTimeout, store.wait({key}, group_.timeout), group_.me(),
-                    ": timed out after ", group_.timeout.count() / 1000.0, " s waiting for ",
-                    group_.who(0), " to create the shared memory of group '", group_.name, "'");
+                    ": ", timed_out_waiting(group_.timeout.count()), " for ", group_.who(0),
+                    " to create the shared memory of group '", group_.name, "'");
     std::string name = store.get(key);
     seg_ = ShmSegment::open(name, bytes);
     auto* h = reinterpret_cast<SegmentHeader*>(seg_.data());
@@ -172,8 +172,8 @@ void ShmComm::wait_step(int p, uint32_t s) {
                                          desc_.describe()));
     if (deadline_.expired())
       fail(ErrorKind::kTimeout,
-           detail::cat(group_.me(), ": ", desc_.describe(), " timed out after ",
-                       deadline_.budget().count() / 1000.0, " s waiting for ", group_.who(p)));
+           detail::cat(group_.me(), ": ", desc_.describe(), ": ",
+                       timed_out_waiting(deadline_.budget().count()), " for ", group_.who(p)));
   }
 }
 

@@ -51,8 +51,8 @@ struct NetComm::Impl {
       int n = 0;
       for (int r = 0; r < group.size; ++r)
         if (!store.check(keys[r])) missing += (n++ ? ", " : "") + group.who(r);
-      RSDP_FAIL(ErrorKind::kTimeout, group.me(), ": timed out after ",
-                group.timeout.count() / 1000.0, " s waiting for ", missing,
+      RSDP_FAIL(ErrorKind::kTimeout, group.me(), ": ", timed_out_waiting(group.timeout.count()),
+                " for ", missing,
                 " to publish the UCX address", n == 1 ? "" : "es", " of group '", group.name,
                 "'");
     }

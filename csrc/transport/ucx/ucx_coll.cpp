@@ -350,8 +350,8 @@ void UcxCollectives::wait() {
     }
     if (deadline_.expired())
       fail(ErrorKind::kTimeout,
-           detail::cat(group_.me(), ": ", desc_.describe(), " timed out after ",
-                       deadline_.budget().count() / 1000.0, " s waiting for ",
+           detail::cat(group_.me(), ": ", desc_.describe(), ": ",
+                       timed_out_waiting(deadline_.budget().count()), " for ",
                        outstanding(false)));
     if (!mismatch_.empty()) {
       // The peer that disagrees may never send the rest of this op.

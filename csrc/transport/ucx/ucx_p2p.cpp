@@ -301,8 +301,8 @@ void UcxP2P::check_deadlines() {
   for (auto& op : active_) {
     Op& o = *op;
     if (o.reported || o.completed || !o.deadline.expired()) continue;
-    std::string msg = detail::cat(g.me(), ": ", o.what(g), " timed out after ",
-                                  o.deadline.budget().count() / 1000.0, " s");
+    std::string msg = detail::cat(g.me(), ": ", o.what(g), ": ",
+                                  timed_out_waiting(o.deadline.budget().count()));
     if (!o.is_send) {
       // Cancelling an unmatched receive completes it (CANCELED) at once; a
       // receive already matched to a message in flight runs to its end, so

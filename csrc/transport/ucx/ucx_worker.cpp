@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -69,6 +70,14 @@ bool tcp_only_tls() {
 }  // namespace
 
 UcxContext::UcxContext(const std::string& who, int estimated_eps) {
+  // Nagle's algorithm on a TCP link makes a header followed by its payload
+  // wait for the peer's delayed ACK, so it must be off. The tcp transport
+  // reads it from UCX_TCP_NODELAY (its config table, prefix TCP_): that works
+  // in every UCX version. ucp_config_modify(config, "TCP_NODELAY", ...) does
+  // not: UCX 1.13 (Debian's) matches transport keys without their prefix and
+  // printed "UCX WARN invalid configuration: TCP_NODELAY=y" at every start.
+  // Set before the first UCX config read; a user's own value wins.
+  setenv("UCX_TCP_NODELAY", "y", /*overwrite=*/0);
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
   RSDP_CHECK_KIND(ErrorKind::kSystem, s == UCS_OK, who,
@@ -82,11 +91,6 @@ UcxContext::UcxContext(const std::string& who, int estimated_eps) {
   // TCP stream: 95%). So on TCP-only transports every size goes eager, unless
   // the user chose a threshold.
   if (tcp_only_tls() && !getenv("UCX_RNDV_THRESH")) ucp_config_modify(config, "RNDV_THRESH", "inf");
-  // UCX leaves Nagle's algorithm on for TCP: a header followed by its payload
-  // then waits for the peer's delayed ACK. A 16 KiB allreduce between two
-  // nodes took 2.2 ms with it and 0.5 ms without. (Ignored where UCX was
-  // built without TCP.)
-  if (!getenv("UCX_TCP_NODELAY")) ucp_config_modify(config, "TCP_NODELAY", "y");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
                       UCP_PARAM_FIELD_ESTIMATED_NUM_EPS | UCP_PARAM_FIELD_NAME;
