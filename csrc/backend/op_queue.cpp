@@ -59,11 +59,16 @@ bool OpQueue::run_inline_if_idle(const Task& task) {
     busy_ = true;
   }
   task(true);
+  bool queued;
   {
     std::lock_guard<std::mutex> g(mu_);
     busy_ = false;
+    queued = !tasks_.empty() || stop_;
   }
-  cv_.notify_all();  // the worker may hold tasks queued meanwhile
+  // Wake the worker only when it has something to do: a needless wake-up
+  // costs a futex call here and, worse, puts a thread on a core that a peer
+  // rank of this node is spinning on.
+  if (queued) cv_.notify_all();
   return true;
 }
 
