@@ -32,11 +32,20 @@ copy bandwidth, measured in the same run (bytes read + written / time of the fas
 --memcpy-bytes buffer). Every backend then gets a `busbw/copy` column, and the report a
 "Physical limit" section in place of the CPU targets.
 
+--peers mpi (CPU only): after the torch backends, the same points are measured with Open MPI
+(bench_mpi_peer.py under mpirun, mpi4py on numpy buffers, the same sizes, iteration counts and
+timing; bfloat16 has no MPI datatype and is skipped), and rsdp once more on a 1-rank group
+("rsdp@1", the cost of a call that communicates nothing). The table gets an `mpi` backend and
+an `X/mpi` time ratio; the targets section checks that, from 8 B to 64 KiB, rsdp's time minus
+its rsdp@1 time is at most Open MPI's (allreduce, allgather, broadcast, reduce_scatter). A
+missing mpirun or mpi4py is reported and the peer left out. See bench_peers.py.
+
 Examples:
     python benchmarks/bench_collectives.py                       # rsdp vs gloo (gloo alone if rsdp is missing)
     python benchmarks/bench_collectives.py --backends gloo,gloo  # dry run: gloo against itself
     python benchmarks/bench_collectives.py --backends rsdp,gloo --ops allreduce --max-bytes 1M
     python benchmarks/bench_collectives.py --device cuda --world-size 4   # rsdp (+ nccl if 4 GPUs)
+    python benchmarks/bench_collectives.py --peers mpi --max-bytes 64K   # + Open MPI, rsdp@1
 """
 
 from __future__ import annotations
@@ -61,6 +70,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Let an uninstalled checkout work: torch_rsdp is found in the repository root as a fallback
 # (appended, so an installed torch_rsdp takes precedence).
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import bench_peers  # noqa: E402  (sibling module: Open MPI and rsdp@1 references)
 import bench_report  # noqa: E402  (sibling module: tables, targets, plots)
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall")
@@ -171,6 +181,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch intra-op threads per rank (default: cores // world size)")
     p.add_argument("--timeout", type=positive_int, default=300,
                    help="process-group timeout in seconds")
+    p.add_argument("--peers", type=csv_list(bench_peers.PEERS), default=None,
+                   help="also measure these libraries outside torch.distributed at the same "
+                        "points (mpi: Open MPI via mpirun + mpi4py), and rsdp on 1 rank")
     p.add_argument("--out", default=os.path.join(here, "results"), help="output directory")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     p.add_argument("--memcpy-bytes", type=parse_size, default=parse_size("256M"),
@@ -560,7 +573,8 @@ def worker(rank: int, args, port: int, raw_path: str) -> None:
     timeout = datetime.timedelta(seconds=args.timeout)
     store = dist.TCPStore("127.0.0.1", port, n, is_master=(rank == 0), timeout=timeout)
     rows: list[dict] = []
-    labels = backend_labels(args.backends)
+    # bench_peers sets `labels` to run rsdp on one rank under the label "rsdp@1".
+    labels = getattr(args, "labels", None) or backend_labels(args.backends)
     for rnd in range(args.rounds):
         for idx, (label, name) in enumerate(zip(labels, args.backends)):
             import_backend(name)
@@ -621,6 +635,7 @@ def main(argv=None) -> int:
               f"{info['d2d_copy_gbps']:.1f} GB/s (bytes read + written)", flush=True)
         if cuda_note:
             print(f"# {cuda_note}", flush=True)
+    peer_notes = bench_peers.check(args) if args.peers else []
 
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
@@ -632,6 +647,14 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - report, keep partial results, exit non-zero
             crashed = exc
         raw = json.load(open(raw_path)) if os.path.exists(raw_path) else []
+    peer_errors = []
+    if args.peers and crashed is None:
+        peer_raw, peer_info, peer_errors = bench_peers.run(args, sys.modules[__name__],
+                                                           peer_notes)
+        raw += peer_raw
+        info.update(peer_info)
+    elif peer_notes:
+        info["peer_notes"] = peer_notes
     rows = bench_report.aggregate(raw)
     elapsed = time.perf_counter() - t0
     info["elapsed_s"] = round(elapsed, 1)
@@ -639,6 +662,8 @@ def main(argv=None) -> int:
     config = {k: v for k, v in vars(args).items() if k not in ("out",)}
     if args.device == "cpu":
         del config["device"]  # CPU results.json stays as it was before --device existed
+    if args.peers is None:
+        del config["peers"]  # likewise without --peers
     config.update(baseline=labels[-1], labels=labels, iter_bytes=ITER_BYTES,
                   warmup_bytes=WARMUP_BYTES)
     report = bench_report.Report(rows, labels, info, config)
@@ -657,6 +682,9 @@ def main(argv=None) -> int:
     if crashed is not None:
         print(f"\nERROR: the benchmark crashed ({type(crashed).__name__}: {crashed}); "
               f"results above are partial", file=sys.stderr)
+        return 1
+    if peer_errors:
+        print(f"\nERROR: {'; '.join(peer_errors)}", file=sys.stderr)
         return 1
     bad = report.bad_rows()
     if bad:

@@ -5,7 +5,9 @@ A row is one measured point: {"backend", "op", "dtype", "bytes", "count", "time_
 backend label), renders the markdown report, evaluates the performance targets and draws one
 PNG per op. For a CUDA run (machine info "device" == "cuda") it also relates every point to the
 GPU's device-to-device copy bandwidth ("busbw/copy") and replaces the CPU targets with a
-"Physical limit" section.
+"Physical limit" section. With peers (config "peers", e.g. ["mpi"]; see bench_peers.py) the
+peer is shown as one more backend with an `X/mpi` time ratio, and the targets section checks
+rsdp's 2-rank time minus its 1-rank ("rsdp@1") time against the peer's.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ LATENCY_RATIO = 0.2            # time <= 1/5 of baseline ...
 LATENCY_MAX_BYTES = 4 * KiB    # ... at 4 KiB and below (every op measured)
 MEMCPY_FRACTION = 0.6          # allreduce busbw >= 60% of single-core memcpy ...
 MEMCPY_MIN_BYTES = 16 * MiB    # ... at 16 MiB and above
+# With --peers mpi: rsdp's time minus its own world-size-1 time ("rsdp@1", the cost of the call
+# itself) <= Open MPI's time, for every size in this range, for these ops.
+PEER = "mpi"
+WORLD1 = "rsdp@1"
+PEER_RANGE = (8, 64 * KiB)
+PEER_OPS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
 
 
 def busbw_factor(op: str, n: int) -> float:
@@ -126,9 +134,21 @@ class Report:
         self.cuda = info.get("device") == "cuda"
         self.copy = info.get("d2d_copy_gbps") if self.cuda else None
         self._index = {(r["backend"], r["op"], r["dtype"], r["bytes"]): r for r in rows}
+        # Peers measured in this run (shown as backends after the torch ones), and the torch
+        # labels compared with them (the candidates, or the baseline when alone).
+        self.peers = [p for p in config.get("peers") or [] if any(r["backend"] == p for r in rows)]
+        self.vs_peer = (self.candidates or [self.baseline]) if self.peers else []
         for r in rows:
             base = self._index.get((self.baseline, r["op"], r["dtype"], r["bytes"]))
             r["busbw_ratio"] = r["latency_ratio"] = None
+            for peer in self.peers:
+                if r["backend"] in self.vs_peer:
+                    p = self._index.get((peer, r["op"], r["dtype"], r["bytes"]))
+                    r[f"latency_ratio_{peer}"] = (r["time_us"] / p["time_us"] if self._ok(r)
+                                                  and p and self._ok(p) and p["time_us"] > 0
+                                                  else None)
+            if r["backend"] not in self.labels:
+                continue  # peers and rsdp@1: no ratios to the torch baseline
             if self._ok(r) and base is not None and self._ok(base):
                 if base["busbw_gbps"] > 0:
                     r["busbw_ratio"] = r["busbw_gbps"] / base["busbw_gbps"]
@@ -174,6 +194,7 @@ class Report:
             f"`lat×` = time / {self.baseline} time (lower is better). "
             "`WRONG` marks a point whose result did not match.",
         ]
+        out += self._peers_header()
         if not self.rows:
             out += ["", "**No results: the run failed before the first point was measured.**"]
             return "\n".join(out) + "\n"
@@ -181,6 +202,21 @@ class Report:
             out += ["", self._section(op, dtype)]
         out += ["", self.targets_markdown()]
         return "\n".join(out) + "\n"
+
+    def _peers_header(self) -> list[str]:
+        info, out = self.info, []
+        if self.peers:
+            vs = ", ".join(f"`{lb}/{p}`" for lb in self.vs_peer for p in self.peers)
+            out += ["", f"Peer `mpi`: {info.get('mpi_library_version', '?').split(',')[0]} "
+                        f"(MPI {info.get('mpi_standard_version', '?')}, mpi4py "
+                        f"{info.get('mpi4py_version', '?')}), `{info.get('mpi_command', '')}`, "
+                        "numpy buffers, the same points, iteration counts and timing; "
+                        f"{vs} = time / mpi time (lower is better)."
+                        + (f" `{WORLD1}` = rsdp on a 1-rank group, same points (in "
+                           "results.json and the targets section)."
+                           if any(r["backend"] == WORLD1 for r in self.rows) else "")]
+        out += [f"\nNote: {n}." for n in info.get("peer_notes", [])]
+        return out
 
     def _markdown_cuda(self) -> str:
         info, cfg = self.info, self.config
@@ -251,18 +287,23 @@ class Report:
         return "\n".join(out)
 
     def _section(self, op: str, dtype: str) -> str:
+        # A peer without this dtype (MPI has no bfloat16) gets no columns here.
+        peers = [p for p in self.peers if self._rows(p, op, dtype)]
         header = ["bytes"]
-        for lb in self.labels:
+        for lb in self.labels + peers:
             header += [f"{lb} µs", f"{lb} algbw", f"{lb} busbw"]
         for lb in self.candidates:
             header += [f"{lb} busbw×", f"{lb} lat×"]
+        header += [f"{lb}/{p}" for lb in self.vs_peer for p in peers]
         if self.cuda:
             header += [f"{lb} busbw/copy" for lb in self.labels]
-        sizes = sorted({r["bytes"] for r in self.rows if r["op"] == op and r["dtype"] == dtype})
+        shown = self.labels + peers
+        sizes = sorted({r["bytes"] for r in self.rows if r["op"] == op and r["dtype"] == dtype
+                        and r["backend"] in shown})
         body = []
         for b in sizes:
             line = [fmt_bytes(b)]
-            for lb in self.labels:
+            for lb in shown:
                 r = self._index.get((lb, op, dtype, b))
                 if r is None:
                     line += ["-", "-", "-"]
@@ -275,13 +316,17 @@ class Report:
             for lb in self.candidates:
                 r = self._index.get((lb, op, dtype, b)) or {}
                 line += [fmt_num(r.get("busbw_ratio")), fmt_num(r.get("latency_ratio"))]
+            for lb in self.vs_peer:
+                r = self._index.get((lb, op, dtype, b)) or {}
+                line += [fmt_num(r.get(f"latency_ratio_{p}")) for p in peers]
             if self.cuda:
                 for lb in self.labels:
                     r = self._index.get((lb, op, dtype, b)) or {}
                     line.append(fmt_num(r.get("copy_fraction")))
             body.append(line)
         errors = {r["backend"]: r["error"] for r in self.rows
-                  if r["op"] == op and r["dtype"] == dtype and r.get("error")}
+                  if r["op"] == op and r["dtype"] == dtype and r.get("error")
+                  and r["backend"] in shown}
         title = (f"## {op}, {dtype}  (busbw factor {BUSBW_FACTOR_TEXT[op]} = "
                  f"{busbw_factor(op, self.n):.2f})")
         if not body:
@@ -345,7 +390,94 @@ class Report:
                                  f"({self.memcpy:.2f} GB/s), >= {fmt_bytes(MEMCPY_MIN_BYTES)}",
                                  lb, op, dt, rows, "memcpy_fraction", "high", MEMCPY_FRACTION,
                                  lambda v: f"{v:.0%}"))
+        return res + self.world1_targets()
+
+    def world1_points(self) -> list[dict]:
+        """The peer target's data: per op and dtype (those the peer measured), every size in
+        PEER_RANGE that rsdp measured, with rsdp@1, the difference and the peer's time."""
+        if PEER not in self.peers or "rsdp" not in self.labels:
+            return []
+        pts = []
+        for op, dt in self._ops_dtypes():
+            if op not in PEER_OPS or not self._rows(PEER, op, dt):
+                continue  # e.g. bfloat16: MPI has no such datatype
+            for r in sorted(self._rows("rsdp", op, dt, *PEER_RANGE), key=lambda r: r["bytes"]):
+                one = self._index.get((WORLD1, op, dt, r["bytes"]))
+                peer = self._index.get((PEER, op, dt, r["bytes"]))
+                pt = dict(op=op, dtype=dt, bytes=r["bytes"], rsdp_us=None, world1_us=None,
+                          diff_us=None, mpi_us=None, ratio=None)
+                if self._ok(r):
+                    pt["rsdp_us"] = r["time_us"]
+                if one is not None and self._ok(one):
+                    pt["world1_us"] = one["time_us"]
+                if peer is not None and self._ok(peer):
+                    pt["mpi_us"] = peer["time_us"]
+                if pt["rsdp_us"] is not None and pt["world1_us"] is not None:
+                    pt["diff_us"] = pt["rsdp_us"] - pt["world1_us"]
+                    if pt["mpi_us"]:
+                        pt["ratio"] = pt["diff_us"] / pt["mpi_us"]
+                pts.append(pt)
+        return pts
+
+    def world1_targets(self) -> list[dict]:
+        """PASS when, at every size in PEER_RANGE, (rsdp - rsdp@1) / mpi <= 1."""
+        if PEER not in self.peers:
+            return []
+        target = (f"rsdp - {WORLD1} <= {PEER}, "
+                  f"{fmt_bytes(PEER_RANGE[0])}..{fmt_bytes(PEER_RANGE[1])}")
+        pts = self.world1_points()
+        if "rsdp" not in self.labels:
+            return [dict(target=target, backend="rsdp", op="-", dtype="-", value=None,
+                         at_bytes=None, measured="rsdp not measured", need=1.0, result="n/a")]
+        res = []
+        groups: dict[tuple, list[dict]] = {}
+        for pt in pts:
+            groups.setdefault((pt["op"], pt["dtype"]), []).append(pt)
+        for op, dt in self._ops_dtypes():
+            if op not in PEER_OPS or not self._rows(PEER, op, dt):
+                continue
+            g = groups.get((op, dt), [])
+            e = dict(target=target, backend="rsdp", op=op, dtype=dt, value=None,
+                     at_bytes=None, need=1.0)
+            bad = [pt for pt in g if pt["ratio"] is None]
+            if not g:
+                e.update(measured="no sizes in range", result="n/a")
+            elif bad:
+                e.update(at_bytes=bad[0]["bytes"], result="MISS",
+                         measured=f"failed/missing at {fmt_bytes(bad[0]['bytes'])}")
+            else:
+                w = max(g, key=lambda pt: pt["ratio"])
+                e.update(value=w["ratio"], at_bytes=w["bytes"],
+                         result="PASS" if w["ratio"] <= 1.0 else "MISS",
+                         measured=f"max {w['ratio']:.2f}x at {fmt_bytes(w['bytes'])}: "
+                                  f"{fmt_num(w['rsdp_us'], 1)} - {fmt_num(w['world1_us'], 1)} = "
+                                  f"{fmt_num(w['diff_us'], 1)} µs vs {fmt_num(w['mpi_us'], 1)} µs")
+            res.append(e)
         return res
+
+    def world1_markdown(self) -> str:
+        pts = self.world1_points()
+        if not pts:
+            return ""
+        out = [f"### rsdp - {WORLD1} vs {PEER}",
+               "",
+               f"`{WORLD1}` is rsdp on a 1-rank group (the same call, nothing to communicate); "
+               f"`rsdp - {WORLD1}` is what the communication adds, compared with {PEER}'s whole "
+               f"time. Target: at most 1.00 at every size from {fmt_bytes(PEER_RANGE[0])} to "
+               f"{fmt_bytes(PEER_RANGE[1])}."]
+        groups: dict[tuple, list[dict]] = {}
+        for pt in pts:
+            groups.setdefault((pt["op"], pt["dtype"]), []).append(pt)
+        for (op, dt), g in groups.items():
+            body = [[fmt_bytes(pt["bytes"]), fmt_num(pt["rsdp_us"], 1),
+                     fmt_num(pt["world1_us"], 1),
+                     "-" if pt["diff_us"] is None else f"{pt['diff_us']:.1f}",
+                     fmt_num(pt["mpi_us"], 1),
+                     "-" if pt["ratio"] is None else f"{pt['ratio']:.2f}"] for pt in g]
+            out += ["", f"#### {op}, {dt}", "",
+                    md_table(["bytes", "rsdp µs", f"{WORLD1} µs", f"rsdp − {WORLD1}",
+                              f"{PEER} µs", f"(rsdp − {WORLD1})/{PEER}"], body, "lrrrrr")]
+        return "\n".join(out)
 
     def targets_markdown(self) -> str:
         out = ["## Targets"]
@@ -362,6 +494,9 @@ class Report:
                                  rows, "llllll")]
             n_pass = sum(t["result"] == "PASS" for t in self.targets())
             out.append(f"\n{n_pass} of {len(rows)} PASS.")
+        world1 = self.world1_markdown()
+        if world1:
+            out += ["", world1]
         return "\n".join(out)
 
     # ------------------------------------------------------------------ json
@@ -371,6 +506,8 @@ class Report:
                "targets": self.targets()}
         if self.cuda:
             out["physical_limit"] = self.physical_limit()
+        if self.peers:
+            out["world1_vs_peer"] = self.world1_points()
         return out
 
     # ------------------------------------------------------------------ plots
@@ -391,7 +528,7 @@ class Report:
                 gridspec_kw={"height_ratios": [3, 1.4]} if have_ratio else None, squeeze=False)
             ax = axes[0][0]
             all_bytes = set()
-            for i, lb in enumerate(self.labels):
+            for i, lb in enumerate(self.labels + self.peers):
                 for j, dt in enumerate(self.config["dtypes"]):
                     rows = sorted((r for r in self._rows(lb, op, dt) if self._ok(r)),
                                   key=lambda r: r["bytes"])
@@ -403,7 +540,7 @@ class Report:
                     ax.plot(xs, [r["busbw_gbps"] for r in rows], styles[j % len(styles)],
                             color=colors[i % len(colors)], marker="o", markersize=3,
                             linewidth=1.6, label=name)
-                    if have_ratio and lb != self.baseline:
+                    if have_ratio and lb in self.candidates:
                         pts = [(r["bytes"], r["busbw_ratio"]) for r in rows
                                if r.get("busbw_ratio")]
                         if pts:

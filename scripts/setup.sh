@@ -12,7 +12,9 @@ say() { echo "[setup] $*"; }
 
 # Debian packages: UCX (and pkg-config to find it) for the inter-node
 # transport, which the build links; iproute2 (ip, tc) for the emulated-node
-# tests. A failure is reported here and again, clearly, by setup.py.
+# tests; Open MPI (mpirun, and mpicc to build mpi4py) for the benchmark's
+# `--peers mpi` reference, nothing else needs it. A failure is reported here
+# and again, clearly, by setup.py (or by the benchmark, for Open MPI).
 need_apt=()
 # A UCX unpacked by scripts/vendor_ucx.sh serves where the package is missing.
 if [ -z "${UCX_HOME:-}" ] && ! dpkg -s libucx-dev >/dev/null 2>&1 \
@@ -23,11 +25,13 @@ fi
 [ -n "${UCX_HOME:-}" ] || dpkg -s libucx-dev >/dev/null 2>&1 || need_apt+=(libucx-dev)
 command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
+dpkg -s openmpi-bin >/dev/null 2>&1 || need_apt+=(openmpi-bin)
+dpkg -s libopenmpi-dev >/dev/null 2>&1 || need_apt+=(libopenmpi-dev)
 if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "apt-get install ${need_apt[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null) \
-      || say "warning: could not install ${need_apt[*]} (the build needs UCX; the multi-node tests need iproute2)"
+      || say "warning: could not install ${need_apt[*]} (the build needs UCX; the multi-node tests need iproute2; bench_collectives --peers mpi needs Open MPI)"
   else
     say "warning: missing Debian packages ${need_apt[*]} (need root to install)"
   fi
@@ -42,10 +46,18 @@ elif ! $PY -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   say "pip install torch==$TORCH_VERSION"
   $PY -m pip install -q "torch==$TORCH_VERSION"
 fi
+# mpi4py (the benchmark's Open MPI peer) is built against mpicc where no
+# wheel fits, and a wheel loads Open MPI's libmpi at run time: without
+# Open MPI it is left out with a warning, and the benchmark skips the peer.
 missing=$($PY - <<'PY'
-import importlib.util
+import importlib.util, shutil, sys
 mods = {"pytest": "pytest", "numpy": "numpy", "matplotlib": "matplotlib", "ninja": "ninja",
         "transformers": "transformers"}
+if shutil.which("mpicc"):
+    mods["mpi4py"] = "mpi4py"
+elif importlib.util.find_spec("mpi4py") is None:
+    print("[setup] warning: mpicc not found (Debian package libopenmpi-dev): mpi4py not "
+          "installed, bench_collectives.py --peers mpi will skip Open MPI", file=sys.stderr)
 print(" ".join(pkg for mod, pkg in mods.items() if importlib.util.find_spec(mod) is None))
 PY
 )

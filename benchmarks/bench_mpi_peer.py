@@ -1,0 +1,192 @@
+#!/usr/bin/env python3
+"""The Open MPI side of `bench_collectives.py --peers mpi`: one rank of an mpirun job.
+
+bench_collectives.py (through bench_peers.py) writes the plan, the list of points the torch
+backends were measured at, and launches
+
+    mpirun [--allow-run-as-root] --oversubscribe -np N --bind-to none --mca btl self,vader \
+        python benchmarks/bench_mpi_peer.py --plan PLAN.json --out RESULT.json
+
+Each point of the plan is an (op, dtype, element count, iterations, ops per iteration, warm-up
+ops) tuple computed by bench_collectives.py itself, so the sizes, the "bytes" definition (full
+buffer: the gathered output for allgather, the unreduced input for reduce_scatter, the whole
+send buffer for alltoall) and the iteration counts are those of the torch side by construction.
+The ops, on numpy buffers through mpi4py:
+
+    allreduce      Allreduce(send, recv, SUM)           (out of place, the usual MPI call)
+    allgather      Allgather(chunk, out)
+    reduce_scatter Reduce_scatter_block(inp, chunk, SUM)
+    broadcast      Bcast(buf, root=0)
+    alltoall       Alltoall(inp, out)
+
+and the timing is the torch side's: the result is checked once from exact small-integer inputs
+(the same values as bench_collectives.Collective); then warm-up ops; then per timed iteration
+MPI Barrier, time.perf_counter() around `reps` back-to-back ops, divided by reps; after the
+loop the per-iteration times are reduced with MPI MAX onto rank 0 (the slowest rank per
+iteration). The plan's rounds repeat the whole sweep; the parent pools the samples and takes
+the median, as for the torch backends.
+
+Only dtypes with an MPI datatype are in the plan (bench_peers.MPI_DTYPES): MPI has no bfloat16
+(nor, in Open MPI 4.1, float16), so those are skipped and the report says so.
+
+Rank 0 writes RESULT.json: {"library_version", "mpi_version", "mpi4py_version", "rows"}, the
+rows in bench_collectives.py's raw format (backend "mpi"), rewritten after every op x dtype so a
+crash keeps what was measured. torch is not imported here: the ranks are plain MPI processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+NUMPY = {"float32": np.float32, "float64": np.float64, "int32": np.int32, "int64": np.int64}
+MPI_TYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int32": MPI.INT32_T,
+             "int64": MPI.INT64_T}
+
+
+def pattern(count: int, dtype, offset: int) -> np.ndarray:
+    """(i % 7) + offset, as bench_collectives.pattern: exact in every dtype."""
+    return (np.arange(count, dtype=np.int64) % 7 + offset).astype(dtype)
+
+
+class Point:
+    """Buffers plus run()/check() for one (op, dtype, count) point on one rank."""
+
+    def __init__(self, comm, op: str, dtype_name: str, count: int):
+        n, rank = comm.size, comm.rank
+        dt, mt = NUMPY[dtype_name], MPI_TYPES[dtype_name]
+        self.op, self.dtype, self.count, self.n, self.rank = op, dt, count, n, rank
+        self.chunk = c = count // n
+        if op == "allreduce":
+            self.inp, self.out = pattern(count, dt, rank + 1), np.zeros(count, dt)
+            self.run = lambda s=[self.inp, mt], r=[self.out, mt]: comm.Allreduce(s, r, MPI.SUM)
+        elif op == "allgather":
+            self.inp, self.out = pattern(c, dt, 8 * rank + 1), np.zeros(count, dt)
+            self.run = lambda s=[self.inp, mt], r=[self.out, mt]: comm.Allgather(s, r)
+        elif op == "reduce_scatter":
+            self.inp, self.out = pattern(count, dt, rank + 1), np.zeros(c, dt)
+            self.run = (lambda s=[self.inp, mt], r=[self.out, mt]:
+                        comm.Reduce_scatter_block(s, r, MPI.SUM))
+        elif op == "broadcast":
+            # Bcast works in place: the root's buffer is the source, the others' the result.
+            self.out = pattern(count, dt, 1) if rank == 0 else np.zeros(count, dt)
+            self.run = lambda b=[self.out, mt]: comm.Bcast(b, root=0)
+        elif op == "alltoall":
+            self.inp, self.out = pattern(count, dt, 8 * rank + 1), np.zeros(count, dt)
+            self.run = lambda s=[self.inp, mt], r=[self.out, mt]: comm.Alltoall(s, r)
+        else:
+            raise ValueError(op)
+
+    def expected(self) -> np.ndarray:
+        n, r, c, dt = self.n, self.rank, self.chunk, self.dtype
+        i = np.arange(self.count, dtype=np.int64)
+        if self.op == "allreduce":
+            return (n * (i % 7) + n * (n + 1) // 2).astype(dt)
+        if self.op == "allgather":
+            j = np.arange(c, dtype=np.int64)
+            return np.concatenate([j % 7 + 8 * k + 1 for k in range(n)]).astype(dt)
+        if self.op == "reduce_scatter":
+            j = np.arange(r * c, (r + 1) * c, dtype=np.int64)
+            return (n * (j % 7) + n * (n + 1) // 2).astype(dt)
+        if self.op == "broadcast":
+            return (i % 7 + 1).astype(dt)
+        j = np.arange(r * c, (r + 1) * c, dtype=np.int64)  # alltoall
+        return np.concatenate([j % 7 + 8 * k + 1 for k in range(n)]).astype(dt)
+
+    def check(self) -> bool:
+        """One untimed run into a poisoned output; True when this rank's output is exact."""
+        if self.op != "broadcast":
+            self.out.fill(-1)
+        elif self.rank != 0:
+            self.out.fill(0)
+        self.run()
+        return bool(np.array_equal(self.out, self.expected()))
+
+
+def sweep(comm, points: list[dict], rnd: int, rounds: int, emit, flush) -> None:
+    n, rank = comm.size, comm.rank
+    groups: dict[tuple, list[dict]] = {}
+    for p in points:  # bench_collectives' order: op, dtype, then sizes
+        groups.setdefault((p["op"], p["dtype"]), []).append(p)
+    for (op, dtype_name), pts in groups.items():
+        t_start = time.perf_counter()
+        failed = None
+        for p in pts:
+            row = {"backend": "mpi", "backend_name": "mpi", "op": op, "dtype": dtype_name,
+                   "bytes": p["bytes"], "count": p["count"], "world_size": n, "round": rnd}
+            point = Point(comm, op, dtype_name, p["count"])
+            err = ""
+            try:
+                ok = point.check()
+            except Exception as exc:  # noqa: BLE001 - reported as the torch side does
+                ok, err = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            flags = np.array([0.0 if ok else 1.0, 1.0 if err else 0.0])
+            comm.Allreduce(MPI.IN_PLACE, flags, MPI.MAX)
+            if flags[1] > 0:
+                row.update(error=err or "failed on another rank", correct=False)
+                emit(row)
+                failed = row["error"]
+                break  # skip the larger sizes of this op x dtype, as the torch side does
+            row["correct"] = bool(flags[0] == 0)
+            iters, reps, warmup = p["iters"], p["reps"], p["warmup"]
+            run = point.run
+            for _ in range(warmup):
+                run()
+            times = np.empty(iters, dtype=np.float64)
+            for it in range(iters):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                for _ in range(reps):
+                    run()
+                times[it] = (time.perf_counter() - t0) / reps
+            slowest = np.empty_like(times) if rank == 0 else None
+            comm.Reduce(times, slowest, MPI.MAX, root=0)
+            if rank == 0:
+                row.update(iters=iters, reps=reps, warmup=warmup,
+                           samples_us=[round(t * 1e6, 3) for t in slowest.tolist()])
+            emit(row)
+        flush()
+        if rank == 0:
+            status = f"  ERROR: {failed}" if failed else ""
+            tag = f" round {rnd + 1}/{rounds}" if rounds > 1 else ""
+            print(f"[mpi{tag}] {op:<14} {dtype_name:<9} done in "
+                  f"{time.perf_counter() - t_start:6.1f} s{status}", flush=True)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--plan", required=True, help="JSON written by bench_peers.py")
+    p.add_argument("--out", required=True, help="where rank 0 writes the results (JSON)")
+    args = p.parse_args(argv)
+    comm = MPI.COMM_WORLD
+    with open(args.plan) as f:
+        plan = json.load(f)
+    if comm.size != plan["world_size"]:
+        if comm.rank == 0:
+            print(f"bench_mpi_peer: the plan is for {plan['world_size']} ranks, mpirun started "
+                  f"{comm.size}", file=sys.stderr)
+        return 2
+    import mpi4py
+    result = {"library_version": MPI.Get_library_version().rstrip("\x00\n "),
+              "mpi_version": "%d.%d" % MPI.Get_version(),
+              "mpi4py_version": mpi4py.__version__, "rows": []}
+
+    def flush() -> None:
+        if comm.rank == 0:
+            with open(args.out, "w") as f:
+                json.dump(result, f)
+
+    flush()
+    for rnd in range(plan["rounds"]):
+        sweep(comm, plan["points"], rnd, plan["rounds"], result["rows"].append, flush)
+    comm.Barrier()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
