@@ -214,12 +214,26 @@ def resolve_backends(args, parser) -> list[str]:
     return backends
 
 
+def base_backend(name: str) -> str:
+    """'rsdp:pool' is rsdp with its buffers in communication memory (torch_rsdp.comm_empty)."""
+    return name.split(":")[0]
+
+
+def comm_alloc(label: str):
+    """The allocator of a ':pool' backend's buffers (what FSDP2 gets through allocate_tensor)."""
+    if not label.split("#")[0].endswith(":pool"):
+        return None
+    import torch_rsdp
+    return torch_rsdp.comm_empty
+
+
 def import_backend(name: str) -> None:
     """Plugin backends register themselves on import (torch_rsdp registers 'rsdp').
 
     A compiled extension torch_<name>._C, when the package has one, is imported too, so a
     broken build fails here, before any process is spawned.
     """
+    name = base_backend(name)
     if name not in BUILTIN_BACKENDS:
         importlib.import_module(f"torch_{name}")
         if importlib.util.find_spec(f"torch_{name}._C") is not None:
@@ -402,11 +416,16 @@ class Collective:
     source rank (8*rank) and a position pattern, so misplaced chunks are caught too.
     """
 
-    def __init__(self, op: str, dtype, count: int, rank: int, n: int, device=None):
+    def __init__(self, op: str, dtype, count: int, rank: int, n: int, device=None, alloc=None):
         self.op, self.dtype, self.count, self.rank, self.n = op, dtype, count, rank, n
         chunk = count // n
         self.chunk = chunk
         self._init_buffers(op, dtype, count, rank, chunk)
+        if alloc is not None:  # the buffers peers read, in the backend's communication memory
+            for name in ("buf", "inp"):
+                if hasattr(self, name):
+                    t = getattr(self, name)
+                    setattr(self, name, alloc(t.numel(), dtype=t.dtype).copy_(t))
         if device is not None:  # built on the CPU (same values), then moved
             for name in ("src", "buf", "inp", "out"):
                 if hasattr(self, name):
@@ -501,7 +520,7 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
                 last_count = count
                 row = {"backend": label, "backend_name": name, "op": op, "dtype": dtype_name,
                        "bytes": count * esize, "count": count, "world_size": n, "round": rnd}
-                coll = Collective(op, dtype, count, rank, n, device)
+                coll = Collective(op, dtype, count, rank, n, device, comm_alloc(label))
                 # 1. correctness (also catches "op not supported": every rank raises the same way)
                 err = ""
                 try:
@@ -578,7 +597,8 @@ def worker(rank: int, args, port: int, raw_path: str) -> None:
     for rnd in range(args.rounds):
         for idx, (label, name) in enumerate(zip(labels, args.backends)):
             import_backend(name)
-            dist.init_process_group(name, store=dist.PrefixStore(f"bench/{rnd}/{idx}", store),
+            dist.init_process_group(base_backend(name),
+                                    store=dist.PrefixStore(f"bench/{rnd}/{idx}", store),
                                     rank=rank, world_size=n, timeout=timeout)
             side = dist.new_group(backend="gloo")  # barriers and timing reductions
             try:

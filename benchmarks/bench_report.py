@@ -31,8 +31,8 @@ BUSBW_RANGE = (64 * KiB, 64 * MiB)  # ... from 64 KiB to 64 MiB ...
 BUSBW_OPS = ("allreduce", "allgather", "reduce_scatter")  # ... for these ops
 LATENCY_RATIO = 0.2            # time <= 1/5 of baseline ...
 LATENCY_MAX_BYTES = 4 * KiB    # ... at 4 KiB and below (every op measured)
-MEMCPY_FRACTION = 0.6          # allreduce busbw >= 60% of single-core memcpy ...
-MEMCPY_MIN_BYTES = 16 * MiB    # ... at 16 MiB and above
+# busbw >= this fraction of single-core memcpy, for these ops, at this size and above.
+MEMCPY_TARGETS = ((("allreduce",), 0.6, 16 * MiB), (("allgather", "broadcast"), 0.8, 1 * MiB))
 # With --peers mpi: rsdp's time minus its own world-size-1 time ("rsdp@1", the cost of the call
 # itself) <= Open MPI's time, for every size in this range, for these ops.
 PEER = "mpi"
@@ -379,17 +379,18 @@ class Report:
                                  f"<= {fmt_bytes(LATENCY_MAX_BYTES)}",
                                  lb, op, dt, self._rows(lb, op, dt, 0, LATENCY_MAX_BYTES),
                                  "latency_ratio", "low", LATENCY_RATIO, lambda v: f"{v:.3f}x" if v < 1 else f"{v:.2f}x"))
-        for lb in (self.candidates or [self.baseline]):
-            for op, dt in ops_dtypes:
-                if op != "allreduce":
-                    continue
-                rows = [dict(r, memcpy_fraction=(r["busbw_gbps"] / self.memcpy
-                                                 if self._ok(r) else None))
-                        for r in self._rows(lb, op, dt, MEMCPY_MIN_BYTES)]
-                res.append(entry(f"busbw >= {MEMCPY_FRACTION:.0%} of 1-core memcpy "
-                                 f"({self.memcpy:.2f} GB/s), >= {fmt_bytes(MEMCPY_MIN_BYTES)}",
-                                 lb, op, dt, rows, "memcpy_fraction", "high", MEMCPY_FRACTION,
-                                 lambda v: f"{v:.0%}"))
+        for ops, frac, lo in MEMCPY_TARGETS:
+            for lb in (self.candidates or [self.baseline]):
+                for op, dt in ops_dtypes:
+                    if op not in ops:
+                        continue
+                    rows = [dict(r, memcpy_fraction=(r["busbw_gbps"] / self.memcpy
+                                                     if self._ok(r) else None))
+                            for r in self._rows(lb, op, dt, lo)]
+                    res.append(entry(f"busbw >= {frac:.0%} of 1-core memcpy "
+                                     f"({self.memcpy:.2f} GB/s), >= {fmt_bytes(lo)}",
+                                     lb, op, dt, rows, "memcpy_fraction", "high", frac,
+                                     lambda v: f"{v:.0%}"))
         return res + self.world1_targets()
 
     def world1_points(self) -> list[dict]:

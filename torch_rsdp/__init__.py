@@ -7,6 +7,7 @@ Importing the package registers the backend (idempotently) for CPU tensors,
 and for CUDA tensors in a build with CUDA (see :mod:`torch_rsdp.cuda`).
 """
 from ._registration import BACKEND_NAME, register
+from .comm_memory import comm_empty, comm_memory_in_use
 from .cuda import build_info, cuda_available, cuda_built, cuda_paths
 from .ring import ring_neighbours, ring_shift, ring_shift_reduce
 from .topology import comm_stats, reset_comm_stats, topology
@@ -18,6 +19,8 @@ register()
 __all__ = [
     "BACKEND_NAME",
     "build_info",
+    "comm_empty",
+    "comm_memory_in_use",
     "cuda_available",
     "cuda_built",
     "cuda_paths",

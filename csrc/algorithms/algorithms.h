@@ -54,5 +54,15 @@ void alltoall(ShmComm& c, const void* const* sends, const uint64_t* send_bytes,
 
 void barrier(ShmComm& c, Millis timeout);
 
+// One-copy variants over the pool (direct.cpp), called after begin(): each
+// returns false, having agreed so with every peer, when some buffer it needs
+// lies outside the pools; the caller then runs its staging algorithm.
+bool direct_allgather(ShmComm& c, const void* in, void* const* outs, const uint64_t* counts,
+                      DType dt);
+bool direct_broadcast(ShmComm& c, void* buf, size_t bytes, int root);
+bool direct_reduce_scatter(ShmComm& c, const void* const* ins, void* out, const uint64_t* counts,
+                           DType dt, RedOp op);
+bool direct_allreduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op);
+
 }  // namespace algo
 }  // namespace rsdp

@@ -48,6 +48,7 @@ void allgather(ShmComm& c, const void* in, void* const* outs, const uint64_t* co
   for (int p = 0; p < c.size(); ++p) d.count += counts[p];
   d.aux = hash_sizes(counts, c.size());
   c.begin(d, timeout);
+  if (direct_allgather(c, in, outs, counts, dt)) return;
   gather_steps(c, in, outs, counts, dt, true);
 }
 

@@ -38,6 +38,7 @@ void allreduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, size_t o
     c.exchange();
     return;
   }
+  if (direct_allreduce(c, buf, count, dt, op)) return;
   if (oneshot)
     allreduce_oneshot(c, buf, count, dt, op);
   else

@@ -23,6 +23,7 @@ void broadcast(ShmComm& c, void* buf, size_t count, DType dt, int root, Millis t
   c.begin(d, timeout);
   char* p = static_cast<char*>(buf);
   const size_t bytes = count * dtype_size(dt);
+  if (direct_broadcast(c, buf, bytes, root)) return;
   const size_t seg = c.half_bytes();
   size_t off = 0;
   do {  // at least one step, so even empty broadcasts check descriptors

@@ -31,7 +31,10 @@ GroupComm::GroupComm(const Group& g, Bootstrap& store, const Options& o)
   if (topo.num_nodes() == 1) {
     shm = std::make_unique<ShmComm>(group, store, opts, &traffic);
   } else {
-    shm = std::make_unique<ShmComm>(node_group(group, topo), store, opts, &traffic);
+    // The one-copy paths over the pool serve single-node groups only.
+    Options node_opts = opts;
+    node_opts.pool_bytes = 0;
+    shm = std::make_unique<ShmComm>(node_group(group, topo), store, node_opts, &traffic);
     net = std::make_unique<NetComm>(group, topo.node_of, store, opts, &traffic);
   }
 }

@@ -27,6 +27,7 @@ void reduce_scatter(ShmComm& c, const void* const* ins, void* out, const uint64_
   for (int p = 0; p < n; ++p) d.count += counts[p];
   d.aux = hash_sizes(counts, n);
   c.begin(d, timeout);
+  if (direct_reduce_scatter(c, ins, out, counts, dt, op)) return;
   const size_t es = dtype_size(dt);
   const size_t sub = slot_elems(c.half_bytes(), n, es);
   size_t most = 0;

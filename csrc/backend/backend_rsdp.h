@@ -86,6 +86,15 @@ class BackendRSDP : public c10d::Backend {
                                                int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
 
+  // Communication memory (backend_alloc.cpp): CPU tensors in this rank's
+  // shared pool, which collectives read in one copy. FSDP2 allocates its
+  // all-gather and reduce-scatter buffers here once
+  // set_allocate_memory_from_process_group_for_comm(True) is called.
+  bool supportsTensorAlloc(c10::DeviceIndex device_index) override;
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
+  // Bytes of the pool handed out and not yet freed (0 without a pool).
+  size_t pool_bytes_in_use() const;
+
   // As gloo's: the count starts at 0 when the group is made, and torch's call
   // at group creation has nothing to reset.
   void setSequenceNumberForGroup() override {}

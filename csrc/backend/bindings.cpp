@@ -70,10 +70,13 @@ PYBIND11_MODULE(_C, m) {
             d["inter_node_bytes"] = t.inter_bytes.load();
             d["intra_node_messages"] = t.intra_msgs.load();
             d["inter_node_messages"] = t.inter_msgs.load();
+            d["one_copy_ops"] = t.one_copy_ops.load();
             return d;
           },
           "Payload bytes/messages this rank sent inside its node and to other nodes.")
       .def("reset_comm_stats", [](const rsdp::BackendRSDP& b) { b.traffic().reset(); })
+      .def_property_readonly("pool_bytes_in_use", &rsdp::BackendRSDP::pool_bytes_in_use,
+                             "Bytes of communication memory (allocate_tensor) now handed out.")
       .def("cuda_paths", &rsdp::BackendRSDP::cuda_paths,
            "Which transports serve the group's CUDA ops ('' before the first one).");
 

@@ -39,6 +39,7 @@ Options Options::from_env() {
   if (const char* v = env("RSDP_ONESHOT_BYTES"))
     o.oneshot_bytes = parse_bytes("RSDP_ONESHOT_BYTES", v);
   if (const char* v = env("RSDP_P2P_BYTES")) o.p2p_bytes = parse_bytes("RSDP_P2P_BYTES", v);
+  if (const char* v = env("RSDP_POOL_BYTES")) o.pool_bytes = parse_bytes("RSDP_POOL_BYTES", v);
   if (const char* v = env("RSDP_SPIN_US")) o.spin_us = std::atoi(v);
   if (const char* v = env("RSDP_DEBUG")) o.debug = std::strcmp(v, "0") != 0;
   if (const char* v = env("RSDP_NODE_ID")) o.node_id = v;

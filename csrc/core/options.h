@@ -14,6 +14,11 @@ struct Options {
   size_t oneshot_bytes = 32u << 10;
   // Ring-buffer bytes per ordered pair of ranks for send/recv (0 = automatic).
   size_t p2p_bytes = 0;
+  // Communication memory per rank per single-node group, handed out by
+  // torch's allocateTensor (FSDP2 asks for it): collectives whose buffers lie
+  // there copy once, straight from the peer's buffer. Virtual until used;
+  // 0 turns it off.
+  size_t pool_bytes = 4ull << 30;
   // How long a waiter spins before sleeping on a futex (microseconds).
   int spin_us = 50;
   // Print init and per-op traces to stderr.

@@ -14,6 +14,8 @@ struct Traffic {
   std::atomic<uint64_t> inter_bytes{0};
   std::atomic<uint64_t> intra_msgs{0};
   std::atomic<uint64_t> inter_msgs{0};
+  // Collectives that read their peers' buffers in place (algorithms/direct.cpp).
+  std::atomic<uint64_t> one_copy_ops{0};
 
   void add(bool same_node, uint64_t bytes) {
     (same_node ? intra_bytes : inter_bytes).fetch_add(bytes, std::memory_order_relaxed);
@@ -24,6 +26,7 @@ struct Traffic {
     inter_bytes = 0;
     intra_msgs = 0;
     inter_msgs = 0;
+    one_copy_ops = 0;
   }
 };
 

@@ -225,6 +225,9 @@ def _apply_fsdp(unit: Unit, meshes: Meshes, mp) -> None:
     kwargs = {"mp_policy": mp} if mp is not None else {}
     fully_shard(unit.module, mesh=mesh, reshard_after_forward=kind != "shard_grad_op",
                 ignored_params=ignored or None, **kwargs)
+    # All-gather and reduce-scatter buffers from the backend's communication memory, which
+    # rsdp reads in one copy (torch_rsdp.comm_memory); other backends give torch.empty.
+    unit.module.set_allocate_memory_from_process_group_for_comm(True)
     # fully_shard replaced the parameters by DTensors: refresh the unit's view of them.
     unit.params = {n: p for n, p in _qualified(unit).items()
                    if not any(p is q for q in ignored)}

@@ -37,18 +37,24 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   // Slotted algorithms need at least one 64-byte slot per rank in a half.
   layout_.half = round_up(std::max<size_t>(opts.shm_bytes / 2, 64u * group_.size), 4096);
   layout_.ring = round_up(opts.p2p_bytes ? opts.p2p_bytes : auto_ring_bytes(group_.size), 4096);
+  // A group of one rank has no peer to share memory with.
+  layout_.pool = group_.size > 1 ? round_up(opts.pool_bytes, kPoolAlign) : 0;
   // With more ranks than cores a spinning waiter steals the core its peer
   // needs to make progress: sleep almost at once instead.
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   if (cpus > 0 && group_.size > cpus) opts_.spin_us = std::min(opts_.spin_us, 2);
   attach(store);
+  if (layout_.pool)
+    pool_ = std::make_shared<ShmPool>(seg_, seg_->data() + layout_.pool_offset(group_.rank),
+                                      layout_.pool);
   std::vector<int> pids;
   for (const auto& p : group_.peers) pids.push_back(p.pid);
   watch_ = std::make_unique<PeerWatch>(pids, group_.rank);
   if (opts_.debug)
     std::cerr << group_.me() << ": group '" << group_.name << "' size " << group_.size
               << ", shared memory " << layout_.total() << " bytes (staging 2x" << layout_.half
-              << ", p2p ring " << layout_.ring << ")" << std::endl;
+              << ", p2p ring " << layout_.ring << ", pool " << layout_.pool << " per rank)"
+              << std::endl;
 }
 
 ShmComm::~ShmComm() = default;
@@ -58,12 +64,14 @@ void ShmComm::attach(Bootstrap& store) {
   const int n = group_.size;
   if (n == 1) {
     // Nothing to share: an anonymous private mapping keeps /dev/shm clean.
-    seg_ = ShmSegment::anonymous(bytes);
+    seg_ = std::make_shared<ShmSegment>(ShmSegment::anonymous(bytes));
   } else if (group_.rank == 0) {
     std::string name = ShmSegment::random_name();
-    seg_ = ShmSegment::create(name, bytes);
-    auto* h = reinterpret_cast<SegmentHeader*>(seg_.data());
-    *h = SegmentHeader{kShmMagic, static_cast<uint64_t>(n), layout_.half, layout_.ring};
+    // The pools stay sparse: each owner commits what it hands out.
+    seg_ = std::make_shared<ShmSegment>(ShmSegment::create(name, bytes, layout_.head()));
+    auto* h = reinterpret_cast<SegmentHeader*>(seg_->data());
+    *h = SegmentHeader{kShmMagic, static_cast<uint64_t>(n), layout_.half, layout_.ring,
+                       layout_.pool};
     std::vector<std::string> keys;
     for (int r = 1; r < n; ++r) keys.push_back(group_.key("shm/attached/" + std::to_string(r)));
     bool all = false;
@@ -91,14 +99,15 @@ void ShmComm::attach(Bootstrap& store) {
                     ": ", timed_out_waiting(group_.timeout.count()), " for ", group_.who(0),
                     " to create the shared memory of group '", group_.name, "'");
     std::string name = store.get(key);
-    seg_ = ShmSegment::open(name, bytes);
-    auto* h = reinterpret_cast<SegmentHeader*>(seg_.data());
+    seg_ = std::make_shared<ShmSegment>(ShmSegment::open(name, bytes));
+    auto* h = reinterpret_cast<SegmentHeader*>(seg_->data());
     RSDP_CHECK_KIND(ErrorKind::kSystem,
                     h->magic == kShmMagic && h->size == static_cast<uint64_t>(n) &&
-                        h->half_bytes == layout_.half && h->ring_bytes == layout_.ring,
+                        h->half_bytes == layout_.half && h->ring_bytes == layout_.ring &&
+                        h->pool_bytes == layout_.pool,
                     group_.me(), ": shared memory ", name,
-                    " was laid out differently by rank 0 (do all ranks use the same RSDP_* "
-                    "settings?)");
+                    " was laid out differently by rank 0 (do all ranks use the same "
+                    "RSDP_SHM_BYTES, RSDP_P2P_BYTES and RSDP_POOL_BYTES?)");
     store.set(group_.key("shm/attached/" + std::to_string(group_.rank)), "1");
   }
   ctl(group_.rank).pid = group_.peers[group_.rank].pid;
@@ -114,15 +123,30 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
   deadline_ = Deadline(timeout);
 }
 
-char* ShmComm::stage() { return seg_.data() + layout_.stage_offset(group_.rank, step_ + 1); }
+char* ShmComm::stage() { return seg_->data() + layout_.stage_offset(group_.rank, step_ + 1); }
 
-const char* ShmComm::peer(int p) const { return seg_.data() + layout_.stage_offset(p, step_); }
+const char* ShmComm::peer(int p) const { return seg_->data() + layout_.stage_offset(p, step_); }
 
-void ShmComm::exchange(size_t staged) {
+uint64_t ShmComm::pool_offset(const void* p, size_t bytes) const {
+  if (!pool_ || !pool_->owns(p, bytes)) return kNotInPool;
+  return static_cast<uint64_t>(static_cast<const char*>(p) - seg_->data());
+}
+
+const char* ShmComm::posted(int p, size_t bytes) const {
+  const uint64_t off = ctl(p).buf_off[step_ & 1];
+  // Only an offset inside p's own region counts, whatever p wrote there.
+  if (!layout_.pool || off == kNotInPool || off < layout_.pool_offset(p) ||
+      off + bytes > layout_.pool_offset(p + 1) || off + bytes < off)
+    return nullptr;
+  return seg_->data() + off;
+}
+
+void ShmComm::exchange(size_t staged, uint64_t buf_off) {
   if (traffic_ && staged && group_.size > 1) traffic_->add(true, staged);
   const uint32_t s = ++step_;
   RankCtl& me = ctl(group_.rank);
   me.desc[s & 1] = desc_;
+  me.buf_off[s & 1] = buf_off;
   me.step.store(s, std::memory_order_seq_cst);
   if (me.step_sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&me.step);
   const int n = group_.size;
@@ -191,7 +215,7 @@ void ShmComm::abort(const std::string& why) {
 }
 
 RingView ShmComm::ring(int src, int dst) const {
-  char* base = seg_.data() + layout_.chan_offset(src, dst);
+  char* base = seg_->data() + layout_.chan_offset(src, dst);
   return RingView{reinterpret_cast<ChannelCtl*>(base), base + kChanCtlBytes, layout_.ring};
 }
 

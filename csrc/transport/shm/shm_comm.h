@@ -29,6 +29,7 @@
 #include "core/traffic.h"
 #include "transport/shm/peer_watch.h"
 #include "transport/shm/shm_layout.h"
+#include "transport/shm/shm_pool.h"
 #include "transport/shm/shm_segment.h"
 
 namespace rsdp {
@@ -58,8 +59,18 @@ class ShmComm {
   char* stage();                  // this rank's half for the next step
   // Publish the step and wait for every peer; `staged` is how many bytes of
   // the half this rank filled for its peers (for the traffic counters).
-  void exchange(size_t staged = 0);
+  // `buf_off` posts where this rank's buffer lies in its pool (pool_offset()).
+  void exchange(size_t staged = 0, uint64_t buf_off = kNotInPool);
   const char* peer(int p) const;  // p's half of the last exchanged step
+
+  // --- communication memory (shm_pool.h) ---
+  // This rank's pool; null for a group of one rank or with RSDP_POOL_BYTES=0.
+  const std::shared_ptr<ShmPool>& pool() const { return pool_; }
+  // The segment offset of [p, p + bytes) when it lies in this rank's pool.
+  uint64_t pool_offset(const void* p, size_t bytes) const;
+  // The buffer peer p posted with the last exchanged step, if it posted one
+  // that holds `bytes`; else null.
+  const char* posted(int p, size_t bytes) const;
 
   // --- point-to-point channels (used by the P2P engine) ---
   RingView ring(int src, int dst) const;
@@ -67,6 +78,9 @@ class ShmComm {
   std::atomic<uint32_t>& doorbell(int r);
   std::atomic<uint32_t>& doorbell_sleepers(int r);
   bool peer_alive(int p) const { return watch_->alive(p); }
+  void count_one_copy() {
+    if (traffic_) traffic_->one_copy_ops.fetch_add(1, std::memory_order_relaxed);
+  }
 
   // Makes every current and future wait fail with `why`.
   void abort(const std::string& why);
@@ -74,7 +88,7 @@ class ShmComm {
 
  private:
   RankCtl& ctl(int r) const {
-    return *reinterpret_cast<RankCtl*>(seg_.data() + layout_.ctl_offset(r));
+    return *reinterpret_cast<RankCtl*>(seg_->data() + layout_.ctl_offset(r));
   }
   void wait_step(int p, uint32_t step);
   [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
@@ -84,7 +98,10 @@ class ShmComm {
   Options opts_;
   Traffic* traffic_;
   ShmLayout layout_;
-  ShmSegment seg_;
+  // Shared with the pool: tensors from the pool keep the mapping alive after
+  // the group is gone.
+  std::shared_ptr<ShmSegment> seg_;
+  std::shared_ptr<ShmPool> pool_;
   std::unique_ptr<PeerWatch> watch_;
   uint32_t step_ = 0;
   uint64_t seq_ = 0;

@@ -7,6 +7,10 @@
 //   staging[size][2][half]                each rank's two staging halves; a
 //                                         step of number s uses half s % 2
 //   channel[size*size]: ChannelCtl + ring send/recv byte stream src -> dst
+//   pool[size][pool]                      each rank's communication memory
+//                                         (torch's allocateTensor); sparse,
+//                                         committed page by page as the owner
+//                                         allocates from it
 //
 // Everything is 4 KiB- or cache-line aligned so ranks never share a line they
 // both write.
@@ -27,6 +31,7 @@ struct SegmentHeader {
   uint64_t size;
   uint64_t half_bytes;
   uint64_t ring_bytes;
+  uint64_t pool_bytes;
 };
 
 struct alignas(128) RankCtl {
@@ -37,6 +42,9 @@ struct alignas(128) RankCtl {
   int32_t pid;
   uint32_t pad;
   OpDesc desc[2];  // descriptor posted with the step of the same parity
+  // Where this rank's buffer lies in its pool region, posted with the step of
+  // the same parity (segment offset; kNotInPool when it is elsewhere).
+  uint64_t buf_off[2];
 };
 static_assert(sizeof(RankCtl) <= 256, "RankCtl grew");
 
@@ -48,6 +56,10 @@ struct alignas(64) ChannelCtl {
 };
 
 constexpr size_t kCtlStride = 256;
+constexpr uint64_t kNotInPool = ~0ull;
+// Pool regions start on a huge-page boundary, so the kernel may back them
+// with huge pages.
+constexpr size_t kPoolAlign = 2u << 20;
 constexpr size_t kChanCtlBytes = sizeof(ChannelCtl);
 
 inline size_t round_up(size_t v, size_t a) { return (v + a - 1) / a * a; }
@@ -56,6 +68,7 @@ struct ShmLayout {
   size_t size = 0;
   size_t half = 0;  // bytes of one staging half
   size_t ring = 0;  // bytes of one p2p ring
+  size_t pool = 0;  // bytes of one rank's pool region (0: no pool)
 
   size_t ctl_offset(int r) const { return 4096 + kCtlStride * r; }
   size_t stage_base() const { return round_up(4096 + kCtlStride * size, 4096); }
@@ -66,7 +79,11 @@ struct ShmLayout {
   size_t chan_offset(int src, int dst) const {
     return chan_base() + (static_cast<size_t>(src) * size + dst) * (kChanCtlBytes + ring);
   }
-  size_t total() const { return chan_base() + size * size * (kChanCtlBytes + ring); }
+  // Everything before the pools: reserved up front when the segment is made.
+  size_t head() const { return chan_base() + size * size * (kChanCtlBytes + ring); }
+  size_t pool_base() const { return round_up(head(), kPoolAlign); }
+  size_t pool_offset(int r) const { return pool_base() + static_cast<size_t>(r) * pool; }
+  size_t total() const { return pool ? pool_offset(size) : head(); }
 };
 
 }  // namespace rsdp

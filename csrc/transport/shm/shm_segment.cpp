@@ -45,11 +45,11 @@ ShmSegment& ShmSegment::operator=(ShmSegment&& o) noexcept {
   return *this;
 }
 
-ShmSegment ShmSegment::create(const std::string& name, size_t bytes) {
+ShmSegment ShmSegment::create(const std::string& name, size_t bytes, size_t reserve) {
   int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
   RSDP_SYSCHECK(fd >= 0, "rsdp: shm_open(", name, ", O_CREAT|O_EXCL) failed");
   int err = ftruncate(fd, static_cast<off_t>(bytes)) == 0
-                ? posix_fallocate(fd, 0, static_cast<off_t>(bytes))
+                ? posix_fallocate(fd, 0, static_cast<off_t>(reserve ? reserve : bytes))
                 : errno;
   if (err != 0) {
     close(fd);

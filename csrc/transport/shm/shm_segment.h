@@ -20,7 +20,9 @@ class ShmSegment {
   ShmSegment(const ShmSegment&) = delete;
   ShmSegment& operator=(const ShmSegment&) = delete;
 
-  static ShmSegment create(const std::string& name, size_t bytes);
+  // Only the first `reserve` bytes (all when 0) are allocated up front; the
+  // rest stays sparse until committed (ShmPool commits what it hands out).
+  static ShmSegment create(const std::string& name, size_t bytes, size_t reserve = 0);
   static ShmSegment open(const std::string& name, size_t bytes);
   // Private memory with the same interface, for groups of one rank.
   static ShmSegment anonymous(size_t bytes);
