@@ -7,7 +7,8 @@ op x dtype x size (sizes double from --min-bytes to --max-bytes). For each point
 
   1. checks the result once (inputs are small integers, so the expected output is exact),
   2. runs warm-up iterations,
-  3. runs timed iterations: barrier on a side gloo group, time.perf_counter() around the op
+  3. runs timed iterations: a barrier of the group under test (each library its own, as the
+     MPI peer uses MPI_Barrier), time.perf_counter() around the op
      (around `reps` back-to-back ops for messages under 1 MiB, divided by reps, so the skew
      with which ranks leave the barrier is amortised, as nccl-tests does);
      afterwards the per-iteration times are all-gathered on the side group, the max across
@@ -546,7 +547,10 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
                 else:
                     for it in range(iters):
                         coll.prepare()  # untimed; within a batch in-place inputs keep growing
-                        dist.barrier(group=side)
+                        # The group's own barrier, as the MPI peer uses MPI's: a barrier of
+                        # another library releases the ranks with its own skew (tens of µs
+                        # for gloo's), which the first op would then pay for.
+                        dist.barrier()
                         t0 = time.perf_counter()
                         for _ in range(reps):
                             coll.run()

@@ -22,7 +22,7 @@ from harness import backend_under_test, launch
 pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp",
                                 reason="communication memory is rsdp's")
 
-N = 100_003  # above the one-copy threshold for every dtype used, and odd
+N = 150_001  # above the one-copy thresholds (all-reduce: 256 KiB) for every dtype used; odd
 SMALL = 1_000  # below it: always staged
 
 

@@ -19,7 +19,8 @@
 // step, so every rank makes the same one. The probe costs one synchronisation,
 // so it runs only for messages large enough to hide it, and only where the
 // group has pools (the same on every rank: the layout check at init compares
-// them).
+// them). All-reduce, which synchronises three times against the staging
+// path's one or two, pays off from a larger size than the others.
 #include <algorithm>
 #include <cstring>
 #include <vector>
@@ -32,9 +33,10 @@ namespace algo {
 namespace {
 
 constexpr size_t kDirectMinBytes = 64u << 10;
+constexpr size_t kDirectAllreduceMinBytes = 256u << 10;
 
-bool worth_probing(const ShmComm& c, size_t bytes) {
-  return c.pool() && c.size() > 1 && bytes >= kDirectMinBytes;
+bool worth_probing(const ShmComm& c, size_t bytes, size_t min_bytes = kDirectMinBytes) {
+  return c.pool() && c.size() > 1 && bytes >= min_bytes;
 }
 
 // Post this rank's buffer and collect every peer's, or fail with empty.
@@ -115,7 +117,7 @@ bool direct_reduce_scatter(ShmComm& c, const void* const* ins, void* out, const 
 bool direct_allreduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op) {
   const int n = c.size(), me = c.rank();
   const size_t es = dtype_size(dt), bytes = count * es;
-  if (!worth_probing(c, bytes)) return false;
+  if (!worth_probing(c, bytes, kDirectAllreduceMinBytes)) return false;
   std::vector<uint64_t> need(n, bytes);
   auto at = probe(c, buf, need.data());
   if (at.empty()) return false;
