@@ -182,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch intra-op threads per rank (default: cores // world size)")
     p.add_argument("--timeout", type=positive_int, default=300,
                    help="process-group timeout in seconds")
+    p.add_argument("--bind", action=argparse.BooleanOptionalAction, default=True,
+                   help="pin rank r to core r, and the MPI peer's ranks likewise (--bind-to "
+                        "core), as OSU and nccl-tests runs do, when there are enough cores. Unpinned ranks that "
+                        "sleep between points (in the side group) are now and then woken on "
+                        "one core and stay stacked for a whole point, which doubles or "
+                        "triples a small op's time, at random")
     p.add_argument("--peers", type=csv_list(bench_peers.PEERS), default=None,
                    help="also measure these libraries outside torch.distributed at the same "
                         "points (mpi: Open MPI via mpirun + mpi4py), and rsdp on 1 rank")
@@ -593,6 +599,9 @@ def worker(rank: int, args, port: int, raw_path: str) -> None:
         torch.cuda.set_device(rank % torch.cuda.device_count())
     torch.set_num_threads(args.threads)
     n = args.world_size
+    cores = sorted(os.sched_getaffinity(0))
+    if args.bind and args.device == "cpu" and n <= len(cores):
+        os.sched_setaffinity(0, {cores[rank]})
     timeout = datetime.timedelta(seconds=args.timeout)
     store = dist.TCPStore("127.0.0.1", port, n, is_master=(rank == 0), timeout=timeout)
     rows: list[dict] = []

@@ -4,7 +4,7 @@
 bench_collectives.py (through bench_peers.py) writes the plan, the list of points the torch
 backends were measured at, and launches
 
-    mpirun [--allow-run-as-root] --oversubscribe -np N --bind-to none --mca btl self,vader \
+    mpirun [--allow-run-as-root] --oversubscribe -np N --bind-to core|none --mca btl self,vader \
         python benchmarks/bench_mpi_peer.py --plan PLAN.json --out RESULT.json
 
 Each point of the plan is an (op, dtype, element count, iterations, ops per iteration, warm-up

@@ -40,15 +40,17 @@ MPI_DTYPES = ("float32", "float64", "int32", "int64")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def mpirun_command(n: int, plan: str, out: str) -> list[str]:
+def mpirun_command(n: int, plan: str, out: str, bind: bool = False) -> list[str]:
     """mpirun for n ranks on this machine. --allow-run-as-root is Open MPI's documented switch
     for root (the usual user in a container); --oversubscribe lets n exceed the core count;
-    --bind-to none leaves the ranks unpinned, like the spawned torch ranks; btl self,vader is
-    loopback plus shared memory, the transports of a single-node job."""
+    --bind-to core pins one rank per core as bench_collectives --bind pins the torch ranks
+    (only while there are enough cores, there as here), else --bind-to none; btl self,vader
+    is loopback plus shared memory, the transports of a single-node job."""
     cmd = ["mpirun"]
     if os.geteuid() == 0:
         cmd.append("--allow-run-as-root")
-    cmd += ["--oversubscribe", "-np", str(n), "--bind-to", "none", "--mca", "btl", "self,vader",
+    binding = "core" if bind and n <= len(os.sched_getaffinity(0)) else "none"
+    cmd += ["--oversubscribe", "-np", str(n), "--bind-to", binding, "--mca", "btl", "self,vader",
             sys.executable, os.path.join(HERE, "bench_mpi_peer.py"), "--plan", plan, "--out", out]
     return cmd
 
@@ -134,7 +136,7 @@ def run_mpi(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
     with open(plan, "w") as f:
         json.dump({"world_size": args.world_size, "rounds": args.rounds,
                    "points": plan_points(args, bc, dtypes)}, f)
-    cmd = mpirun_command(args.world_size, plan, out)
+    cmd = mpirun_command(args.world_size, plan, out, getattr(args, "bind", False))
     launcher = " ".join(cmd[:cmd.index(sys.executable)])
     print(f"# mpi: {launcher} python benchmarks/bench_mpi_peer.py ...", flush=True)
     error = None
