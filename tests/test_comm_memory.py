@@ -65,12 +65,16 @@ def collectives_worker(ctx, kind: str):
         for r in range(w):
             assert torch.equal(outs[r], _values(n, torch.float32, r)), f"all_gather from {r}"
         ops += 1
-        for dtype, op in ((torch.float32, dist.ReduceOp.SUM), (torch.float32, dist.ReduceOp.AVG),
-                          (torch.bfloat16, dist.ReduceOp.SUM), (torch.int64, dist.ReduceOp.MAX)):
-            t = _buf(kind, n, dtype, rank)
-            t.copy_(_values(n, dtype, rank))
+        # The last case spans several of the one-copy all-reduce's 1 MiB segments.
+        for dtype, op, m in ((torch.float32, dist.ReduceOp.SUM, n),
+                             (torch.float32, dist.ReduceOp.AVG, n),
+                             (torch.bfloat16, dist.ReduceOp.SUM, n),
+                             (torch.int64, dist.ReduceOp.MAX, n),
+                             (torch.float32, dist.ReduceOp.SUM, 8 * n + 1)):
+            t = _buf(kind, m, dtype, rank)
+            t.copy_(_values(m, dtype, rank))
             dist.all_reduce(t, op=op)
-            stack = torch.stack([_values(n, torch.float64, r) for r in range(w)])
+            stack = torch.stack([_values(m, torch.float64, r) for r in range(w)])
             ref = {dist.ReduceOp.SUM: stack.sum(0), dist.ReduceOp.AVG: stack.sum(0) / w,
                    dist.ReduceOp.MAX: stack.max(0).values}[op]
             assert torch.equal(t, ref.to(dtype)), f"all_reduce {dtype} {op}"

@@ -34,6 +34,9 @@ namespace {
 
 constexpr size_t kDirectMinBytes = 64u << 10;
 constexpr size_t kDirectAllreduceMinBytes = 256u << 10;
+// All-reduce works through the buffers in segments of this size, so that what
+// one rank reduces is still cached when the others copy it.
+constexpr size_t kSegmentBytes = 1u << 20;
 
 bool worth_probing(const ShmComm& c, size_t bytes, size_t min_bytes = kDirectMinBytes) {
   return c.pool() && c.size() > 1 && bytes >= min_bytes;
@@ -121,19 +124,25 @@ bool direct_allreduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op) {
   std::vector<uint64_t> need(n, bytes);
   auto at = probe(c, buf, need.data());
   if (at.empty()) return false;
-  // Chunks start on cache lines, so no two ranks write one line.
+  // Segments of kSegmentBytes, cut into n slots that start on cache lines (no
+  // two ranks write one line). Per segment: reduce this rank's slot, exchange,
+  // copy the others' slots while they are still in the shared cache. Rank q
+  // overwrites its copy of slot p of a segment only after the exchange that
+  // follows p's reduction of it, so no read races a write.
   const size_t line = 64 / es ? 64 / es : 1;
-  const size_t chunk = (count + n - 1) / n / line * line + line;
-  auto first = [&](int p) { return std::min(count, p * chunk); };
-  auto len = [&](int p) { return std::min(count, (p + 1) * chunk) - first(p); };
+  const size_t slot = std::max(line, kSegmentBytes / n / es / line * line);
   char* data = static_cast<char*>(buf);
   std::vector<const void*> srcs(n);
-  for (int q = 0; q < n; ++q) srcs[q] = at[q] + first(me) * es;
-  if (len(me)) reduce_n(data + first(me) * es, srcs.data(), n, len(me), dt, op, n);
-  c.exchange(len(me) * es);
-  for (int i = 1; i < n; ++i) {
-    const int p = (me + i) % n;
-    if (len(p)) std::memcpy(data + first(p) * es, at[p] + first(p) * es, len(p) * es);
+  for (size_t base = 0; base < count; base += slot * n) {
+    auto first = [&](int p) { return std::min(count, base + p * slot); };
+    auto len = [&](int p) { return std::min(count, base + (p + 1) * slot) - first(p); };
+    for (int q = 0; q < n; ++q) srcs[q] = at[q] + first(me) * es;
+    if (len(me)) reduce_n(data + first(me) * es, srcs.data(), n, len(me), dt, op, n);
+    c.exchange(len(me) * es);
+    for (int i = 1; i < n; ++i) {
+      const int p = (me + i) % n;
+      if (len(p)) std::memcpy(data + first(p) * es, at[p] + first(p) * es, len(p) * es);
+    }
   }
   c.exchange();
   c.count_one_copy();
