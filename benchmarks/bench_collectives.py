@@ -47,6 +47,7 @@ Examples:
     python benchmarks/bench_collectives.py --backends rsdp,gloo --ops allreduce --max-bytes 1M
     python benchmarks/bench_collectives.py --device cuda --world-size 4   # rsdp (+ nccl if 4 GPUs)
     python benchmarks/bench_collectives.py --peers mpi --max-bytes 64K   # + Open MPI, rsdp@1
+    python benchmarks/bench_collectives.py --backends rsdp,rsdp:pool,gloo  # + communication memory
 """
 
 from __future__ import annotations
