@@ -192,3 +192,19 @@ def test_world_size_one_has_no_pool():
 def test_fsdp2_allocates_from_the_process_group():
     res = launch(fsdp_worker, 2, deadline=240)
     assert res[0] > 0
+
+
+def test_bench_comm_memory_runs(tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_comm_memory.py"),
+                    "--layers", "2", "--width", "256", "--steps", "1", "--rounds", "1",
+                    "--out", str(tmp_path)], check=True, timeout=300)
+    res = json.loads((tmp_path / "comm_memory.json").read_text())["results"]
+    assert res["torch.empty"]["one_copy_ops"] == 0
+    assert res["communication memory"]["one_copy_ops"] > 0
+    assert all(r["step_ms"] > 0 for r in res.values())
