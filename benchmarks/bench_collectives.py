@@ -101,6 +101,13 @@ reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.red
 ITER_BYTES = 256 << 20
 WARMUP_BYTES = 64 << 20
 REPS_BYTES = 1 << 20
+# After those warm-up ops, each point keeps warming up for about this long (an op count all
+# ranks agree on, from the slowest rank's warm-up time): five ops of a small message take
+# microseconds, too little to outlast what the previous points left behind (freed 64 MiB
+# buffers, another library's threads winding down), which made the first sizes of an op run
+# 1.5x slow in some rounds and not in others.
+WARMUP_SECONDS = 0.02
+WARMUP_MAX_OPS = 5000
 
 
 # --------------------------------------------------------------------------- arguments
@@ -545,7 +552,15 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
                 row["correct"] = bool(flags[0] == 0)
                 # 2. warm-up, 3. timed iterations
                 iters, reps, warmup = iters_for(count * esize, args)
+                t_warm = time.perf_counter()
                 for _ in range(warmup):
+                    coll.prepare()
+                    coll.run()
+                per_op = torch.tensor([(time.perf_counter() - t_warm) / max(1, warmup)])
+                dist.all_reduce(per_op, op=dist.ReduceOp.MAX, group=side)
+                more = 0 if warmup == 0 else \
+                    int(min(WARMUP_MAX_OPS, WARMUP_SECONDS / max(per_op.item(), 1e-7)))
+                for _ in range(more):
                     coll.prepare()
                     coll.run()
                 times = torch.empty(iters, dtype=torch.float64)
