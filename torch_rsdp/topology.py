@@ -31,7 +31,9 @@ def comm_stats(group: Optional[dist.ProcessGroup] = None) -> dict:
 
     ``intra_node_bytes``/``intra_node_messages`` count what went to ranks on
     this node (for shared memory: bytes this rank wrote for its peers);
-    ``inter_node_bytes``/``inter_node_messages`` what crossed to other nodes.
+    ``inter_node_bytes``/``inter_node_messages`` what crossed to other nodes;
+    ``one_copy_ops`` how many collectives read their peers' buffers in place
+    (buffers in communication memory, see :mod:`torch_rsdp.comm_memory`).
     """
     return rsdp_backend(group).comm_stats()
 
