@@ -14,4 +14,5 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 python3 examples/finetune_chess.py --compare --nproc 4 --memory-budget 160MiB
 python3 examples/compare_ddp.py --nproc 4 --backends rsdp,gloo
-python3 benchmarks/bench_collectives.py --backends rsdp,rsdp:pool,gloo --peers mpi --world-size 2
+python3 benchmarks/bench_collectives.py --backends rsdp,rsdp:pool,gloo --peers mpi --world-size 2 \
+  --dtypes float32 --rounds 3
