@@ -16,14 +16,16 @@ strategy           resident (+ gradients)           live                  transi
 =================  ===============================  ====================  ====================
 no_shard           (1 + f) P  (+ P)                 A                     T + min(P, B)
 shard_optim        P + f P / W  (+ P)               A                     T + min(P, B)
-full_shard         (1 + f) P / W  (+ P / W)         A                     T + 5 P  (gathered
+full_shard         (1 + f) P / W  (+ P / W)         A                     T + 6 P  (gathered
                                                                           copy and its copy-out,
                                                                           unsharded gradient and
                                                                           the reduce-scatter
                                                                           input, the prefetched
-                                                                          next unit)
+                                                                          next unit, the previous
+                                                                          unit's reduce-scatter
+                                                                          still in flight)
 shard_grad_op      (1 + f) P / W  (+ P / W)         A + P (W-1)/W         T + 3 P
-hybrid_shard       (1 + f) P / L  (+ P / L)         A                     T + 5 P
+hybrid_shard       (1 + f) P / L  (+ P / L)         A                     T + 6 P
 rotate             (1 + f) (Pr / W + P - Pr)  (+ ..)  A                   T + 4 Pr / W  (weights
                                                                           in hand and in flight,
                                                                           gradient accumulator
@@ -130,7 +132,7 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
             comm = t("all_reduce", P) + W * t("broadcast", P / W)
             stepped = P / W
         elif k == "full_shard":
-            mem = ((1 + f) * P / W, P / W, A, T + 5 * P)
+            mem = ((1 + f) * P / W, P / W, A, T + 6 * P)
             comm = 2 * t("all_gather", P) + t("reduce_scatter", P)
             stepped = P / W
         elif k == "shard_grad_op":
@@ -138,7 +140,7 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
             comm = t("all_gather", P) + t("reduce_scatter", P)
             stepped = P / W
         elif k == "hybrid_shard":
-            mem = ((1 + f) * P / L, P / L, A, T + 5 * P)
+            mem = ((1 + f) * P / L, P / L, A, T + 6 * P)
             comm = (2 * t("all_gather", P, "intra") + t("reduce_scatter", P, "intra")
                     + t("all_reduce", P / L, "inter"))
             stepped = P / L
