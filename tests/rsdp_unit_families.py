@@ -150,15 +150,15 @@ def fam_units(ctx, rec):
     with rec.case("recompute=False keeps activations, not weights"):
         model, _ = _sharded("llama_u", tp_plan="auto", unit_recompute=False)
         loss, _ = _loss(model, r)
-        nodes, seen, todo = [], set(), [loss.grad_fn]
-        while todo:  # every unit's backward node, with what it keeps for backward
-            fn = todo.pop()
+        nodes, seen, pending = [], set(), [loss.grad_fn]
+        while pending:  # every unit's backward node, with what it keeps for backward
+            fn = pending.pop()
             if fn is None or fn in seen:
                 continue
             seen.add(fn)
             if type(fn).__name__ == "_UnitFnBackward":
                 nodes.append(fn)
-            todo.extend(f for f, _ in fn.next_functions)
+            pending.extend(f for f, _ in fn.next_functions)
         assert len(nodes) == 4, len(nodes)
         for fn in nodes:
             held = [w for _, weights in fn.graphs.values() for w in weights.values()]

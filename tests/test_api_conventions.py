@@ -484,7 +484,7 @@ _BATCH: dict = {}
 def batch():
     if not _BATCH:
         results, errors, _ = launch_families(
-            lambda todo: launch(families_worker, WS, (todo,), deadline=240, pg_timeout=30),
+            lambda batch: launch(families_worker, WS, (batch,), deadline=240, pg_timeout=30),
             list(FAMILIES), WS)
         _BATCH.update(results=results, errors=errors)
     return _BATCH

@@ -57,7 +57,7 @@ def _batch(ws, request):
         return _BATCH[ws]
     names = _families_needed(request.session, ws)
     results, errors, _ = launch_families(
-        lambda todo: launch(families_worker, ws, (todo,), deadline=BATCH_DEADLINE[ws],
+        lambda batch: launch(families_worker, ws, (batch,), deadline=BATCH_DEADLINE[ws],
                             pg_timeout=30), names, ws)
     _BATCH[ws] = (results, errors)
     return _BATCH[ws]

@@ -342,7 +342,7 @@ def _batch(batch, request):
     ws, env, deadline = BATCHES[batch]
     names = _families_needed(request.session, batch)
     results, errors, _ = launch_families(
-        lambda todo: launch(_collectives_worker, ws, (todo,), init=False, deadline=deadline,
+        lambda batch: launch(_collectives_worker, ws, (batch,), init=False, deadline=deadline,
                             pg_timeout=PG_TIMEOUT, env=dict(_one_gpu_env(), **env)),
         names, ws)
     _BATCH[batch] = (results, errors)
@@ -380,7 +380,7 @@ def _rsdp_batch(ws):
     if ws not in _RSDP_BATCH:
         names = list(RSDP_FAMILIES)
         _RSDP_BATCH[ws] = launch_families(
-            lambda todo: launch(_rsdp_worker, ws, (todo,), init=False, deadline=300,
+            lambda batch: launch(_rsdp_worker, ws, (batch,), init=False, deadline=300,
                                 pg_timeout=PG_TIMEOUT, env=_one_gpu_env()),
             names, ws)[:2]
     return _RSDP_BATCH[ws]

@@ -205,8 +205,8 @@ def _batch(topo: str, setting: str, nodes, session):
     node_of = TOPOLOGIES[topo]
     names = [f for f in _families(topo, setting) if f in _selected(session, topo, setting)]
     results, errors, mode = launch_families(
-        lambda todo: launch(matrix_worker, len(node_of),
-                            (todo, list(node_of), setting, _subset(topo, setting)),
+        lambda batch: launch(matrix_worker, len(node_of),
+                            (batch, list(node_of), setting, _subset(topo, setting)),
                             env=SETTINGS[setting], node_of=node_of, netns=nodes,
                             deadline=DEADLINE, pg_timeout=PG_TIMEOUT), names, len(node_of), 4)
     _BATCH[key] = (results, errors, mode)

@@ -247,7 +247,7 @@ def _batch(ws, request):
             getattr(it, "originalname", None) == "test_plan" and it.callspec.params == {
                 "ws": ws, "family": f} for it in request.session.items)]
         _RESULTS[ws] = launch_families(
-            lambda todo: launch(families_worker, ws, (todo,), deadline=600, pg_timeout=120),
+            lambda batch: launch(families_worker, ws, (batch,), deadline=600, pg_timeout=120),
             names, ws)[:2]
     return _RESULTS[ws]
 

@@ -130,7 +130,7 @@ def families_worker(ctx, names):
 
 def test_plan_auto(tmp_path):
     results, errors, _ = launch_families(
-        lambda todo: launch(families_worker, 2, (todo,), deadline=600, pg_timeout=120,
+        lambda batch: launch(families_worker, 2, (batch,), deadline=600, pg_timeout=120,
                             env={"RSDP_PLAN_CACHE": str(tmp_path)}), ["auto"], 2)
     assert_family(results, errors, "auto", "world size 2")
 

@@ -507,7 +507,7 @@ def _batch(ws, request):
         getattr(it, "originalname", None) == "test_rsdp" and it.callspec.params == {
             "ws": ws, "family": f} for it in request.session.items)]
     results, errors, _ = launch_families(
-        lambda todo: launch(families_worker, ws, (todo,), deadline=300, pg_timeout=60), names, ws)
+        lambda batch: launch(families_worker, ws, (batch,), deadline=300, pg_timeout=60), names, ws)
     _BATCH[ws] = (results, errors)
     return _BATCH[ws]
 

@@ -264,7 +264,7 @@ def _batch(ws, request):
         getattr(it, "originalname", None) == "test_rsdp_hf" and it.callspec.params == {
             "ws": ws, "family": f} for it in request.session.items)]
     results, errors, _ = launch_families(
-        lambda todo: launch(families_worker, ws, (todo,), deadline=600, pg_timeout=120), names,
+        lambda batch: launch(families_worker, ws, (batch,), deadline=600, pg_timeout=120), names,
         ws)
     _BATCH[ws] = (results, errors)
     return _BATCH[ws]
