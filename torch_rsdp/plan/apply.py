@@ -19,6 +19,8 @@ Steps, in order:
    ``split:k`` splits the unit's Linears (:mod:`.split_linear`); the parameters that stay
    replicated (``no_shard``, ``shard_optim``, a split unit's biases and norms) are averaged by
    one bucketed :class:`.grad_sync.GradSync` for the whole model.
+5. If FSDP units sit under a root that is not one, make the model an FSDP2 root that manages
+   no parameter of its own, so the units share one communication context (:func:`_fsdp_root`).
 """
 from __future__ import annotations
 
@@ -124,6 +126,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
             replicated += list(unit.params.values())
             if kind == "shard_optim":
                 state.shard_optim_params += list(unit.params.values())
+    _fsdp_root(model, units, meshes, mp)
     order = {id(p): i for i, p in enumerate(model.parameters())}
     replicated.sort(key=lambda p: order.get(id(p), len(order)))
     if replicated:
@@ -231,6 +234,27 @@ def _apply_fsdp(unit: Unit, meshes: Meshes, mp) -> None:
     # fully_shard replaced the parameters by DTensors: refresh the unit's view of them.
     unit.params = {n: p for n, p in _qualified(unit).items()
                    if not any(p is q for q in ignored)}
+
+
+def _fsdp_root(model: nn.Module, units: Dict[str, Unit], meshes: Meshes, mp) -> None:
+    """Makes the model an FSDP2 root when FSDP units sit under a root that is not one.
+
+    Without a common root every FSDP2 unit is a root of its own, with its own communication
+    context: a unit's reduce-scatter input (its unsharded gradient) is then freed only by that
+    root's end-of-backward callback, so backward holds one unsharded gradient per unit (measured
+    with MemTracker: +5.7 MiB per 1.5 M-parameter layer), and no unit prefetches the next. A root
+    that manages no parameter itself (every parameter outside the FSDP units is ignored) gives
+    them one shared context, as a fully_shard model has.
+    """
+    root = units.get("")
+    if root is not None and root.strategy.fsdp and root.params:
+        return  # the root is an FSDP unit already
+    managed = {id(p) for u in units.values() if u.strategy.fsdp for p in u.params.values()}
+    if not managed:
+        return
+    ignored = {p for p in model.parameters() if id(p) not in managed}
+    kwargs = {"mp_policy": mp} if mp is not None else {}
+    fully_shard(model, mesh=meshes.flat(), ignored_params=ignored or None, **kwargs)
 
 
 def _qualified(unit: Unit) -> Dict[str, nn.Parameter]:

@@ -28,7 +28,8 @@ from .cost import DEFAULT_STRATEGIES, Links, applicable, unit_choices
 from .explain import Prediction, UnitPrediction, explain
 from .mesh import Meshes
 from .profile import OPTIMIZER_STATE_FACTOR, profile_model
-from .search import BudgetError, peak_bytes, runner_up, solve, total_time
+from .search import (BudgetError, Solution, peak_bytes, runner_up,
+                     smallest_feasible_budget, solve, total_time, walk_peak)
 from .spec import Plan, block_patterns, parse_strategy, resolve
 from .split_linear import is_splittable
 
@@ -151,7 +152,7 @@ def _costs(model, example_inputs, group, optimizer, strategies, units, topology,
 def _prediction(prof, links, choices, picks, budget, topology, ups=None) -> Prediction:
     topo = (f"{topology}" if topology is not None else
             f"measured here ({prof.world} ranks, {len(prof.nodes)} node(s))")
-    pred = Prediction(budget, peak_bytes(choices, picks), total_time(choices, picks),
+    pred = Prediction(budget, walk_peak(choices, picks), total_time(choices, picks),
                       links.world, links.nodes, topo, from_cache=prof.from_cache)
     for i, u in enumerate(prof.units):
         c = choices[i][picks[i]]
@@ -161,6 +162,37 @@ def _prediction(prof, links, choices, picks, budget, topology, ups=None) -> Pred
             c.time_s, *(None, None, None) if up is None else
             (choices[i][up[0]].strategy, up[1], up[2])))
     return pred
+
+
+GRID_POINTS = 24
+
+
+def _choose(choices, usable: int) -> Solution:
+    """The fastest plan whose walked peak (:func:`.search.walk_peak`) fits ``usable``.
+
+    The exact search plans against a bound (every unit's activations or gradients at once,
+    plus the largest transient) that overestimates the walk by up to a tenth here; planning
+    against the bound alone would leave that memory idle. So the search also runs at bound
+    budgets above ``usable``, on a grid fixed by the model alone (24 steps from the smallest
+    feasible budget to the fastest plan's), and the fastest of those plans whose walk fits
+    wins. With the grid independent of the budget, a larger budget never gives a slower plan.
+    """
+    sol = solve(choices, usable)  # raises BudgetError naming the smallest feasible budget
+    best = (sol.time_s, walk_peak(choices, sol.picks), sol.picks)
+    top = peak_bytes(choices, solve(choices, 1 << 62).picks)
+    low = smallest_feasible_budget(choices)
+    ratio = max(1.01, (top / max(1, low)) ** (1 / GRID_POINTS))
+    for j in range(1, GRID_POINTS + 1):
+        x = int(low * ratio ** j)
+        if x <= usable:
+            continue  # solve(usable) is at least as fast
+        s = solve(choices, x)
+        w = walk_peak(choices, s.picks)
+        if w <= usable:
+            best = min(best, (s.time_s, w, s.picks))
+        if x >= top:
+            break
+    return Solution(list(best[2]), best[0], peak_bytes(choices, best[2]))
 
 
 def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
@@ -195,8 +227,8 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     if dist.get_rank(group) == 0:  # rank 0 decides; every rank applies the same plan
         usable = int(budget * (1 - headroom))
         try:
-            sol = solve(choices, usable)
-            result[0] = ("ok", sol.picks, runner_up(choices, sol, usable))
+            sol = _choose(choices, usable)
+            result[0] = ("ok", sol.picks, runner_up(choices, sol, usable, peak=walk_peak))
         except BudgetError as e:
             result[0] = ("budget", budget,
                          -(-e.smallest_feasible_bytes * 10**6 // int((1 - headroom) * 10**6)))

@@ -16,16 +16,14 @@ strategy           resident (+ gradients)           live                  transi
 =================  ===============================  ====================  ====================
 no_shard           (1 + f) P  (+ P)                 A                     T + min(P, B)
 shard_optim        P + f P / W  (+ P)               A                     T + min(P, B)
-full_shard         (1 + f) P / W  (+ P / W)         A                     T + 6 P  (gathered
-                                                                          copy and its copy-out,
-                                                                          unsharded gradient and
+full_shard         (1 + f) P / W  (+ P / W)         A                     T + 4 P  (in backward:
+                                                                          the gathered weights,
+                                                                          the unsharded gradient,
                                                                           the reduce-scatter
-                                                                          input, the prefetched
-                                                                          next unit, the previous
-                                                                          unit's reduce-scatter
-                                                                          still in flight)
-shard_grad_op      (1 + f) P / W  (+ P / W)         A + P (W-1)/W         T + 3 P
-hybrid_shard       (1 + f) P / L  (+ P / L)         A                     T + 6 P
+                                                                          input and the previous
+                                                                          unit's still in flight)
+shard_grad_op      (1 + f) P / W  (+ P / W)         A + P (W-1)/W         T + 2.5 P
+hybrid_shard       (1 + f) P / L  (+ P / L)         A                     T + 4 P
 rotate             (1 + f) (Pr / W + P - Pr)  (+ ..)  A                   T + 4 Pr / W  (weights
                                                                           in hand and in flight,
                                                                           gradient accumulator
@@ -35,9 +33,12 @@ split:k            (1 + f) (Pl / W + P - Pl)  (+ ..)  A                   T + 3 
                                                                           padding)
 =================  ===============================  ====================  ====================
 
-These coefficients were checked against torch's MemTracker on this backend
-(benchmarks/bench_plans.py). With gradient accumulation (``accumulation > 1``), FSDP2 units and split layers also keep their
-unsharded gradient (``P``, ``Pl``) between micro-batches, as ``plan.no_sync`` makes them.
+These coefficients were fitted to torch's MemTracker on this backend: a Llama's layers under
+each strategy, the rest replicated, one AdamW step on 4 ranks (benchmarks/bench_plans.py checks
+them on every plan it runs). FSDP2 units are measured under a common FSDP2 root, as
+:func:`~torch_rsdp.plan.apply` builds them. With gradient accumulation (``accumulation > 1``),
+FSDP2 units and split layers also keep their unsharded gradient (``P``, ``Pl``) between
+micro-batches, as ``plan.no_sync`` makes them.
 
 Step time = forward + backward + the optimizer step on the bytes this rank steps. For the group
 that was profiled, forward + backward under each strategy is *measured* (the unit copied, the
@@ -132,15 +133,15 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
             comm = t("all_reduce", P) + W * t("broadcast", P / W)
             stepped = P / W
         elif k == "full_shard":
-            mem = ((1 + f) * P / W, P / W, A, T + 6 * P)
+            mem = ((1 + f) * P / W, P / W, A, T + 4 * P)
             comm = 2 * t("all_gather", P) + t("reduce_scatter", P)
             stepped = P / W
         elif k == "shard_grad_op":
-            mem = ((1 + f) * P / W, P / W, A + P * (W - 1) / W, T + 3 * P)
+            mem = ((1 + f) * P / W, P / W, A + P * (W - 1) / W, T + 2.5 * P)
             comm = t("all_gather", P) + t("reduce_scatter", P)
             stepped = P / W
         elif k == "hybrid_shard":
-            mem = ((1 + f) * P / L, P / L, A, T + 6 * P)
+            mem = ((1 + f) * P / L, P / L, A, T + 4 * P)
             comm = (2 * t("all_gather", P, "intra") + t("reduce_scatter", P, "intra")
                     + t("all_reduce", P / L, "inter"))
             stepped = P / L
@@ -163,6 +164,7 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
             compute = measured
         time_s = compute + comm + optim_s_per_byte * stepped
         state, grads, live, transient = mem
+        act = live
         if accumulation == 1:
             # Gradients appear as backward frees the activations (zero_grad(set_to_none)
             # leaves none from the last step): per unit, one or the other is held.
@@ -170,5 +172,8 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
         else:  # no_sync keeps gradients, and the sharded units' unsharded ones, throughout
             resident = state + grads + {"full_shard": P, "shard_grad_op": P, "hybrid_shard": P,
                                         "split": u.linear_bytes}.get(k, 0)
-        out.append(Choice(str(s), time_s, int(resident), int(live), int(transient)))
+            grads = 0
+        step = P / W if k == "shard_optim" else 0  # its owner's broadcast after the step
+        out.append(Choice(str(s), time_s, int(resident), int(live), int(transient),
+                          int(act), int(grads), int(step)))
     return out

@@ -4,7 +4,7 @@ The parameters of ``shard_optim`` units are replicated and their gradients avera
 ``no_shard``'s, but each has one *owner* rank (assigned greedily by size, largest first, to
 the least loaded rank, as torch's ``ZeroRedundancyOptimizer`` does), and only the owner keeps
 its optimizer state and steps it. After every step each owner broadcasts its updated
-parameters (one flat broadcast per owner and dtype), so every replica is identical again.
+parameters (in flat buckets of at most 25 MiB), so every replica is identical again.
 Every other parameter (sharded by FSDP2, RSDP or splitting, whose state is sharded with it, or
 ``no_shard``) is stepped by the same inner optimizer on every rank.
 
@@ -22,6 +22,7 @@ from torch.optim import Optimizer
 from torch.profiler import record_function
 
 from .apply import plan_state
+from .grad_sync import DEFAULT_BUCKET_BYTES
 
 __all__ = ["make_optimizer", "ShardedOptimizer"]
 
@@ -53,8 +54,10 @@ class ShardedOptimizer(Optimizer):
     and learning-rate schedulers work as on the inner optimizer."""
 
     def __init__(self, model: nn.Module, sharded: List[nn.Parameter],
-                 group: Optional[dist.ProcessGroup], optimizer_class, *args, **kwargs):
+                 group: Optional[dist.ProcessGroup], optimizer_class, *args,
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, **kwargs):
         self.group = group
+        self.bucket_bytes = bucket_bytes
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         ids = {id(p) for p in sharded}
@@ -102,16 +105,21 @@ class ShardedOptimizer(Optimizer):
         return loss
 
     def _broadcast_owned(self) -> None:
-        """Every owner sends its updated parameters to the other replicas."""
+        """Every owner sends its updated parameters to the other replicas: parameters of one
+        dtype packed into flat buckets of at most ``bucket_bytes``, a larger contiguous
+        parameter sent in place, so the step never holds more than one bucket extra (a flat
+        copy of an owner's whole share would be 1/W of the replicated model)."""
         for r in range(self.world):
-            by_dtype: Dict[torch.dtype, List[nn.Parameter]] = {}
-            for p in self.owned[r]:
-                by_dtype.setdefault(p.dtype, []).append(p)
-            for dtype, ps in by_dtype.items():
+            src = dist.get_global_rank(self.group, r) if self.group is not None else r
+            for ps in self._buckets(self.owned[r]):
+                p0 = ps[0]
+                if len(ps) == 1 and p0.is_contiguous():
+                    with record_function("RSDP::plan::shard_optim_broadcast"):
+                        dist.broadcast(p0.detach(), src=src, group=self.group)
+                    continue
                 flat = torch.cat([p.detach().reshape(-1) for p in ps]) if r == self.rank \
-                    else torch.empty(sum(p.numel() for p in ps), dtype=dtype,
-                                     device=ps[0].device)
-                src = dist.get_global_rank(self.group, r) if self.group is not None else r
+                    else torch.empty(sum(p.numel() for p in ps), dtype=p0.dtype,
+                                     device=p0.device)
                 with record_function("RSDP::plan::shard_optim_broadcast"):
                     dist.broadcast(flat, src=src, group=self.group)
                 if r != self.rank:
@@ -119,6 +127,23 @@ class ShardedOptimizer(Optimizer):
                     for p in ps:
                         p.copy_(flat[off:off + p.numel()].view_as(p))
                         off += p.numel()
+                del flat
+
+    def _buckets(self, params: List[nn.Parameter]) -> List[List[nn.Parameter]]:
+        """Consecutive parameters of one dtype and device, up to ``bucket_bytes`` a bucket."""
+        out: List[List[nn.Parameter]] = []
+        size = 0
+        for p in params:
+            nb = p.numel() * p.element_size()
+            last = out[-1] if out else None
+            if (last is None or last[0].dtype != p.dtype or last[0].device != p.device
+                    or size + nb > self.bucket_bytes):
+                out.append([p])
+                size = nb
+            else:
+                last.append(p)
+                size += nb
+        return out
 
     def state_dict(self):
         return self.inner.state_dict()

@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
-__all__ = ["Choice", "Solution", "BudgetError", "peak_bytes", "total_time",
+__all__ = ["Choice", "Solution", "BudgetError", "peak_bytes", "walk_peak", "total_time",
            "smallest_feasible_budget", "solve", "brute_force", "runner_up"]
 
 Transition = Callable[["Choice", "Choice"], float]
@@ -48,6 +48,12 @@ class Choice:
     resident_bytes: int      # held for the whole step
     live_bytes: int          # held from the unit's forward to its backward
     transient_bytes: int     # live only while this unit computes
+    # For :func:`walk_peak` (the search itself uses the bound above): what the unit holds from
+    # its forward to its backward (-1: ``live_bytes``), from its backward to the optimizer
+    # step, and what the step itself adds for it (a shard_optim owner's broadcast share).
+    act_bytes: int = -1
+    grad_bytes: int = 0
+    step_bytes: int = 0
 
     @property
     def weight(self) -> int:
@@ -86,6 +92,30 @@ def _check(units: Sequence[Sequence[Choice]]) -> None:
 def peak_bytes(units: Sequence[Sequence[Choice]], picks: Sequence[int]) -> int:
     cs = [units[u][k] for u, k in enumerate(picks)]
     return sum(c.weight for c in cs) + max((c.transient_bytes for c in cs), default=0)
+
+
+def walk_peak(units: Sequence[Sequence[Choice]], picks: Sequence[int],
+              step_bucket: int = 25 << 20) -> int:
+    """The peak of one step walked in execution order (what the planner predicts; always
+    <= :func:`peak_bytes`, the bound the search plans against).
+
+    While unit u runs its backward, the units before it still hold their activations, the
+    units after it already hold their gradients, and u holds the larger of the two (backward
+    frees the one as it makes the other) and its transient; then the optimizer step holds
+    every gradient and at most one broadcast bucket."""
+    cs = [units[u][k] for u, k in enumerate(picks)]
+    if not cs:
+        return 0
+    resident = sum(c.resident_bytes for c in cs)
+    act = [c.live_bytes if c.act_bytes < 0 else c.act_bytes for c in cs]
+    grads = sum(c.grad_bytes for c in cs)
+    peak, before, after = 0, 0, grads
+    for c, a in zip(cs, act):
+        after -= c.grad_bytes
+        peak = max(peak, resident + before + max(a, c.grad_bytes) + c.transient_bytes + after)
+        before += a
+    step = resident + grads + min(step_bucket, sum(c.step_bytes for c in cs))
+    return max(peak, step)
 
 
 def total_time(units: Sequence[Sequence[Choice]], picks: Sequence[int],
@@ -439,10 +469,11 @@ def _prune(states, step, buckets):
 
 
 def runner_up(units: Sequence[Sequence[Choice]], sol: Solution, budget: int, *,
-              transition: Optional[Transition] = None
+              transition: Optional[Transition] = None, peak=peak_bytes
               ) -> List[Optional[Tuple[int, float, int]]]:
     """Per unit, the best other choice with every other pick fixed that still fits the budget:
-    ``(choice index, total time, peak bytes)``, or None when no other choice fits."""
+    ``(choice index, total time, peak bytes)``, or None when no other choice fits. ``peak``
+    prices a plan's memory (:func:`peak_bytes` or :func:`walk_peak`)."""
     out = []
     for u, cs in enumerate(units):
         best = None
@@ -451,7 +482,7 @@ def runner_up(units: Sequence[Sequence[Choice]], sol: Solution, budget: int, *,
                 continue
             picks = list(sol.picks)
             picks[u] = k
-            p = peak_bytes(units, picks)
+            p = peak(units, picks)
             if p > budget:
                 continue
             key = (total_time(units, picks, transition), p, k)
