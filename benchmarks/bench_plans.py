@@ -16,7 +16,8 @@ nodes x 2 ranks behind a ``tc``-limited link), it
 Measured peak memory per rank: torch's ``MemTracker`` (torch.distributed._tools.mem_tracker,
 every tensor torch allocates: parameters, gradients, optimizer state, activations,
 temporaries, communication buffers) over one training step, max over ranks. Step time: median
-of the timed steps, slowest rank.
+of the timed steps, slowest rank; all runs take turns over ``--rounds`` rounds, so a slow spell
+of a shared machine touches every run alike.
 
 Targets (PASS/MISS, never the exit code): measured peak <= budget at every budget; predicted
 peak within 10 % of measured; predicted step time within 25 %; auto at least as fast as the
@@ -66,10 +67,9 @@ def _model(cfg):
     return LlamaForCausalLM(LlamaConfig(**cfg))
 
 
-def _measure(ctx, cfg, spec, steps, warmup, seq, batch):
-    """(step s, peak bytes) of ``spec`` (a plan or a strategy name), slowest / largest rank."""
-    import statistics
-
+def _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory):
+    """This rank's step times of ``spec`` (a plan or a strategy name) and, with ``memory``,
+    its peak bytes over one more step (MemTracker), else 0."""
     import torch
     import torch.distributed as dist
     from torch.distributed._tools.mem_tracker import MemTracker
@@ -96,17 +96,39 @@ def _measure(ctx, cfg, spec, steps, warmup, seq, batch):
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     dist.barrier()
+    if not memory:
+        return times, 0
     mt = MemTracker()
     mt.track_external(model, opt)
     with mt:
         step(warmup + steps)
-    peak = max(v.get("Total", 0) for v in mt.get_tracker_snapshot("peak").values())
-    vals = torch.tensor([statistics.median(times), float(peak)], dtype=torch.float64)
+    return times, max(v.get("Total", 0) for v in mt.get_tracker_snapshot("peak").values())
+
+
+def _measure_all(ctx, cfg, specs, rounds, steps, warmup, seq, batch):
+    """[(step s, peak bytes)] per spec, slowest / largest rank: the specs take turns over
+    ``rounds`` rounds (a slow spell of the shared machine then touches every spec alike) and
+    each one's step time is the median of all its timed steps; memory from the first round."""
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+    times = [[] for _ in specs]
+    peaks = [0] * len(specs)
+    for rd in range(rounds):
+        for i, spec in enumerate(specs):
+            ctx.set_progress(f"round {rd + 1}/{rounds}: run {i + 1}/{len(specs)}")
+            t, peak = _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory=rd == 0)
+            times[i] += t
+            peaks[i] = max(peaks[i], peak)
+    vals = torch.tensor([[statistics.median(t), float(p)] for t, p in zip(times, peaks)],
+                        dtype=torch.float64)
     dist.all_reduce(vals, op=dist.ReduceOp.MAX)
-    return float(vals[0]), int(vals[1])
+    return [(float(a), int(b)) for a, b in vals.tolist()]
 
 
-def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, uniform, one_node):
+def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, uniform, one_node,
+                 rounds):
     import torch
 
     import torch_rsdp.plan as plan
@@ -121,21 +143,21 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
         tightest = e.smallest_feasible_bytes
     loose = plan.auto(model, example, memory_budget=1 << 40).prediction.peak_bytes
     budgets = [int(tightest + (loose - tightest) * i / (budgets_n - 1)) for i in range(budgets_n)]
-    rows = []
+    rows, specs = [], []
     for s in uniform:
         if s == "hybrid_shard" and one_node:
             continue  # on one node hybrid_shard is full_shard
         pred = plan.predict(model, example, plan.Plan.uniform(model, s))
-        t, peak = _measure(ctx, cfg, s, steps, warmup, seq, batch)
-        rows.append({"kind": "uniform", "plan": s, "step_s": t, "peak_bytes": peak,
-                     "pred_step_s": pred.step_time_s, "pred_peak_bytes": pred.peak_bytes})
+        rows.append({"kind": "uniform", "plan": s, "pred_step_s": pred.step_time_s,
+                     "pred_peak_bytes": pred.peak_bytes})
+        specs.append(s)
     for b in budgets:
         ctx.set_progress(f"auto at {b} bytes")
         p = plan.auto(model, example, memory_budget=b)
-        t, peak = _measure(ctx, cfg, p, steps, warmup, seq, batch)
-        rows.append({"kind": "auto", "budget_bytes": b, "plan": p.to_dict(), "step_s": t,
-                     "peak_bytes": peak, "pred_step_s": p.prediction.step_time_s,
+        rows.append({"kind": "auto", "budget_bytes": b, "plan": p.to_dict(),
+                     "pred_step_s": p.prediction.step_time_s,
                      "pred_peak_bytes": p.prediction.peak_bytes, "explain": p.explain()})
+        specs.append(p)
     cluster = None
     if rate_Bps:
         fits = plan.plan_profile(model, example).fits
@@ -145,10 +167,13 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
                           latency_us=fits["all_reduce@inter"].latency_s * 1e6)
         mid = budgets[len(budgets) // 2]
         p = plan.auto(model, example, memory_budget=mid, topology=cl)
-        t, peak = _measure(ctx, cfg, p, steps, warmup, seq, batch)
         cluster = {"cluster": repr(cl), "budget_bytes": mid, "plan": p.to_dict(),
-                   "pred_step_s": p.prediction.step_time_s, "step_s": t,
-                   "pred_peak_bytes": p.prediction.peak_bytes, "peak_bytes": peak}
+                   "pred_step_s": p.prediction.step_time_s,
+                   "pred_peak_bytes": p.prediction.peak_bytes}
+        specs.append(p)
+    measured = _measure_all(ctx, cfg, specs, rounds, steps, warmup, seq, batch)
+    for row, (t, peak) in zip(rows + ([cluster] if cluster else []), measured):
+        row["step_s"], row["peak_bytes"] = t, peak
     if r:
         return None
     return {"budgets": budgets, "tightest": tightest, "loose": loose, "rows": rows,
@@ -162,7 +187,8 @@ def run(setting, args, nodes, rate_Bps):
     try:
         res = launch(bench_worker, len(node_of),
                      (args.model, args.budgets, args.steps, args.warmup, args.seq, args.batch,
-                      rate_Bps if setting == "2x2" else None, args.uniform, setting == "1x4"),
+                      rate_Bps if setting == "2x2" else None, args.uniform, setting == "1x4",
+                      args.rounds),
                      node_of=node_of if setting == "2x2" else None,
                      netns=nodes if setting == "2x2" else None,
                      env={"OMP_NUM_THREADS": "1", "RSDP_SPIN_US": "0",
@@ -227,7 +253,8 @@ def checks(results):
 def markdown(results, info, chk):
     from training_models import fmt_bytes as fb, md_table
     lines = [f"## Planner vs uniform strategies: Llama {info['model']}, AdamW, rsdp backend", "",
-             f"{info['steps']} timed steps after {info['warmup']} warm-up, seq {info['seq']}, "
+             f"{info['steps']} timed steps after {info['warmup']} warm-up in each of "
+             f"{info['rounds']} rounds (runs take turns; median over all), seq {info['seq']}, "
              f"batch {info['batch']}/rank; 2x2 = {info['link']}; torch {info['torch']}; "
              f"load average at start {info['load']}. Memory: torch MemTracker over one step "
              f"(every tensor torch allocates), max over ranks.", ""]
@@ -300,6 +327,8 @@ def main(argv=None) -> int:
     p.add_argument("--rate", default="100mbit", help="tc rate of each node link (2x2)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=3,
+                   help="the runs take turns this many times (step time: median over all)")
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--deadline", type=float, default=1500)
@@ -309,6 +338,7 @@ def main(argv=None) -> int:
     args.model, args.uniform = dict(MODEL), list(UNIFORM)
     if args.quick:
         args.model, args.settings, args.budgets, args.steps = QUICK_MODEL, "1x4", 3, 1
+        args.rounds = 1
         args.uniform = ["no_shard", "full_shard"]
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     if any(s not in SETTINGS for s in settings) or args.budgets < 2:
@@ -319,7 +349,8 @@ def main(argv=None) -> int:
     from torch_rsdp.testing import netns
     args.cache = tempfile.mkdtemp(prefix="rsdp-plan-cache-")
     netns.cleanup_stale()
-    info = {"model": args.model, "steps": args.steps, "warmup": args.warmup, "seq": args.seq,
+    info = {"model": args.model, "steps": args.steps, "warmup": args.warmup,
+            "rounds": args.rounds, "seq": args.seq,
             "batch": args.batch, "torch": torch.__version__,
             "load": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "link": "-"}

@@ -15,6 +15,8 @@ One launch per world size runs the selected families (tests/harness.py ``run_fam
   identically;
 * ``report``: per-unit resident bytes follow each strategy (1/W for sharded units, optimizer
   state 1/W for shard_optim);
+* ``root_and_buckets``: FSDP units under a replicated root share one FSDP2 root; shard_optim
+  broadcasts in several buckets, and a rank owning no parameter still steps;
 * ``errors``: bad plans raise a clear ValueError on every rank before anything changes, and
   the group stays usable.
 """
@@ -179,6 +181,40 @@ def fam_report(ctx, rec):
         assert "split:2" in text and "shard_optim" in text, text
 
 
+def fam_root_and_buckets(ctx, rec):
+    import torch_rsdp.plan as plan
+    from torch.distributed.fsdp import FSDPModule
+    W, r = ctx.world_size, ctx.rank
+    with rec.case("FSDP units under a replicated root share one FSDP2 root"):
+        model = _apply(pc.make_net(), {"blocks.0": "full_shard", "blocks.1": "shard_grad_op",
+                                       "blocks.2": "rotate"})  # the root stays no_shard
+        assert isinstance(model, FSDPModule), type(model)
+        assert not any(isinstance(p_, torch.distributed.tensor.DTensor)
+                       for p_ in model.head.parameters()), "the root sharded its own params"
+        pc.train(model, pc.plan_optim(model, "sgd"), r, W, 1)
+        root = model._get_fsdp_state()
+        for name in ("blocks.0", "blocks.1"):
+            st = model.get_submodule(name)._get_fsdp_state()
+            # one communication context: a unit's reduce-scatter is freed by the next one's,
+            # not held until the end of backward by a root of its own
+            assert st._comm_ctx is root._comm_ctx and not st._is_root, name
+    with rec.case("shard_optim: many buckets, and ranks that own nothing"):
+        base = pc.make_net()
+        want = pc.reference(base, "adamw", W, 2)
+        model = _apply(pc.make_net(seed=r), {"blocks.*": "shard_optim", "blocks.6.ln": "no_shard",
+                                             "head": "shard_optim"})
+        cls, kw = pc.OPTIMS["adamw"]
+        opt = plan.make_optimizer(model, cls, bucket_bytes=600, **kw)  # a few params a bucket
+        assert len(opt._buckets(opt.owned[r])) >= 2 or not opt.owned[r]
+        pc.train(model, opt, r, W, 2)
+        pc.assert_close_sd(_full(model), want, TIGHT, "shard_optim bucketed")
+        lone = _apply(pc.make_net(), {"blocks.6.ln": "shard_optim"})  # 2 params for W ranks
+        opt = pc.plan_optim(lone, "adamw")
+        pc.train(lone, opt, r, W, 1)
+        want = pc.reference(pc.make_net(), "adamw", W, 1)
+        pc.assert_close_sd(_full(lone), want, TIGHT, "shard_optim, 2 params")
+
+
 def fam_errors(ctx, rec):
     import torch_rsdp.plan as plan
     W, r = ctx.world_size, ctx.rank
@@ -220,14 +256,14 @@ def fam_errors(ctx, rec):
 FAMILIES = {"strategies": fam_strategies, "hf": fam_hf, "accumulate": fam_accumulate,
             "activation_checkpointing": fam_activation_checkpointing,
             "mixed_precision": fam_mixed_precision, "checkpoint": fam_checkpoint,
-            "report": fam_report, "errors": fam_errors}
+            "report": fam_report, "errors": fam_errors, "root_and_buckets": fam_root_and_buckets}
 
 # World size -> families: every size trains every strategy; the rest are spread so that each
 # runs on an even and an odd size where it matters, keeping four launches in all.
 BATCHES = {1: ["strategies"],
            2: ["strategies", "errors", "hf", "report"],
            3: ["strategies", "accumulate", "activation_checkpointing", "checkpoint",
-               "mixed_precision", "report"],
+               "mixed_precision", "report", "root_and_buckets"],
            4: ["strategies", "hf"]}
 
 

@@ -41,10 +41,10 @@ FSDP2 units and split layers also keep their unsharded gradient (``P``, ``Pl``) 
 micro-batches, as ``plan.no_sync`` makes them.
 
 Step time = forward + backward + the optimizer step on the bytes this rank steps. For the group
-that was profiled, forward + backward under each strategy is *measured* (the unit copied, the
-strategy applied, timed with its real collectives; ``shard_optim``'s broadcast after the step is
-added from its fit). For a :class:`~torch_rsdp.plan.Cluster` it is modelled: plain compute
-(measured) + communication, all of it counted as exposed, each collective priced by its fit
+that was profiled, all three under each strategy are *measured* (the unit copied, the strategy
+applied, timed with its real collectives, ``shard_optim``'s broadcast after the step included).
+For a :class:`~torch_rsdp.plan.Cluster` it is modelled: plain compute (measured) +
+communication, all of it counted as exposed, each collective priced by its fit
 ``latency + bytes / bandwidth`` at its level:
 
 * no_shard: all-reduce(P); shard_optim: all-reduce(P) + W broadcasts of P/W;
@@ -112,7 +112,7 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
                  measured_ok: bool = True, accumulation: int = 1) -> List[Choice]:
     """One :class:`Choice` per applicable strategy (in the order given). With
     ``measured_ok`` (planning for the group that was profiled), a strategy's forward +
-    backward time measured with it applied replaces compute + modelled communication."""
+    backward + step time measured with it applied replaces the modelled time."""
     f = OPTIMIZER_STATE_FACTOR[optimizer]
     W, L = links.world, links.local
     P, A, T = u.param_bytes, u.act_bytes, u.temp_bytes
@@ -159,10 +159,9 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
         if W == 1:
             comm = 0.0
         measured = u.strategy_s.get(str(s)) if measured_ok else None
-        if measured is not None:  # forward + backward with the strategy, timed here
-            comm = t("broadcast", P / W) * W if k == "shard_optim" and W > 1 else 0.0
-            compute = measured
         time_s = compute + comm + optim_s_per_byte * stepped
+        if measured is not None:  # forward + backward + step with the strategy, timed here
+            time_s = measured
         state, grads, live, transient = mem
         act = live
         if accumulation == 1:

@@ -67,7 +67,9 @@ class ShardedOptimizer(Optimizer):
             self.owned[r].append(p)
         mine = {id(p) for p in self.owned[self.rank]}
         local = [p for p in model.parameters() if id(p) not in ids or id(p) in mine]
-        self.inner = optimizer_class(local, *args, **kwargs)
+        # A rank may own nothing (fewer shard_optim parameters than ranks): torch's optimizers
+        # refuse an empty list, but not a group with no parameters.
+        self.inner = optimizer_class(local or [{"params": []}], *args, **kwargs)
         self._not_mine = [p for p in sharded if id(p) not in mine]
         # Optimizer's own bookkeeping (hooks, step counters for LR schedulers) without a
         # second copy of the param groups: those live in the inner optimizer.

@@ -4,9 +4,10 @@ Per *unit* (a module the plan decides for), from one forward of the whole model 
 ``no_grad`` that records each unit's inputs, then each unit run alone with those inputs:
 
 * forward and backward time at the example micro-batch (every rank runs at once, as in
-  training, and the slowest rank's median counts), plain, and with each candidate strategy
-  applied to a copy of the unit (so its collectives, their overlap with compute and the cost of
-  sharing the cores are measured, not modelled);
+  training, and the slowest rank's median counts), plain; and forward + backward + optimizer
+  step with each candidate strategy applied to a copy of the unit (so its collectives, their
+  overlap with compute, the step on its share and the cost of sharing the cores are measured,
+  not modelled), the strategies taking turns over two rounds;
 * parameter bytes (owned by the unit, tied parameters counted once, at their owner), the part
   ``split:k`` can slice (Linear / Conv1D weights) and the part ``rotate`` can shard;
 * activations saved for backward (a saved-tensors hook; parameters excluded) and the peak of
@@ -14,8 +15,9 @@ Per *unit* (a module the plan decides for), from one forward of the whole model 
   mode that follows every op's outputs.
 
 Units with the same structure and input shapes (the layers of a transformer) are measured
-once. Only one unit's backward graph is alive at a time and the model is never gathered or
-copied, so profiling needs the model's parameters plus one unit's activations.
+once. Only one unit's backward graph, or one copy of a unit with its optimizer state, is alive
+at a time and the model is never gathered or copied whole, so profiling needs the model's
+parameters plus about one unit's training state.
 
 Per collective kind (all-gather, reduce-scatter, all-reduce, broadcast, ring shift) and group
 level (the whole group; with several nodes also inside a node and along a rail): a fit
@@ -130,7 +132,7 @@ def profile_key(model: nn.Module, example_inputs, units, optimizer: str,
         h.update(f"{name}:{type(mod).__qualname__};".encode())
     for name, p in model.named_parameters(remove_duplicate=False):
         h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
-    h.update(repr((_shapes(example_inputs), units, optimizer, world, nodes, 3)).encode())
+    h.update(repr((_shapes(example_inputs), units, optimizer, world, nodes, 4)).encode())
     return h.hexdigest()[:24]
 
 
@@ -220,29 +222,49 @@ def _measure_unit(mod: nn.Module, args, kwargs, reps: int) -> Tuple[float, float
     raise AssertionError("unreachable")
 
 
-def _time_with_strategy(mod: nn.Module, args, kwargs, strategy: str, group, reps: int) -> float:
-    """Median forward + backward seconds of a copy of ``mod`` under ``strategy``. Collective."""
+def _optimizer_class(optimizer: str):
+    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD,
+           "sgd_momentum": torch.optim.SGD, "adagrad": torch.optim.Adagrad,
+           "rmsprop": torch.optim.RMSprop}[optimizer]
+    kw = {"lr": 1e-3, "momentum": 0.9} if optimizer == "sgd_momentum" else {"lr": 1e-3}
+    return cls, kw
+
+
+def _time_strategies(mod: nn.Module, args, kwargs, strategies, group, reps: int,
+                     optimizer: str, rounds: int = 2) -> Dict[str, float]:
+    """Median seconds of forward + backward + optimizer step of a copy of ``mod`` under each
+    strategy (its collectives, and shard_optim's broadcast after the step, included).
+    Collective. The strategies take turns, ``rounds`` times, so that a slow spell of the
+    machine touches all of them alike instead of one; one copy is alive at a time."""
     import copy
 
     from .apply import apply
-    holder = nn.Module()
-    holder.unit = copy.deepcopy(mod)
-    apply(holder, {"unit": strategy}, group=group, sync_module_states=False)
-    times = []
-    for i in range(reps + 1):
-        a, k = _clone_inputs(args, kwargs)
-        dist.barrier(group=group)
-        t0 = time.perf_counter()
-        out = holder.unit(*a, **k)
-        outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-        if outs:
-            torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-        if i:
-            times.append(time.perf_counter() - t0)
-        del out, outs
-        holder.zero_grad(set_to_none=True)
-    del holder
-    return statistics.median(times)
+    from .optim import make_optimizer
+    cls, kw = _optimizer_class(optimizer)
+    times: Dict[str, List[float]] = {s: [] for s in strategies}
+    per_round = max(1, -(-reps // rounds))
+    for _ in range(rounds):
+        for s in strategies:
+            holder = nn.Module()
+            holder.unit = copy.deepcopy(mod)
+            apply(holder, {"unit": s}, group=group, sync_module_states=False)
+            opt = make_optimizer(holder, cls, **kw)
+            for i in range(per_round + 1):
+                a, k = _clone_inputs(args, kwargs)
+                dist.barrier(group=group)
+                t0 = time.perf_counter()
+                out = holder.unit(*a, **k)
+                outs = [t for t in tree_flatten(out)[0]
+                        if isinstance(t, torch.Tensor) and t.requires_grad]
+                if outs:
+                    torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+                opt.step()
+                if i:  # the first run warms up (and creates the optimizer state)
+                    times[s].append(time.perf_counter() - t0)
+                del out, outs
+                opt.zero_grad(set_to_none=True)
+            del holder, opt
+    return {s: statistics.median(t) for s, t in times.items()}
 
 
 def _record_inputs(model: nn.Module, example_inputs, names: List[str]):
@@ -343,7 +365,7 @@ def _fits(group, meshes) -> Dict[str, Fit]:
 
 # ------------------------------------------------------------------------------- entry point
 def profile_model(model: nn.Module, example_inputs, unit_params: Dict[str, Dict[str, int]],
-                  *, group=None, optimizer: str = "adamw", meshes=None, reps: int = 3,
+                  *, group=None, optimizer: str = "adamw", meshes=None, reps: int = 5,
                   use_cache: bool = True, strategies: Optional[Callable] = None) -> Profile:
     """Measures (or loads) the profile. Collective. ``unit_params``: unit name -> byte counts
     {"numel", "param_bytes", "linear_bytes", "rotate_bytes"} of what the unit owns;
@@ -379,8 +401,7 @@ def profile_model(model: nn.Module, example_inputs, unit_params: Dict[str, Dict[
             u.signature = _signature(mod, inputs[n])
             if u.signature not in by_sig:
                 plain = _measure_unit(mod, *inputs[n], reps)
-                timed = {s: _time_with_strategy(mod, *inputs[n], s, group, reps)
-                         for s in cand[n]}
+                timed = _time_strategies(mod, *inputs[n], cand[n], group, reps, optimizer)
                 by_sig[u.signature] = (plain, timed)
             (u.fwd_s, u.bwd_s, u.act_bytes, u.temp_bytes), u.strategy_s = by_sig[u.signature]
             u.strategy_s = dict(u.strategy_s)
@@ -416,10 +437,7 @@ def _optimizer_cost(model: nn.Module, optimizer: str, units: List[UnitProfile]) 
     n = min(n, 1 << 24)
     p = nn.Parameter(torch.zeros(n))
     p.grad = torch.full_like(p, 1e-3)
-    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD,
-           "sgd_momentum": torch.optim.SGD, "adagrad": torch.optim.Adagrad,
-           "rmsprop": torch.optim.RMSprop}[optimizer]
-    kw = {"lr": 1e-3, "momentum": 0.9} if optimizer == "sgd_momentum" else {"lr": 1e-3}
+    cls, kw = _optimizer_class(optimizer)
     opt = cls([p], **kw)
     opt.step()
     times = []
