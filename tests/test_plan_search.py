@@ -181,3 +181,59 @@ def test_coarsened_frontier_never_exceeds_budget():
         got = solve(units, budget, transition=transition, buckets=rng.randint(1, 4))
         assert got.peak_bytes == peak_bytes(units, got.picks) <= budget
         assert got.time_s >= exact.time_s - 1e-12
+
+
+def test_walk_peak_by_hand_and_never_above_the_bound():
+    # two units: (resident, act, grads, transient); backward of unit 1 sees unit 0's
+    # activations and its own larger part; backward of unit 0 sees unit 1's gradients
+    a = Choice("x", 1.0, 10, 7, 5, act_bytes=7, grad_bytes=2)
+    b = Choice("y", 1.0, 20, 4, 1, act_bytes=3, grad_bytes=4)
+    # unit 0's backward: 30 + 0 + max(7, 2) + 5 + 4 = 46; unit 1's: 30 + 7 + 4 + 1 = 42;
+    # the optimizer step: 30 + 6 + min(bucket, 0) = 36
+    assert search.walk_peak([[a], [b]], [0, 0]) == 46
+    assert peak_bytes([[a], [b]], [0, 0]) == 30 + 7 + 4 + 5
+    so = Choice("shard_optim", 1.0, 100, 0, 0, act_bytes=0, grad_bytes=50, step_bytes=40)
+    assert search.walk_peak([[so]], [0], step_bucket=25) == 100 + 50 + 25
+    rng = random.Random(7)
+    for _ in range(300):
+        units = []
+        for _ in range(rng.randint(1, 6)):
+            cs = []
+            for k in range(rng.randint(1, 4)):
+                act, grad = rng.randrange(0, 9), rng.randrange(0, 9)
+                cs.append(Choice(f"s{k}", 1.0, rng.randrange(0, 9), max(act, grad),
+                                 rng.randrange(0, 9), act_bytes=act, grad_bytes=grad))
+            units.append(cs)
+        picks = [rng.randrange(len(cs)) for cs in units]
+        assert search.walk_peak(units, picks) <= peak_bytes(units, picks)
+
+
+def test_auto_choice_uses_what_the_bound_leaves_and_stays_monotone():
+    # plan.auto plans against the walked peak: never slower than the bound's plan, always
+    # fitting by the walk, and never slower at a larger budget
+    from torch_rsdp.plan.auto import _choose
+    rng = random.Random(11)
+    gained = 0
+    for _ in range(40):
+        units = []
+        for _ in range(rng.randint(2, 6)):
+            cs = []
+            for k in range(rng.randint(2, 4)):
+                act, grad = rng.randrange(0, 64) * MiB, rng.randrange(0, 64) * MiB
+                cs.append(Choice(f"s{k}", rng.uniform(0.1, 1.0), rng.randrange(0, 64) * MiB,
+                                 max(act, grad), rng.randrange(0, 64) * MiB,
+                                 act_bytes=act, grad_bytes=grad))
+            units.append(cs)
+        lo, hi = smallest_feasible_budget(units), loose_budget(units)
+        prev = None
+        for i in range(8):
+            budget = lo + (hi - lo) * i // 7
+            got = _choose(units, budget)
+            bound = solve(units, budget)
+            assert search.walk_peak(units, got.picks) <= budget
+            assert got.time_s <= bound.time_s + 1e-12
+            gained += got.time_s < bound.time_s - 1e-12
+            if prev is not None:
+                assert got.time_s <= prev + 1e-12, (i, got.time_s, prev)
+            prev = got.time_s
+    assert gained, "the walk never allowed a faster plan than the bound"

@@ -178,7 +178,8 @@ def _choose(choices, usable: int) -> Solution:
     wins. With the grid independent of the budget, a larger budget never gives a slower plan.
     """
     sol = solve(choices, usable)  # raises BudgetError naming the smallest feasible budget
-    best = (sol.time_s, walk_peak(choices, sol.picks), sol.picks)
+    first = (sol.time_s, walk_peak(choices, sol.picks), sol.picks)
+    best = first if first[1] <= usable else None
     top = peak_bytes(choices, solve(choices, 1 << 62).picks)
     low = smallest_feasible_budget(choices)
     ratio = max(1.01, (top / max(1, low)) ** (1 / GRID_POINTS))
@@ -189,9 +190,10 @@ def _choose(choices, usable: int) -> Solution:
         s = solve(choices, x)
         w = walk_peak(choices, s.picks)
         if w <= usable:
-            best = min(best, (s.time_s, w, s.picks))
+            best = min(best or (s.time_s, w, s.picks), (s.time_s, w, s.picks))
         if x >= top:
             break
+    best = best or first  # only the step's shared broadcast bucket could make it not fit
     return Solution(list(best[2]), best[0], peak_bytes(choices, best[2]))
 
 

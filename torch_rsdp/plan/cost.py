@@ -24,10 +24,12 @@ full_shard         (1 + f) P / W  (+ P / W)         A                     T + 4 
                                                                           unit's still in flight)
 shard_grad_op      (1 + f) P / W  (+ P / W)         A + P (W-1)/W         T + 2.5 P
 hybrid_shard       (1 + f) P / L  (+ P / L)         A                     T + 4 P
-rotate             (1 + f) (Pr / W + P - Pr)  (+ ..)  A                   T + 4 Pr / W  (weights
-                                                                          in hand and in flight,
-                                                                          gradient accumulator
-                                                                          and contribution)
+rotate             (1 + f) (Pr / W + P - Pr)  (+ ..)  A                   T + 2 Pr / W  (the
+                                                                          weights arriving, this
+                                                                          rank's gradient
+                                                                          contribution; the
+                                                                          accumulator becomes
+                                                                          the gradient)
 split:k            (1 + f) (Pl / W + P - Pl)  (+ ..)  A                   T + 3 Pl / k  (one
                                                                           slice, its gradient,
                                                                           padding)
@@ -41,10 +43,10 @@ FSDP2 units and split layers also keep their unsharded gradient (``P``, ``Pl``) 
 micro-batches, as ``plan.no_sync`` makes them.
 
 Step time = forward + backward + the optimizer step on the bytes this rank steps. For the group
-that was profiled, all three under each strategy are *measured* (the unit copied, the strategy
-applied, timed with its real collectives, ``shard_optim``'s broadcast after the step included).
-For a :class:`~torch_rsdp.plan.Cluster` it is modelled: plain compute (measured) +
-communication, all of it counted as exposed, each collective priced by its fit
+that was profiled, forward + backward under each strategy is *measured* (the unit copied, the
+strategy applied, timed with its real collectives; ``shard_optim``'s broadcast after the step is
+added from its fit). For a :class:`~torch_rsdp.plan.Cluster` it is modelled: plain compute
+(measured) + communication, all of it counted as exposed, each collective priced by its fit
 ``latency + bytes / bandwidth`` at its level:
 
 * no_shard: all-reduce(P); shard_optim: all-reduce(P) + W broadcasts of P/W;
@@ -112,7 +114,7 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
                  measured_ok: bool = True, accumulation: int = 1) -> List[Choice]:
     """One :class:`Choice` per applicable strategy (in the order given). With
     ``measured_ok`` (planning for the group that was profiled), a strategy's forward +
-    backward + step time measured with it applied replaces the modelled time."""
+    backward time measured with it applied replaces compute + modelled communication."""
     f = OPTIMIZER_STATE_FACTOR[optimizer]
     W, L = links.world, links.local
     P, A, T = u.param_bytes, u.act_bytes, u.temp_bytes
@@ -147,7 +149,7 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
             stepped = P / L
         elif k == "rotate":
             pr, rest = u.rotate_bytes, P - u.rotate_bytes
-            mem = ((1 + f) * (pr / W + rest), pr / W + rest, A, T + 4 * pr / W)
+            mem = ((1 + f) * (pr / W + rest), pr / W + rest, A, T + 2 * pr / W)
             comm = 3 * (W - 1) * t("ring_shift", pr / W) + t("all_reduce", rest)
             stepped = pr / W + rest
         else:  # split:k
@@ -159,9 +161,10 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
         if W == 1:
             comm = 0.0
         measured = u.strategy_s.get(str(s)) if measured_ok else None
+        if measured is not None:  # forward + backward with the strategy, timed here
+            comm = t("broadcast", P / W) * W if k == "shard_optim" and W > 1 else 0.0
+            compute = measured
         time_s = compute + comm + optim_s_per_byte * stepped
-        if measured is not None:  # forward + backward + step with the strategy, timed here
-            time_s = measured
         state, grads, live, transient = mem
         act = live
         if accumulation == 1:

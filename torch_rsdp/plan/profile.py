@@ -4,10 +4,9 @@ Per *unit* (a module the plan decides for), from one forward of the whole model 
 ``no_grad`` that records each unit's inputs, then each unit run alone with those inputs:
 
 * forward and backward time at the example micro-batch (every rank runs at once, as in
-  training, and the slowest rank's median counts), plain; and forward + backward + optimizer
-  step with each candidate strategy applied to a copy of the unit (so its collectives, their
-  overlap with compute, the step on its share and the cost of sharing the cores are measured,
-  not modelled), the strategies taking turns over two rounds;
+  training, and the slowest rank's median counts), plain, and with each candidate strategy
+  applied to a copy of the unit (so its collectives, their overlap with compute and the cost of
+  sharing the cores are measured, not modelled), the strategies taking turns over two rounds;
 * parameter bytes (owned by the unit, tied parameters counted once, at their owner), the part
   ``split:k`` can slice (Linear / Conv1D weights) and the part ``rotate`` can shard;
 * activations saved for backward (a saved-tensors hook; parameters excluded) and the peak of
@@ -15,9 +14,9 @@ Per *unit* (a module the plan decides for), from one forward of the whole model 
   mode that follows every op's outputs.
 
 Units with the same structure and input shapes (the layers of a transformer) are measured
-once. Only one unit's backward graph, or one copy of a unit with its optimizer state, is alive
-at a time and the model is never gathered or copied whole, so profiling needs the model's
-parameters plus about one unit's training state.
+once. Only one unit's backward graph, or one copy of a unit, is alive at a time and the model
+is never gathered or copied whole, so profiling needs the model's parameters plus about one
+unit's parameters, gradients and activations.
 
 Per collective kind (all-gather, reduce-scatter, all-reduce, broadcast, ring shift) and group
 level (the whole group; with several nodes also inside a node and along a rail): a fit
@@ -231,16 +230,18 @@ def _optimizer_class(optimizer: str):
 
 
 def _time_strategies(mod: nn.Module, args, kwargs, strategies, group, reps: int,
-                     optimizer: str, rounds: int = 2) -> Dict[str, float]:
-    """Median seconds of forward + backward + optimizer step of a copy of ``mod`` under each
-    strategy (its collectives, and shard_optim's broadcast after the step, included).
-    Collective. The strategies take turns, ``rounds`` times, so that a slow spell of the
-    machine touches all of them alike instead of one; one copy is alive at a time."""
+                     rounds: int = 2) -> Dict[str, float]:
+    """Median seconds of forward + backward of a copy of ``mod`` under each strategy (its
+    collectives included). Collective. The strategies take turns, ``rounds`` times, so that a
+    slow spell of the machine touches all of them alike instead of one; one copy is alive at
+    a time.
+
+    The optimizer step is left out, and priced per byte stepped (:func:`_optimizer_cost`):
+    summed over units timed alone, each with every rank stepping at once right after a
+    barrier, measured steps overestimated a whole training step by up to 1.7x here."""
     import copy
 
     from .apply import apply
-    from .optim import make_optimizer
-    cls, kw = _optimizer_class(optimizer)
     times: Dict[str, List[float]] = {s: [] for s in strategies}
     per_round = max(1, -(-reps // rounds))
     for _ in range(rounds):
@@ -248,7 +249,6 @@ def _time_strategies(mod: nn.Module, args, kwargs, strategies, group, reps: int,
             holder = nn.Module()
             holder.unit = copy.deepcopy(mod)
             apply(holder, {"unit": s}, group=group, sync_module_states=False)
-            opt = make_optimizer(holder, cls, **kw)
             for i in range(per_round + 1):
                 a, k = _clone_inputs(args, kwargs)
                 dist.barrier(group=group)
@@ -258,12 +258,11 @@ def _time_strategies(mod: nn.Module, args, kwargs, strategies, group, reps: int,
                         if isinstance(t, torch.Tensor) and t.requires_grad]
                 if outs:
                     torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-                opt.step()
-                if i:  # the first run warms up (and creates the optimizer state)
+                if i:  # the first run warms up
                     times[s].append(time.perf_counter() - t0)
                 del out, outs
-                opt.zero_grad(set_to_none=True)
-            del holder, opt
+                holder.zero_grad(set_to_none=True)
+            del holder
     return {s: statistics.median(t) for s, t in times.items()}
 
 
@@ -401,7 +400,7 @@ def profile_model(model: nn.Module, example_inputs, unit_params: Dict[str, Dict[
             u.signature = _signature(mod, inputs[n])
             if u.signature not in by_sig:
                 plain = _measure_unit(mod, *inputs[n], reps)
-                timed = _time_strategies(mod, *inputs[n], cand[n], group, reps, optimizer)
+                timed = _time_strategies(mod, *inputs[n], cand[n], group, reps)
                 by_sig[u.signature] = (plain, timed)
             (u.fwd_s, u.bwd_s, u.act_bytes, u.temp_bytes), u.strategy_s = by_sig[u.signature]
             u.strategy_s = dict(u.strategy_s)

@@ -96,8 +96,9 @@ def peak_bytes(units: Sequence[Sequence[Choice]], picks: Sequence[int]) -> int:
 
 def walk_peak(units: Sequence[Sequence[Choice]], picks: Sequence[int],
               step_bucket: int = 25 << 20) -> int:
-    """The peak of one step walked in execution order (what the planner predicts; always
-    <= :func:`peak_bytes`, the bound the search plans against).
+    """The peak of one step walked in execution order: what the planner predicts. It never
+    exceeds :func:`peak_bytes`, the bound the search plans against, except by the optimizer
+    step's broadcast bucket when several shard_optim units share it.
 
     While unit u runs its backward, the units before it still hold their activations, the
     units after it already hold their gradients, and u holds the larger of the two (backward
