@@ -21,7 +21,7 @@ Contract: every rank runs the same number of backward passes through these param
 """
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -49,6 +49,22 @@ class _Bucket:
         self.dtype = dtype
 
 
+def pack_buckets(params: List[nn.Parameter], bucket_bytes: int,
+                 key: Callable[[nn.Parameter], object]) -> List[List[nn.Parameter]]:
+    """Consecutive parameters with equal ``key`` (a dtype, a device), up to ``bucket_bytes`` a
+    bucket; a parameter larger than that is a bucket alone."""
+    out: List[List[nn.Parameter]] = []
+    size, last = 0, None
+    for p in params:
+        nb, k = p.numel() * p.element_size(), key(p)
+        if not out or k != last or size + nb > bucket_bytes:
+            out.append([])
+            size = 0
+        out[-1].append(p)
+        size, last = size + nb, k
+    return out
+
+
 class GradSync:
     """Averages ``params``' gradients over ``group`` during every backward (unless disabled)."""
 
@@ -61,17 +77,9 @@ class GradSync:
         self.params = [p for p in params if p.requires_grad]
         self.buckets: List[_Bucket] = []
         self._bucket_of = {}
-        cur, size, cur_dtype = [], 0, None
-        for p in reversed(self.params):
-            dt = reduce_dtype or p.dtype
-            if cur and (size + p.numel() * p.element_size() > bucket_bytes or dt != cur_dtype):
-                self._add_bucket(cur, cur_dtype)
-                cur, size = [], 0
-            cur.append(p)
-            cur_dtype = dt
-            size += p.numel() * p.element_size()
-        if cur:
-            self._add_bucket(cur, cur_dtype)
+        for ps in pack_buckets(list(reversed(self.params)), bucket_bytes,
+                               key=lambda p: reduce_dtype or p.dtype):
+            self._add_bucket(ps, reduce_dtype or ps[0].dtype)
         self._next = 0
         self._queued = False
         self._seen = set()

@@ -22,7 +22,7 @@ from torch.optim import Optimizer
 from torch.profiler import record_function
 
 from .apply import plan_state
-from .grad_sync import DEFAULT_BUCKET_BYTES
+from .grad_sync import DEFAULT_BUCKET_BYTES, pack_buckets
 
 __all__ = ["make_optimizer", "ShardedOptimizer"]
 
@@ -71,6 +71,7 @@ class ShardedOptimizer(Optimizer):
         # refuse an empty list, but not a group with no parameters.
         self.inner = optimizer_class(local or [{"params": []}], *args, **kwargs)
         self._not_mine = [p for p in sharded if id(p) not in mine]
+        self._sends = [self._buckets(self.owned[r]) for r in range(self.world)]  # per owner
         # Optimizer's own bookkeeping (hooks, step counters for LR schedulers) without a
         # second copy of the param groups: those live in the inner optimizer.
         self._optimizer_step_pre_hooks = {}
@@ -113,7 +114,7 @@ class ShardedOptimizer(Optimizer):
         copy of an owner's whole share would be 1/W of the replicated model)."""
         for r in range(self.world):
             src = dist.get_global_rank(self.group, r) if self.group is not None else r
-            for ps in self._buckets(self.owned[r]):
+            for ps in self._sends[r]:
                 p0 = ps[0]
                 if len(ps) == 1 and p0.is_contiguous():
                     with record_function("RSDP::plan::shard_optim_broadcast"):
@@ -133,19 +134,7 @@ class ShardedOptimizer(Optimizer):
 
     def _buckets(self, params: List[nn.Parameter]) -> List[List[nn.Parameter]]:
         """Consecutive parameters of one dtype and device, up to ``bucket_bytes`` a bucket."""
-        out: List[List[nn.Parameter]] = []
-        size = 0
-        for p in params:
-            nb = p.numel() * p.element_size()
-            last = out[-1] if out else None
-            if (last is None or last[0].dtype != p.dtype or last[0].device != p.device
-                    or size + nb > self.bucket_bytes):
-                out.append([p])
-                size = nb
-            else:
-                last.append(p)
-                size += nb
-        return out
+        return pack_buckets(params, self.bucket_bytes, key=lambda p: (p.dtype, p.device))
 
     def state_dict(self):
         return self.inner.state_dict()
