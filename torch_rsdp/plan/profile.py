@@ -221,14 +221,6 @@ def _measure_unit(mod: nn.Module, args, kwargs, reps: int) -> Tuple[float, float
     raise AssertionError("unreachable")
 
 
-def _optimizer_class(optimizer: str):
-    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD,
-           "sgd_momentum": torch.optim.SGD, "adagrad": torch.optim.Adagrad,
-           "rmsprop": torch.optim.RMSprop}[optimizer]
-    kw = {"lr": 1e-3, "momentum": 0.9} if optimizer == "sgd_momentum" else {"lr": 1e-3}
-    return cls, kw
-
-
 def _time_strategies(mod: nn.Module, args, kwargs, strategies, group, reps: int,
                      rounds: int = 2) -> Dict[str, float]:
     """Median seconds of forward + backward of a copy of ``mod`` under each strategy (its
@@ -436,7 +428,10 @@ def _optimizer_cost(model: nn.Module, optimizer: str, units: List[UnitProfile]) 
     n = min(n, 1 << 24)
     p = nn.Parameter(torch.zeros(n))
     p.grad = torch.full_like(p, 1e-3)
-    cls, kw = _optimizer_class(optimizer)
+    cls = {"adamw": torch.optim.AdamW, "adam": torch.optim.Adam, "sgd": torch.optim.SGD,
+           "sgd_momentum": torch.optim.SGD, "adagrad": torch.optim.Adagrad,
+           "rmsprop": torch.optim.RMSprop}[optimizer]
+    kw = {"lr": 1e-3, "momentum": 0.9} if optimizer == "sgd_momentum" else {"lr": 1e-3}
     opt = cls([p], **kw)
     opt.step()
     times = []

@@ -95,7 +95,7 @@ def peak_bytes(units: Sequence[Sequence[Choice]], picks: Sequence[int]) -> int:
 
 
 def walk_peak(units: Sequence[Sequence[Choice]], picks: Sequence[int],
-              step_bucket: int = 25 << 20) -> int:
+              step_bucket: int = 25 << 20) -> int:  # grad_sync's bucket; no torch here
     """The peak of one step walked in execution order: what the planner predicts. It never
     exceeds :func:`peak_bytes`, the bound the search plans against, except by the optimizer
     step's broadcast bucket when several shard_optim units share it.
