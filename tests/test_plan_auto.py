@@ -50,6 +50,24 @@ def fam_auto(ctx, rec):
         for u in units:
             assert u in text, text
         assert "predicted peak per rank" in text and "unused" in text
+    with rec.case("predict prices a plan's own units"):
+        again = plan.predict(model, _inputs(r), p)
+        assert (again.step_time_s, again.peak_bytes) == (pred.step_time_s, pred.peak_bytes)
+        uni = plan.predict(model, _inputs(r), "full_shard")
+        # Plan.uniform: every layer its own unit, the embeddings, norm and head one root unit
+        names = [u.name for u in uni.units]
+        layers = [n for n in units if n.startswith("model.layers.")]
+        assert names == [""] + layers, names
+        assert uni.units[0].numel == sum(
+            q.numel() for n, q in model.named_parameters() if not n.startswith("model.layers."))
+        assert {u.strategy for u in uni.units} == {"full_shard"}
+        # one FSDP unit gathering all three holds more at once than three units would
+        split = plan.predict(model, _inputs(r), plan.Plan(
+            {n: "full_shard" for n in units}, "full_shard"))
+        assert len(split.units) == len(units)
+        root_parts = [u for u in split.units if not u.name.startswith("model.layers.")]
+        assert len(root_parts) == 3, root_parts
+        assert uni.units[0].transient_bytes > max(u.transient_bytes for u in root_parts)
     with rec.case("infeasible budget names the smallest, which plans"):
         try:
             plan.auto(model, _inputs(r), memory_budget=1024)

@@ -130,8 +130,10 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
     order = {id(p): i for i, p in enumerate(model.parameters())}
     replicated.sort(key=lambda p: order.get(id(p), len(order)))
     if replicated:
+        unit_of = {id(p): u.name for u in units.values() for p in u.params.values()}
         state.grad_sync = GradSync(replicated, group, bucket_bytes=bucket_bytes,
-                                   reduce_dtype=mp.reduce_dtype if mp else None)
+                                   reduce_dtype=mp.reduce_dtype if mp else None,
+                                   unit_of=unit_of)
     model._rsdp_plan = state
     return model
 

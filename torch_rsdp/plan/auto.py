@@ -27,7 +27,7 @@ from .cluster import Cluster
 from .cost import DEFAULT_STRATEGIES, Links, applicable, unit_choices
 from .explain import Prediction, UnitPrediction, explain
 from .mesh import Meshes
-from .profile import OPTIMIZER_STATE_FACTOR, profile_model
+from .profile import OPTIMIZER_STATE_FACTOR, UnitProfile, profile_model
 from .search import (BudgetError, Solution, peak_bytes, runner_up,
                      smallest_feasible_budget, solve, total_time, walk_peak)
 from .spec import Plan, block_patterns, parse_strategy, resolve
@@ -149,12 +149,13 @@ def _costs(model, example_inputs, group, optimizer, strategies, units, topology,
     return prof, links, choices
 
 
-def _prediction(prof, links, choices, picks, budget, topology, ups=None) -> Prediction:
+def _prediction(units, links, choices, picks, budget, topology, from_cache,
+                ups=None) -> Prediction:
     topo = (f"{topology}" if topology is not None else
-            f"measured here ({prof.world} ranks, {len(prof.nodes)} node(s))")
+            f"measured here ({links.world} ranks, {links.nodes} node(s))")
     pred = Prediction(budget, walk_peak(choices, picks), total_time(choices, picks),
-                      links.world, links.nodes, topo, from_cache=prof.from_cache)
-    for i, u in enumerate(prof.units):
+                      links.world, links.nodes, topo, from_cache=from_cache)
+    for i, u in enumerate(units):
         c = choices[i][picks[i]]
         up = ups[i] if ups else None
         pred.units.append(UnitPrediction(
@@ -242,7 +243,8 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     mapping = {u.name: choices[i][picks[i]].strategy for i, u in enumerate(prof.units)}
     default = mapping.pop("", "no_shard")
     p = AutoPlan(mapping, default)
-    p.prediction = _prediction(prof, links, choices, picks, budget, topology, ups)
+    p.prediction = _prediction(prof.units, links, choices, picks, budget, topology,
+                               prof.from_cache, ups)
     return p
 
 
@@ -250,21 +252,46 @@ def predict(model: nn.Module, example_inputs, plan, *, group=None, optimizer: st
             units=None, topology: Optional[Cluster] = None, use_cache: bool = True
             ) -> Prediction:
     """What the planner predicts for ``plan`` (any :class:`Plan`, mapping or strategy name):
-    peak per rank and step time. Collective (profiles, or reads the cache)."""
+    peak per rank and step time. Collective (profiles, or reads the cache).
+
+    The plan's own units are priced: where one of its units covers several profiled units
+    (``Plan.uniform`` puts the embeddings, the final norm and the head in the root unit), their
+    measurements are merged into one unit (:func:`_merge`), so that, for example, the root's
+    FSDP2 all-gather is priced as the one gather of all three that it is."""
     p = Plan.of(plan, model=model)
-    prof, links, choices = _costs(model, example_inputs, group, optimizer, None, units,
-                                  topology, use_cache)
+    prof, links, _ = _costs(model, example_inputs, group, optimizer, None, units, topology,
+                            use_cache)
     res = resolve(model, p, strict=False)
-    nodes = links.nodes
-    picks = []
-    for i, u in enumerate(prof.units):
-        s = parse_strategy(res.strategy_of_module(u.name))
-        names = [c.strategy for c in choices[i]]
+    groups: Dict[str, List[UnitProfile]] = {}
+    for u in prof.units:  # execution order; a group sits where its first member runs
+        groups.setdefault(res.unit_of[u.name], []).append(u)
+    merged = [g[0] if len(g) == 1 else _merge(owner, g) for owner, g in groups.items()]
+    choices, picks = [], []
+    for u in merged:
+        s = res.strategy_of_module(u.name)
         want = str(s)
+        cands = list(DEFAULT_STRATEGIES) + ([want] if want not in DEFAULT_STRATEGIES else [])
+        cs = unit_choices(u, cands, links, optimizer, prof.optim_s_per_byte,
+                          measured_ok=topology is None)
+        names = [c.strategy for c in cs]
         if want not in names:  # what apply does with a strategy the unit cannot use
-            want = "full_shard" if s.kind == "hybrid_shard" and nodes == 1 else "no_shard"
+            want = "full_shard" if s.kind == "hybrid_shard" and links.nodes == 1 else "no_shard"
+        choices.append(cs)
         picks.append(names.index(want))
-    return _prediction(prof, links, choices, picks, 0, topology)
+    return _prediction(merged, links, choices, picks, 0, topology, prof.from_cache)
+
+
+def _merge(name: str, parts: List[UnitProfile]) -> UnitProfile:
+    """One unit made of ``parts`` (profiled separately): bytes and times add up, the
+    temporaries' peak is the largest part's; a strategy's measured time is known only where
+    every part was timed with it."""
+    timed = set.intersection(*(set(u.strategy_s) for u in parts))
+    return UnitProfile(
+        name, sum(u.numel for u in parts), sum(u.param_bytes for u in parts),
+        sum(u.linear_bytes for u in parts), sum(u.rotate_bytes for u in parts),
+        fwd_s=sum(u.fwd_s for u in parts), bwd_s=sum(u.bwd_s for u in parts),
+        act_bytes=sum(u.act_bytes for u in parts), temp_bytes=max(u.temp_bytes for u in parts),
+        strategy_s={s: sum(u.strategy_s[s] for u in parts) for s in sorted(timed)})
 
 
 def plan_profile(model: nn.Module, example_inputs, *, group=None, optimizer: str = "adamw",

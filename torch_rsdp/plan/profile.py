@@ -6,7 +6,7 @@ Per *unit* (a module the plan decides for), from one forward of the whole model 
 * forward and backward time at the example micro-batch (every rank runs at once, as in
   training, and the slowest rank's median counts), plain, and with each candidate strategy
   applied to a copy of the unit (so its collectives, their overlap with compute and the cost of
-  sharing the cores are measured, not modelled), the strategies taking turns over two rounds;
+  sharing the cores are measured, not modelled), the strategies taking turns over three rounds;
 * parameter bytes (owned by the unit, tied parameters counted once, at their owner), the part
   ``split:k`` can slice (Linear / Conv1D weights) and the part ``rotate`` can shard;
 * activations saved for backward (a saved-tensors hook; parameters excluded) and the peak of
@@ -131,7 +131,7 @@ def profile_key(model: nn.Module, example_inputs, units, optimizer: str,
         h.update(f"{name}:{type(mod).__qualname__};".encode())
     for name, p in model.named_parameters(remove_duplicate=False):
         h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
-    h.update(repr((_shapes(example_inputs), units, optimizer, world, nodes, 4)).encode())
+    h.update(repr((_shapes(example_inputs), units, optimizer, world, nodes, 5)).encode())
     return h.hexdigest()[:24]
 
 
@@ -222,11 +222,13 @@ def _measure_unit(mod: nn.Module, args, kwargs, reps: int) -> Tuple[float, float
 
 
 def _time_strategies(mod: nn.Module, args, kwargs, strategies, group, reps: int,
-                     rounds: int = 2) -> Dict[str, float]:
+                     rounds: int = 3) -> Dict[str, float]:
     """Median seconds of forward + backward of a copy of ``mod`` under each strategy (its
     collectives included). Collective. The strategies take turns, ``rounds`` times, so that a
-    slow spell of the machine touches all of them alike instead of one; one copy is alive at
-    a time.
+    slow spell of the machine touches all of them alike instead of one, and each round starts
+    one strategy later, so that none always follows the same one (what a heavy strategy
+    leaves behind, on the link or in the allocator, then touches each in turn); one copy is
+    alive at a time.
 
     The optimizer step is left out, and priced per byte stepped (:func:`_optimizer_cost`):
     summed over units timed alone, each with every rank stepping at once right after a
@@ -236,8 +238,8 @@ def _time_strategies(mod: nn.Module, args, kwargs, strategies, group, reps: int,
     from .apply import apply
     times: Dict[str, List[float]] = {s: [] for s in strategies}
     per_round = max(1, -(-reps // rounds))
-    for _ in range(rounds):
-        for s in strategies:
+    for rd in range(rounds):
+        for s in strategies[rd % len(strategies):] + strategies[:rd % len(strategies)]:
             holder = nn.Module()
             holder.unit = copy.deepcopy(mod)
             apply(holder, {"unit": s}, group=group, sync_module_states=False)
@@ -356,7 +358,7 @@ def _fits(group, meshes) -> Dict[str, Fit]:
 
 # ------------------------------------------------------------------------------- entry point
 def profile_model(model: nn.Module, example_inputs, unit_params: Dict[str, Dict[str, int]],
-                  *, group=None, optimizer: str = "adamw", meshes=None, reps: int = 5,
+                  *, group=None, optimizer: str = "adamw", meshes=None, reps: int = 9,
                   use_cache: bool = True, strategies: Optional[Callable] = None) -> Profile:
     """Measures (or loads) the profile. Collective. ``unit_params``: unit name -> byte counts
     {"numel", "param_bytes", "linear_bytes", "rotate_bytes"} of what the unit owns;
@@ -392,7 +394,7 @@ def profile_model(model: nn.Module, example_inputs, unit_params: Dict[str, Dict[
             u.signature = _signature(mod, inputs[n])
             if u.signature not in by_sig:
                 plain = _measure_unit(mod, *inputs[n], reps)
-                timed = _time_strategies(mod, *inputs[n], cand[n], group, reps)
+                timed = _time_strategies(mod, *inputs[n], list(cand[n]), group, reps)
                 by_sig[u.signature] = (plain, timed)
             (u.fwd_s, u.bwd_s, u.act_bytes, u.temp_bytes), u.strategy_s = by_sig[u.signature]
             u.strategy_s = dict(u.strategy_s)

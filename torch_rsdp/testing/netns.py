@@ -500,11 +500,12 @@ class EmulatedNodes:
         if self.rate:
             rate_bytes = self.rate_bps // 8
             # burst: >= 1 ms at rate and > a 64 KiB GSO packet (tbf would split larger ones).
-            # limit: 10 ms of queue, about a NIC's default qdisc (1000 packets at 1 Gbit/s):
-            # deep enough for full TCP throughput, shallow enough that a filled queue does not
-            # add tens of ms of round-trip time that no real link has.
+            # limit: a NIC's default queue, 1000 full-size packets (12 ms at 1 Gbit/s, 120 ms
+            # at 100 Mbit/s). A queue sized in time instead (10 ms) dropped ~1 % of the packets
+            # of a 100 Mbit/s link that two rails share, and each TCP recovery added 0.2-0.3 s
+            # to a collective now and then: noise that no real NIC queue makes.
             burst = max(131072, rate_bytes // 1000)
-            limit = max(2 * burst, rate_bytes // 100)
+            limit = max(2 * burst, 1000 * 1514)
             _run(*tc, "root", "handle", "1:", "tbf", "rate", f"{self.rate_bps}bit",
                  "burst", str(burst), "limit", str(limit))
             if netem:
