@@ -256,8 +256,9 @@ def predict(model: nn.Module, example_inputs, plan, *, group=None, optimizer: st
 
     The plan's own units are priced: where one of its units covers several profiled units
     (``Plan.uniform`` puts the embeddings, the final norm and the head in the root unit), their
-    measurements are merged into one unit (:func:`_merge`), so that, for example, the root's
-    FSDP2 all-gather is priced as the one gather of all three that it is."""
+    measurements are merged into one unit (:func:`_merge`): under an FSDP2 strategy, for
+    example, that unit gathers all three at once, and its transient memory is priced so (its
+    time is the sum of theirs, each timed alone)."""
     p = Plan.of(plan, model=model)
     prof, links, _ = _costs(model, example_inputs, group, optimizer, None, units, topology,
                             use_cache)
