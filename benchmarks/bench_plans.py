@@ -38,6 +38,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import sys
 import time
 
@@ -48,6 +49,9 @@ sys.path.insert(0, HERE)
 sys.path.append(ROOT)
 
 SETTINGS = {"1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
+# Rounds by default: 4 ranks sharing this machine's cores drift by tens of % over minutes, so
+# the cheap 1x4 runs take turns more often; a 2x2 round (the link-bound steps) takes ~10 min.
+ROUNDS = {"1x4": 5, "2x2": 3}
 UNIFORM = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate",
            "split:2", "split:4"]
 # 12 M parameters: weights and Adam state dominate activations at this micro-batch, so
@@ -188,7 +192,7 @@ def run(setting, args, nodes, rate_Bps):
         res = launch(bench_worker, len(node_of),
                      (args.model, args.budgets, args.steps, args.warmup, args.seq, args.batch,
                       rate_Bps if setting == "2x2" else None, args.uniform, setting == "1x4",
-                      args.rounds),
+                      args.rounds or ROUNDS[setting]),
                      node_of=node_of if setting == "2x2" else None,
                      netns=nodes if setting == "2x2" else None,
                      env={"OMP_NUM_THREADS": "1", "RSDP_SPIN_US": "0",
@@ -272,11 +276,16 @@ def checks(results):
     return out
 
 
+def _rounds(rounds) -> str:
+    return ", ".join(f"{n} ({s})" for s, n in rounds.items())
+
+
 def markdown(results, info, chk):
     from training_models import fmt_bytes as fb, md_table
     lines = [f"## Planner vs uniform strategies: Llama {info['model']}, AdamW, rsdp backend", "",
              f"{info['steps']} timed steps after {info['warmup']} warm-up in each of "
-             f"{info['rounds']} rounds (runs take turns; median over all), seq {info['seq']}, "
+             f"{_rounds(info['rounds'])} rounds (runs take turns; median over all), "
+             f"seq {info['seq']}, "
              f"batch {info['batch']}/rank; 2x2 = {info['link']}; torch {info['torch']}; "
              f"load average at start {info['load']}. Memory: torch MemTracker over one step "
              f"(every tensor torch allocates), max over ranks.", ""]
@@ -349,8 +358,9 @@ def main(argv=None) -> int:
     p.add_argument("--rate", default="100mbit", help="tc rate of each node link (2x2)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
-    p.add_argument("--rounds", type=int, default=3,
-                   help="the runs take turns this many times (step time: median over all)")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="the runs take turns this many times (step time: median over all); "
+                        "default 5 on 1x4, 3 on 2x2")
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--deadline", type=float, default=3600)
@@ -372,22 +382,25 @@ def main(argv=None) -> int:
     args.cache = tempfile.mkdtemp(prefix="rsdp-plan-cache-")
     netns.cleanup_stale()
     info = {"model": args.model, "steps": args.steps, "warmup": args.warmup,
-            "rounds": args.rounds, "seq": args.seq,
+            "rounds": {s: args.rounds or ROUNDS[s] for s in settings}, "seq": args.seq,
             "batch": args.batch, "torch": torch.__version__,
             "load": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "link": "-"}
     t0 = time.perf_counter()
     results = []
-    if "1x4" in settings:
-        results.append(run("1x4", args, None, None))
-    if "2x2" in settings:
-        if netns.namespaces_available():
-            with netns.EmulatedNodes(2, rate=args.rate) as nodes:
-                info["link"] = f"network namespaces, node links limited to {args.rate} (tc)"
-                results.append(run("2x2", args, nodes, nodes.rate_bps / 8))
-        else:
-            info["link"] = "loopback with RSDP_NODE_ID (no link emulated)"
-            results.append(run("2x2", args, None, None))
+    try:
+        if "1x4" in settings:
+            results.append(run("1x4", args, None, None))
+        if "2x2" in settings:
+            if netns.namespaces_available():
+                with netns.EmulatedNodes(2, rate=args.rate) as nodes:
+                    info["link"] = f"network namespaces, node links limited to {args.rate} (tc)"
+                    results.append(run("2x2", args, nodes, nodes.rate_bps / 8))
+            else:
+                info["link"] = "loopback with RSDP_NODE_ID (no link emulated)"
+                results.append(run("2x2", args, None, None))
+    finally:
+        shutil.rmtree(args.cache, ignore_errors=True)
     info["elapsed_s"] = round(time.perf_counter() - t0, 1)
     chk = checks(results)
     text = markdown(results, info, chk)

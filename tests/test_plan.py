@@ -198,6 +198,19 @@ def fam_root_and_buckets(ctx, rec):
             # one communication context: a unit's reduce-scatter is freed by the next one's,
             # not held until the end of backward by a root of its own
             assert st._comm_ctx is root._comm_ctx and not st._is_root, name
+    with rec.case("gradient buckets never span two units"):
+        # the whole net is far below one 25 MiB bucket: without unit boundaries every
+        # replicated parameter would share one bucket, allocated at the first gradient
+        model = _apply(pc.make_net(), {"blocks.*": "no_shard", "blocks.3": "split:2"})
+        st = plan.plan_state(model)
+        unit_of = {id(p_): u.name for u in st.units.values() for p_ in u.params.values()}
+        buckets = [{unit_of[id(p_)] for p_ in b.params} for b in st.grad_sync.buckets]
+        assert all(len(b) == 1 for b in buckets), buckets
+        # head, blocks.6 .. blocks.0, emb: the root's two are not neighbours in backward
+        assert len(buckets) == 9 and len({u for b in buckets for u in b}) == 8, buckets
+        pc.train(model, pc.plan_optim(model, "sgd"), r, W, 2)
+        pc.assert_close_sd(_full(model), pc.reference(pc.make_net(), "sgd", W, 2), TIGHT,
+                           "buckets per unit")
     with rec.case("shard_optim: many buckets, and ranks that own nothing"):
         base = pc.make_net()
         want = pc.reference(base, "adamw", W, 2)
