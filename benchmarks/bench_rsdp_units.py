@@ -51,7 +51,7 @@ def _worker(rank, args, run, port, out):
                          bos_token_id=0, eos_token_id=1)
     torch.manual_seed(0)
     model = rsdp.shard(tf.LlamaForCausalLM(cfg).to(dev), **RUNS[run])
-    plan = rsdp.rsdp_state(model).plan
+    plan = rsdp.rsdp_state(model).ring
     shifts, shift = [0], plan.shift
 
     def counting(*a, **kw):

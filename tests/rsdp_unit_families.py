@@ -9,6 +9,7 @@ import copy
 
 import torch
 import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from hf_models import _check_tie, _close, _config, _gen, _ids, _loss, _make, _sharded, _train
 
@@ -16,7 +17,7 @@ def _count_shifts(model, fn):
     """(ring shifts issued while ``fn()`` runs, its result)."""
     import torch_rsdp.rsdp as rsdp
 
-    plan = rsdp.rsdp_state(model).plan
+    plan = rsdp.rsdp_state(model).ring
     n = [0]
     orig = plan.shift
 
@@ -167,7 +168,7 @@ def fam_units(ctx, rec):
                 f"{max(w.untyped_storage().nbytes() for w in held)} B")
         loss.backward()
     with rec.case("bf16 compute"):
-        mp = rsdp.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                  output_dtype=torch.float32)
         model, ref = _sharded("llama_u", tp_plan="auto", mp_policy=mp)
         loss, logits = _loss(model, r)

@@ -24,6 +24,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from harness import assert_family, launch, launch_families, run_families
 
@@ -276,7 +277,7 @@ def _replicated_identical(ctx, model, what, grads=True):
     st = rsdp.rsdp_state(model)
     mine = [(p.detach().clone().cpu(),
              None if p.grad is None or not grads else p.grad.clone().cpu())
-            for p in st.replicated.params]
+            for p in st.replicated_parameters()]
     assert mine, f"{what}: expected replicated parameters"
     allv = [None] * ctx.world_size
     dist.all_gather_object(allv, mine)
@@ -423,7 +424,7 @@ def fam_extras(ctx, rec):
     with rec.case("bf16 compute, fp32 master shards and gradients"):
         torch.manual_seed(0)
         ref = Tiny()
-        mp = rsdp.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                  output_dtype=torch.float32)
         model = _shard(copy.deepcopy(ref), mp_policy=mp)
         y = model(_tokens(r))

@@ -31,6 +31,7 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from harness import assert_family, launch, launch_families, run_families
 from hf_models import (MODELS, _check_tie, _close, _gen, _ids, _loss, _make, _sharded,
@@ -133,7 +134,7 @@ def fam_mixed_precision(ctx, rec):
     import torch_rsdp.rsdp as rsdp
 
     r, W = ctx.rank, ctx.world_size
-    mp = rsdp.MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                              output_dtype=torch.float32)
     for kind in ("llama_tied", "gpt2"):
         with rec.case(kind):

@@ -25,15 +25,27 @@ Strategies (names follow FSDP's ``ShardingStrategy``, lower case):
 
 :func:`auto` chooses the strategies itself: the fastest plan whose predicted peak memory per
 rank fits a budget, from costs measured here (or for a :class:`Cluster` we do not have).
+
+Layout (what each part owns; imports point downwards only):
+
+* the user-facing names, here;
+* ``apply``, ``accumulate``, ``checkpoint``, ``optim``, ``report``: what a user calls on a
+  planned model; each loops over units and asks each unit's strategy handler;
+* ``planner/``: ``auto`` and its profile, cost model, search, ``Cluster`` and explanation;
+* ``strategies/``: one handler per strategy family, the only code that knows a strategy;
+* ``spec`` (plans as data), ``units`` (who owns which parameter), ``mesh``,
+  ``mixed_precision``: what the handlers build on.
+
+May import ``torch_rsdp.rsdp`` through its public API only, and ``torch_rsdp._utils`` /
+``torch_rsdp._grad_sync``; nothing below imports this package.
 """
 from .accumulate import no_sync, set_gradient_sync
-from .auto import AutoPlan, auto, default_units, parse_budget, plan_profile, predict
-from .cluster import Cluster
 from .apply import PlanState, apply, plan_state
 from .checkpoint import full_state_dict, load_full_state_dict
 from .optim import ShardedOptimizer, make_optimizer
+from .planner import (AutoPlan, BudgetError, Cluster, auto, default_units, parse_budget,
+                      plan_profile, predict)
 from .report import PlanReport, report
-from .search import BudgetError
 from .spec import STRATEGIES, Plan, Strategy, parse_strategy, resolve
 
 __all__ = [

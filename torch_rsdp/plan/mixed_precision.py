@@ -3,8 +3,8 @@
 The policy is FSDP2's :class:`torch.distributed.fsdp.MixedPrecisionPolicy` (``param_dtype``,
 ``reduce_dtype``, ``output_dtype``, ``cast_forward_inputs``): parameters are kept in their own
 dtype (the optimizer's master copy) and computed with in ``param_dtype``; gradients are reduced
-in ``reduce_dtype``. FSDP2 units take it as it is, RSDP (``rotate``) gets the equivalent
-:class:`torch_rsdp.rsdp.MixedPrecision`, ``split:k`` casts each gathered slice, and units whose
+in ``reduce_dtype``. FSDP2 units and RSDP (``rotate``) take it as it is, ``split:k`` casts
+each gathered slice, and units whose
 parameters stay replicated (``no_shard``, ``shard_optim``) get :func:`cast_replicated`: during
 their forward each parameter is replaced by a ``param_dtype`` copy, through which autograd
 carries the gradient back to the full-precision parameter, as FSDP2 does with its unsharded
@@ -20,27 +20,16 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.nn.utils.stateless import _reparametrize_module
 from torch.utils._pytree import tree_map
 
-from ..rsdp.shard_state import MixedPrecision
-
-__all__ = ["as_policy", "to_rsdp", "cast_replicated"]
+__all__ = ["as_policy", "cast_replicated"]
 
 
 def as_policy(mp) -> Optional[MixedPrecisionPolicy]:
-    """``None``, an FSDP2 ``MixedPrecisionPolicy`` or a ``torch_rsdp.rsdp.MixedPrecision``."""
+    """``mp`` itself when it is ``None`` or an FSDP2 ``MixedPrecisionPolicy``; else a
+    ``TypeError``."""
     if mp is None or isinstance(mp, MixedPrecisionPolicy):
         return mp
-    if isinstance(mp, MixedPrecision):
-        return MixedPrecisionPolicy(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
-                                    output_dtype=mp.output_dtype)
     raise TypeError(f"torch_rsdp.plan: mp_policy must be a torch.distributed.fsdp."
                     f"MixedPrecisionPolicy, got {type(mp).__name__}")
-
-
-def to_rsdp(mp: Optional[MixedPrecisionPolicy]) -> Optional[MixedPrecision]:
-    if mp is None:
-        return None
-    return MixedPrecision(param_dtype=mp.param_dtype, reduce_dtype=mp.reduce_dtype,
-                          output_dtype=mp.output_dtype)
 
 
 def _cast(dtype):

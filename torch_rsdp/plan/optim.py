@@ -22,7 +22,7 @@ from torch.optim import Optimizer
 from torch.profiler import record_function
 
 from .apply import plan_state
-from .grad_sync import DEFAULT_BUCKET_BYTES, pack_buckets
+from .._grad_sync import DEFAULT_BUCKET_BYTES, pack_buckets
 
 __all__ = ["make_optimizer", "ShardedOptimizer"]
 
@@ -30,7 +30,13 @@ __all__ = ["make_optimizer", "ShardedOptimizer"]
 def make_optimizer(model: nn.Module, optimizer_class, *args, **kwargs) -> Optimizer:
     """``optimizer_class(model.parameters(), *args, **kwargs)``, with the state of
     ``shard_optim`` parameters sharded over the plan's group (the plain optimizer when the plan
-    has no ``shard_optim`` unit)."""
+    has no ``shard_optim`` unit).
+
+    Args:
+        model: a model passed to :func:`torch_rsdp.plan.apply`.
+        optimizer_class: a ``torch.optim.Optimizer`` subclass.
+        *args, **kwargs: its other arguments (learning rate, ...).
+    """
     st = plan_state(model)
     if not st.shard_optim_params:
         return optimizer_class(model.parameters(), *args, **kwargs)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
 
@@ -77,7 +78,12 @@ class PlanReport:
 
 
 def report(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) -> PlanReport:
-    """Per-unit strategy and resident bytes on this rank (not collective)."""
+    """Per-unit strategy and resident bytes on this rank (not collective).
+
+    Args:
+        model: a model passed to :func:`torch_rsdp.plan.apply`.
+        optimizer: its optimizer, whose state is counted per unit (optional).
+    """
     st = plan_state(model)
     state = optimizer.state if optimizer is not None else {}
     units = []
@@ -89,7 +95,6 @@ def report(model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None) 
         opt = [t for p in ps for t in (state.get(p, {}) or {}).values()]
         units.append(UnitCost(unit.name, str(unit.strategy), unit.numel, _bytes(ps, seen_p),
                               _bytes([p.grad for p in ps if p.grad is not None], seen_g),
-                              _bytes(opt, seen_o), dict(unit.left_whole)))
-    from torch.distributed import get_rank
-    return PlanReport(get_rank(st.group), units)
+                              _bytes(opt, seen_o), unit.strategy.handler.report_row(unit)))
+    return PlanReport(dist.get_rank(st.group), units)
 

@@ -23,15 +23,16 @@ from typing import Dict, Iterable, Mapping, Optional, Union
 
 import torch.nn as nn
 
+from .strategies import families, handler_for
+
 __all__ = ["Strategy", "Plan", "STRATEGIES", "parse_strategy", "resolve", "Resolution",
            "block_patterns"]
 
-#: Every strategy name, with ``split:k`` standing for the whole family.
-STRATEGIES = ("no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard",
-              "rotate", "split:k")
+#: Every strategy name, with ``split:k`` standing for the whole family (from the registry of
+#: strategy handlers, :mod:`.strategies`).
+STRATEGIES = tuple(f"{kind}:k" if takes_k else kind for kind, takes_k in families().items())
 
-_SIMPLE = {"no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate"}
-_SPLIT = re.compile(r"^split:(-?\d+)$")
+_WITH_K = re.compile(r"^(\w+):(-?\d+)$")
 
 
 @dataclass(frozen=True)
@@ -42,35 +43,37 @@ class Strategy:
     k: int = 0
 
     def __str__(self) -> str:
-        return f"split:{self.k}" if self.kind == "split" else self.kind
+        return f"{self.kind}:{self.k}" if self.handler.takes_k else self.kind
 
     @property
-    def fsdp(self) -> bool:
-        """Applied through torch's FSDP2 ``fully_shard``."""
-        return self.kind in ("full_shard", "shard_grad_op", "hybrid_shard")
-
-    @property
-    def replicated_params(self) -> bool:
-        """Every rank holds the parameters whole (gradients averaged by all-reduce)."""
-        return self.kind in ("no_shard", "shard_optim")
+    def handler(self):
+        """The :class:`~torch_rsdp.plan.strategies.StrategyHandler` that implements it."""
+        return handler_for(self)
 
 
 def parse_strategy(name: Union[str, Strategy], where: str = "") -> Strategy:
-    """``"full_shard"`` -> Strategy("full_shard"); ``"split:4"`` -> Strategy("split", 4)."""
+    """``"full_shard"`` -> Strategy("full_shard"); ``"split:4"`` -> Strategy("split", 4).
+
+    Args:
+        name: a strategy name (or a :class:`Strategy`, returned as it is).
+        where: the plan key it was given for, named in errors.
+    """
     if isinstance(name, Strategy):
         return name
     at = f" (for {where!r})" if where else ""
     if not isinstance(name, str):
         raise TypeError(f"torch_rsdp.plan: a strategy is a string, got {type(name).__name__}{at}")
     s = name.strip()
-    if s in _SIMPLE:
+    takes_k = families()
+    if takes_k.get(s) is False:
         return Strategy(s)
-    m = _SPLIT.match(s)
-    if m:
-        k = int(m.group(1))
+    m = _WITH_K.match(s)
+    if m and takes_k.get(m.group(1)):
+        k = int(m.group(2))
         if k < 1:
-            raise ValueError(f"torch_rsdp.plan: {name!r}{at}: split:k needs k >= 1 slices")
-        return Strategy("split", k)
+            raise ValueError(f"torch_rsdp.plan: {name!r}{at}: {m.group(1)}:k needs k >= 1 "
+                             f"slices")
+        return Strategy(m.group(1), k)
     raise ValueError(f"torch_rsdp.plan: unknown strategy {name!r}{at}; expected one of "
                      f"{', '.join(STRATEGIES)} (k a positive integer)")
 

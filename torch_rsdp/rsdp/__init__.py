@@ -9,13 +9,21 @@ way home (:func:`torch_rsdp.ring_shift_reduce`).
     model = rsdp.shard(model)   # after init_process_group("rsdp"); or, to rotate each
                                 # attention block / MLP as one buffer: shard(model, tp_plan="auto")
     print(rsdp.rsdp_state(model).report())   # what stayed whole, and why
+
+Owns: the sharded modules (Linear, ``Conv1D``, Embedding, MultiheadAttention, rotation units),
+the rotation schedules and the ring order (:class:`Ring`), and the public state API other
+packages use (:class:`RSDPState`: sharded and replicated parameters, gradient sync on/off;
+:class:`FullTensors` and :func:`local_shard_of` for state dicts; :func:`can_rotate`).
+Mixed precision is FSDP2's ``torch.distributed.fsdp.MixedPrecisionPolicy``.
+
+May import: torch, ``torch_rsdp.ring`` (the ring primitive), ``torch_rsdp._utils`` and
+``torch_rsdp._grad_sync``; never ``torch_rsdp.plan`` (which builds on this package).
 """
 from .api import RSDPState, rsdp_state, shard
-from .coverage import LeftWhole
+from .coverage import LeftWhole, can_rotate
 from .memory import MemoryTracker
-from .state_dict import full_state_dict, load_full_state_dict, local_shard_of
-from .ring_plan import RingPlan
-from .shard_state import MixedPrecision
+from .state_dict import FullTensors, full_state_dict, load_full_state_dict, local_shard_of
+from .ring_order import Ring
 from .rotation_unit import shard_unit
 from .sharded_conv1d import shard_conv1d
 from .tp_plan import resolve_plan
@@ -28,9 +36,10 @@ __all__ = [
     "rsdp_state",
     "RSDPState",
     "LeftWhole",
-    "MixedPrecision",
+    "can_rotate",
+    "FullTensors",
     "MemoryTracker",
-    "RingPlan",
+    "Ring",
     "RSDPLinear",
     "RSDPEmbedding",
     "RSDPMultiheadAttention",

@@ -7,7 +7,7 @@
 
 What happens, in order:
 
-1. The ring order of ``group`` is learnt (:class:`.RingPlan`, collective).
+1. The ring order of ``group`` is learnt (:class:`.Ring`, collective).
 2. With ``sync_module_states`` every parameter and buffer is broadcast from group rank 0, so
    all ranks start from the same model (like DDP; the model is still whole at this point).
 3. Every plain ``nn.Linear``, transformers ``Conv1D`` (GPT-2's transposed Linear),
@@ -21,8 +21,9 @@ What happens, in order:
    With ``tp_plan``, first the planned pairs of column-split layers and the row-split layer
    they feed (attention q/k/v -> o, MLP gate/up -> down) become rotation units that keep all
    their shards in one buffer (:mod:`.tp_plan`, :mod:`.rotation_unit`).
-4. All other parameters stay replicated; their gradients are averaged over the group after
-   every backward (:class:`.ReplicatedGradSync`). ``rsdp_state(model).left_whole`` lists
+4. All other parameters stay replicated; their gradients are averaged over the group during
+   every backward (:class:`torch_rsdp._grad_sync.GradSync`, bucketed as DDP does), unless
+   ``sync_replicated=False`` leaves that to the caller. ``rsdp_state(model).left_whole`` lists
    each with its size and the reason (:mod:`.coverage`); a module with a matrix RSDP cannot
    decompose also raises a warning on group rank 0.
 
@@ -32,20 +33,19 @@ synchronised once, at step 2.
 """
 from __future__ import annotations
 
+import warnings
 from typing import Callable, Dict, List, Optional
 
-import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
-import warnings
-
+from .._grad_sync import GradSync
+from .._utils import broadcast_module_states
 from . import coverage
 from .coverage import FILTERED, NOT_DECOMPOSABLE, TOO_SMALL, LeftWhole, classify
-from .replicated import ReplicatedGradSync
+from .ring_order import Ring
 from .rotation_unit import shard_unit, unit_problem
-from .ring_plan import RingPlan
-from .shard_state import MixedPrecision
 from .sharded_attention import shard_attention
 from .sharded_conv1d import shard_conv1d
 from .sharded_embedding import shard_embedding
@@ -59,21 +59,38 @@ Filter = Callable[[str, nn.Module], bool]
 
 
 class RSDPState:
-    """What :func:`shard` attached to the root (``rsdp_state(model)`` returns it)."""
+    """What :func:`shard` attached to the root (``rsdp_state(model)`` returns it): the public
+    view of a sharded model's state, which ``torch_rsdp.plan`` uses too."""
 
-    def __init__(self, plan: RingPlan, sharded: dict, replicated: ReplicatedGradSync,
-                 left_whole: Optional[List[LeftWhole]] = None, full_numel: int = 0,
-                 root: Optional[nn.Module] = None):
-        self.plan = plan
+    def __init__(self, ring: Ring, sharded: dict, replicated: List[nn.Parameter],
+                 grad_sync: Optional[GradSync], left_whole: Optional[List[LeftWhole]] = None,
+                 full_numel: int = 0, root: Optional[nn.Module] = None):
+        self.ring = ring
         self.sharded = sharded  # qualified name -> RSDPLinear / RSDPEmbedding / ...
-        self.replicated = replicated
         self.left_whole = list(left_whole or [])  # every parameter every rank holds whole
         self.full_numel = full_numel  # parameter elements of the unsharded model
+        self._replicated = replicated
+        self._grad_sync = grad_sync
         self._root = root
 
     @property
     def group(self):
-        return self.plan.group
+        return self.ring.group
+
+    def sharded_parameters(self) -> List[nn.Parameter]:
+        """This rank's shards: one Parameter per sharded parameter of the unwrapped model."""
+        return [m._rsdp.param(n) for m in self.sharded.values() for n in m._rsdp.names]
+
+    def replicated_parameters(self) -> List[nn.Parameter]:
+        """The parameters every rank holds whole and that need a gradient."""
+        return list(self._replicated)
+
+    def set_gradient_sync(self, enabled: bool) -> None:
+        """Turns the averaging of the replicated parameters' gradients on or off (off:
+        backward passes accumulate them locally, as under DDP's ``no_sync``). The sharded
+        gradients always travel home with the rotation, which backward does anyway."""
+        if self._grad_sync is not None:
+            self._grad_sync.enabled = enabled
 
     def resident_numel(self) -> int:
         """Parameter elements this rank holds (its shards plus every whole parameter)."""
@@ -85,7 +102,7 @@ class RSDPState:
         """A table: how much of the model this rank holds, and every parameter left whole
         with its shape, size and the reason."""
         return coverage.report(self.left_whole, self.full_numel, self.resident_numel(),
-                               self.plan.world, self.plan.rank, len(self.sharded))
+                               self.ring.world, self.ring.rank, len(self.sharded))
 
 
 def rsdp_state(model: nn.Module) -> RSDPState:
@@ -98,30 +115,38 @@ def rsdp_state(model: nn.Module) -> RSDPState:
 def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
           linear_split: str | Callable[[str, nn.Module], str] = "out",
           min_numel: int = 0, filter: Optional[Filter] = None,
-          mp_policy: Optional[MixedPrecision] = None,
+          mp_policy: Optional[MixedPrecisionPolicy] = None,
           sync_module_states: bool = True, tp_plan=None,
-          unit_recompute: bool = True) -> nn.Module:
+          unit_recompute: bool = True, sync_replicated: bool = True) -> nn.Module:
     """Shards ``model`` over ``group`` (default: world) in place and returns it. Collective.
 
-    linear_split: ``"out"`` (rows of W and b), ``"in"`` (columns of W; bias replicated), or a
-        callable ``(qualified_name, module) -> "out" | "in" | "none"``; applies to ``nn.Linear``
-        and ``Conv1D``. A head tied to an embedding is always split ``"in"`` (unless
-        ``"none"``, which leaves the head and its embedding whole).
-    min_numel: layers whose weight has fewer elements stay replicated.
-    filter: ``(qualified_name, module) -> bool``; False keeps that module replicated (for
-        tied modules: False for any of them keeps all of them replicated).
-    mp_policy: compute in ``param_dtype``, reduce gradients in ``reduce_dtype``
-        (master shards keep the parameters' dtype).
-    sync_module_states: broadcast parameters and buffers from group rank 0 first.
-    tp_plan: ``None`` (every layer rotates on its own), ``"auto"`` (the model's
-        ``config.base_model_tp_plan``, else built-in rules for q/k/v/o and gate/up/down) or a
-        dict of name pattern -> ``"colwise"`` / ``"rowwise"`` (torch's ``parallelize_module``
-        vocabulary). Column-split layers and the row-split layer they feed, under one parent
-        (an attention block, an MLP), become one rotation unit: their shards travel in one
-        buffer (:mod:`.rotation_unit`). With a dict, a pairing that cannot form a unit raises.
-    unit_recompute: units recompute each shard's part in backward (default; they keep only
-        their inputs) or, with False, keep each shard's activations from forward (faster, as
-        much activation memory as the unsharded blocks).
+    Args:
+        model: the model to shard (the same architecture on every rank).
+        group: the process group (default: world).
+        linear_split: ``"out"`` (rows of W and b), ``"in"`` (columns of W; bias replicated),
+            or a callable ``(qualified_name, module) -> "out" | "in" | "none"``; applies to
+            ``nn.Linear`` and ``Conv1D``. A head tied to an embedding is always split
+            ``"in"`` (unless ``"none"``, which leaves the head and its embedding whole).
+        min_numel: layers whose weight has fewer elements stay replicated.
+        filter: ``(qualified_name, module) -> bool``; False keeps that module replicated (for
+            tied modules: False for any of them keeps all of them replicated).
+        mp_policy: FSDP2's ``MixedPrecisionPolicy``: compute in ``param_dtype``, reduce
+            gradients in ``reduce_dtype``, return ``output_dtype`` (master shards keep the
+            parameters' dtype).
+        sync_module_states: broadcast parameters and buffers from group rank 0 first.
+        tp_plan: ``None`` (every layer rotates on its own), ``"auto"`` (the model's
+            ``config.base_model_tp_plan``, else built-in rules for q/k/v/o and gate/up/down)
+            or a dict of name pattern -> ``"colwise"`` / ``"rowwise"`` (torch's
+            ``parallelize_module`` vocabulary). Column-split layers and the row-split layer
+            they feed, under one parent (an attention block, an MLP), become one rotation
+            unit: their shards travel in one buffer (:mod:`.rotation_unit`). With a dict, a
+            pairing that cannot form a unit raises.
+        unit_recompute: units recompute each shard's part in backward (default; they keep
+            only their inputs) or, with False, keep each shard's activations from forward
+            (faster, as much activation memory as the unsharded blocks).
+        sync_replicated: average the gradients of the parameters left whole during every
+            backward (default); with False the caller does it (``torch_rsdp.plan`` syncs
+            them with its other replicated parameters).
     """
     if getattr(model, "_rsdp_root", None) is not None:
         raise ValueError("shard() was already applied to this module")
@@ -131,12 +156,12 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     if tp_plan is not None and tp_plan != "auto" and not isinstance(tp_plan, dict):
         raise ValueError(f"tp_plan must be None, 'auto' or a dict of name pattern -> "
                          f"'colwise' / 'rowwise', got {type(tp_plan).__name__}")
-    plan = RingPlan(group)
-    if sync_module_states and plan.world > 1:
-        src = dist.get_global_rank(group, 0) if group is not None else 0
-        with torch.no_grad():
-            for t in list(model.parameters()) + list(model.buffers()):
-                dist.broadcast(t.data, src=src, group=group)
+    if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
+        raise TypeError(f"torch_rsdp.rsdp.shard: mp_policy must be a torch.distributed.fsdp."
+                        f"MixedPrecisionPolicy, got {type(mp_policy).__name__}")
+    ring = Ring(group)
+    if sync_module_states:
+        broadcast_module_states(model, group)
     full_numel = sum(p.numel() for p in model.parameters())
 
     def split_of(name, mod):
@@ -157,7 +182,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     ties = find_ties(model)
     why: Dict[str, str] = {}  # module name -> why it stays whole
     sharded: Dict[str, nn.Module] = {}
-    _shard_units(model, tp_plan, ties, plan, mp_policy, accept, sharded, unit_recompute)
+    _shard_units(model, tp_plan, ties, ring, mp_policy, accept, sharded, unit_recompute)
     done = set()  # ids of modules already decided (members of a tied group)
     local, n_seen = set(), 0
     for name, mod in list(model.named_modules()):
@@ -170,7 +195,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
         rule, reason = classify(mod)
         tied = [ties[id(p)] for p in mod.parameters(recurse=False) if id(p) in ties]
         if tied:
-            _shard_tied(tied, plan, mp_policy, accept, split_of, sharded, why, done)
+            _shard_tied(tied, ring, mp_policy, accept, split_of, sharded, why, done)
             continue
         if rule is None:
             if reason:
@@ -184,13 +209,13 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
         if reason is not None:
             why[name] = reason
         elif rule == "linear":
-            sharded[name] = shard_linear(mod, plan, split, mp_policy)
+            sharded[name] = shard_linear(mod, ring, split, mp_policy)
         elif rule == "conv1d":
-            sharded[name] = shard_conv1d(mod, plan, split, mp_policy)
+            sharded[name] = shard_conv1d(mod, ring, split, mp_policy)
         elif rule == "embedding":
-            sharded[name] = shard_embedding(mod, plan, mp_policy)
+            sharded[name] = shard_embedding(mod, ring, mp_policy)
         else:
-            sharded[name] = shard_attention(mod, plan, mp_policy)
+            sharded[name] = shard_attention(mod, ring, mp_policy)
 
     for name, mod in sharded.items():
         mod._rsdp_name = name  # for error messages
@@ -201,13 +226,16 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
             seen.add(id(p))
             replicated.append(p)
     whole = coverage.left_whole(model, local, why)
-    _warn_undecomposable(whole, plan, min_numel)
-    model._rsdp_root = RSDPState(plan, sharded, ReplicatedGradSync(model, replicated, group),
-                                 whole, full_numel, model)
+    _warn_undecomposable(whole, ring, min_numel)
+    sync = None
+    if sync_replicated and replicated:
+        sync = GradSync(replicated, group, root=model,
+                        reduce_dtype=mp_policy.reduce_dtype if mp_policy else None)
+    model._rsdp_root = RSDPState(ring, sharded, replicated, sync, whole, full_numel, model)
     return model
 
 
-def _shard_units(model, tp_plan, ties, plan, mp, accept, sharded, recompute) -> None:
+def _shard_units(model, tp_plan, ties, ring, mp, accept, sharded, recompute) -> None:
     """Shards the rotation units ``tp_plan`` pairs up; layers that cannot form one are left
     to the per-layer rules (or, for an explicit plan, raise)."""
     styles = resolve_plan(model, tp_plan)
@@ -222,7 +250,7 @@ def _shard_units(model, tp_plan, ties, plan, mp, accept, sharded, recompute) -> 
             if any(accept(n, m, numel) is not None for n, m in
                    [(parent, unit)] + [(k, model.get_submodule(k)) for k in kids]):
                 continue  # filtered / too small: the per-layer rules decide and record why
-            sharded[parent] = shard_unit(unit, members, plan, mp, parent, recompute)
+            sharded[parent] = shard_unit(unit, members, ring, mp, parent, recompute)
         elif isinstance(tp_plan, dict):
             raise ValueError(f"tp_plan: {parent or '<root>'} cannot be a rotation unit: "
                              f"{problem}")
@@ -233,7 +261,7 @@ def _local_ids(sharded: Dict[str, nn.Module]) -> set:
     return {id(m._rsdp.param(n)) for m in sharded.values() for n in m._rsdp.names}
 
 
-def _shard_tied(tied, plan, mp, accept, split_of, sharded, why, done) -> None:
+def _shard_tied(tied, ring, mp, accept, split_of, sharded, why, done) -> None:
     """Shards a module's tied group (an embedding and its heads) on one shard, or records why
     all of its members stay whole."""
     uses = [u for group in tied for u in group]
@@ -253,16 +281,16 @@ def _shard_tied(tied, plan, mp, accept, split_of, sharded, why, done) -> None:
             why[n] = reason
         return
     ename, emb = group.embedding
-    sharded[ename] = shard_embedding(emb, plan, mp)
+    sharded[ename] = shard_embedding(emb, ring, mp)
     for n, m in group.heads:
         sharded[n] = tie_linear(m, emb._rsdp, ename)
 
 
-def _warn_undecomposable(whole: List[LeftWhole], plan: RingPlan, min_numel: int) -> None:
+def _warn_undecomposable(whole: List[LeftWhole], ring: Ring, min_numel: int) -> None:
     """A matrix RSDP could not decompose is likely a layer the user expected to be sharded."""
     big = [e for e in whole if e.reason.startswith(NOT_DECOMPOSABLE) and len(e.shape) >= 2
            and e.numel >= min_numel]
-    if big and plan.rank == 0:
+    if big and ring.rank == 0:
         listed = ", ".join(f"{e.name} {e.shape}" for e in big[:5])
         more = f" and {len(big) - 5} more" if len(big) > 5 else ""
         warnings.warn(f"torch_rsdp.rsdp.shard: kept whole on every rank (no RSDP rule): "

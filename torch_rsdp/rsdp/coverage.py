@@ -14,10 +14,11 @@ from typing import Dict, List, Optional, Tuple
 import torch.nn as nn
 
 from .sharded_attention import can_shard_attention
-from .sharded_conv1d import is_conv1d
+from .._utils import is_conv1d
 from .sharded_embedding import can_shard_embedding
 
-__all__ = ["LeftWhole", "classify", "left_whole", "report"]
+__all__ = ["LeftWhole", "classify", "can_rotate", "left_whole", "report", "TOO_SMALL", "FILTERED",
+           "NOT_DECOMPOSABLE"]
 
 TOO_SMALL = "too small"
 FILTERED = "excluded by filter"
@@ -59,6 +60,12 @@ def classify(mod: nn.Module) -> Tuple[Optional[str], Optional[str]]:
                       f"{'nn.Linear' if isinstance(mod, nn.Linear) else 'nn.Embedding'} "
                       f"(its own forward may differ)")
     return None, f"{NOT_DECOMPOSABLE}: no RSDP rule for {cls.__name__}"
+
+
+def can_rotate(mod: nn.Module) -> bool:
+    """Whether an RSDP rule shards ``mod``'s own parameters (what ``shard()`` would rotate,
+    unless a filter, ``min_numel`` or a tie keeps it whole)."""
+    return classify(mod)[0] is not None
 
 
 def left_whole(model: nn.Module, local_ids: set, why: Dict[str, str]) -> List[LeftWhole]:

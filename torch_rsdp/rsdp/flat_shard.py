@@ -55,10 +55,6 @@ class FlatLayout:
         off = self.offsets[name]
         return flat[off:off + _numel(shape)].view(shape)
 
-    def shard_numel(self, rank: int) -> int:
-        """Elements of rank ``rank``'s shards, without padding."""
-        return sum(_numel(v[rank]) for v in self.shapes.values())
-
 
 def _numel(shape) -> int:
     n = 1

@@ -27,21 +27,21 @@ from typing import Callable, Optional
 import torch
 
 from .memory import alloc_buffer, release_buffers
-from .ring_plan import Pending, RingPlan
+from .ring_order import Pending, Ring
 
-__all__ = ["rotate", "counter_rotate"]
+__all__ = ["rotate", "counter_rotate", "rotate_accumulate"]
 
 Visit = Callable[[int, torch.Tensor], None]
 
 
-def rotate(plan: RingPlan, src: torch.Tensor, visit: Visit, *, direction: int = 1,
+def rotate(ring: Ring, src: torch.Tensor, visit: Visit, *, direction: int = 1,
            label: str = "RSDP::rotate") -> None:
     """Calls ``visit(j, shard_j)`` once for every group rank ``j``, own shard first.
 
     ``src`` is this rank's flat shard and is only read. ``visit`` must not keep references
     to the buffer it is given (it is reused and freed when this returns).
     """
-    W = plan.world
+    W = ring.world
     bufs: list = []
     cur = src
     for t in range(W):
@@ -50,15 +50,15 @@ def rotate(plan: RingPlan, src: torch.Tensor, visit: Visit, *, direction: int = 
             if len(bufs) < 2 and t == len(bufs):
                 bufs.append(alloc_buffer(src.numel(), src.dtype, src.device))
             nxt = bufs[t % 2]
-            pending = plan.shift(cur, nxt, direction, label)
-        visit(plan.origin(direction, t), cur)
+            pending = ring.shift(cur, nxt, direction, label)
+        visit(ring.origin(direction, t), cur)
         if pending is not None:
             pending.wait()
             cur = nxt
     release_buffers(*bufs)
 
 
-def counter_rotate(plan: RingPlan, src: torch.Tensor, *, visit: Optional[Visit] = None,
+def counter_rotate(ring: Ring, src: torch.Tensor, *, visit: Optional[Visit] = None,
                    contribute: Optional[Visit] = None, grad_dtype: Optional[torch.dtype] = None,
                    direction: int = -1, label: str = "RSDP::counter_rotate"
                    ) -> Optional[torch.Tensor]:
@@ -68,7 +68,7 @@ def counter_rotate(plan: RingPlan, src: torch.Tensor, *, visit: Optional[Visit] 
     (optional) must overwrite shard ``j``'s region of ``buf`` (per the layout) with this rank's
     contribution to shard ``j``'s gradient. ``grad_dtype`` defaults to ``src.dtype``.
     """
-    W = plan.world
+    W = ring.world
     d = direction
     gdt = grad_dtype or src.dtype
     acc = local = w = None
@@ -76,7 +76,7 @@ def counter_rotate(plan: RingPlan, src: torch.Tensor, *, visit: Optional[Visit] 
     pg: Optional[Pending] = None
     if contribute is not None:
         acc = alloc_buffer(src.numel(), gdt, src.device, zero=True)
-        contribute(plan.origin(d, 1), acc)  # hop 0: start the accumulator headed for origin(d, 1)
+        contribute(ring.origin(d, 1), acc)  # hop 0: start the accumulator headed for origin(d, 1)
     for t in range(W):
         if visit is not None:
             if t == 0:
@@ -84,18 +84,18 @@ def counter_rotate(plan: RingPlan, src: torch.Tensor, *, visit: Optional[Visit] 
             else:
                 pw.wait()
                 cur = w
-            visit(plan.origin(d, t), cur)
+            visit(ring.origin(d, t), cur)
             if t < W - 1:
                 if w is None:
                     w = alloc_buffer(src.numel(), src.dtype, src.device)
-                pw = plan.shift(cur, w, d, label + "::weights")  # in place from t = 1 on
+                pw = ring.shift(cur, w, d, label + "::weights")  # in place from t = 1 on
         if contribute is not None and t < W - 1:
             if pg is not None:
                 pg.wait()  # `local` is read by the op in flight
             if local is None:
                 local = alloc_buffer(src.numel(), gdt, src.device, zero=True)
-            contribute(plan.origin(d, t + 2), local)
-            pg = plan.shift_reduce(acc, local, acc, d, label + "::grads")
+            contribute(ring.origin(d, t + 2), local)
+            pg = ring.shift_reduce(acc, local, acc, d, label + "::grads")
     if pg is not None:
         pg.wait()
     if pw is not None:
@@ -104,7 +104,7 @@ def counter_rotate(plan: RingPlan, src: torch.Tensor, *, visit: Optional[Visit] 
     return acc
 
 
-def rotate_accumulate(plan: RingPlan, src: torch.Tensor, step: Callable[[int, torch.Tensor,
+def rotate_accumulate(ring: Ring, src: torch.Tensor, step: Callable[[int, torch.Tensor,
                                                                           torch.Tensor], None],
                       *, grad_dtype: Optional[torch.dtype] = None, direction: int = -1,
                       label: str = "RSDP::rotate_accumulate") -> torch.Tensor:
@@ -120,7 +120,7 @@ def rotate_accumulate(plan: RingPlan, src: torch.Tensor, step: Callable[[int, to
     hops instead of :func:`counter_rotate`'s ``W - 1``). Weights rotate in place, so buffers
     are weight (1), accumulator (1, becomes the gradient) and contribution (1).
     """
-    W = plan.world
+    W = ring.world
     d = direction
     gdt = grad_dtype or src.dtype
     acc = alloc_buffer(src.numel(), gdt, src.device, zero=True)
@@ -134,21 +134,21 @@ def rotate_accumulate(plan: RingPlan, src: torch.Tensor, step: Callable[[int, to
             pw.wait()
             cur = w
         if t == 0:
-            step(plan.origin(d, 0), cur, acc)
+            step(ring.origin(d, 0), cur, acc)
         else:
             if pg is not None:
                 pg.wait()  # `local` is read by the accumulator op in flight
             if local is None:
                 local = alloc_buffer(src.numel(), gdt, src.device, zero=True)
-            step(plan.origin(d, t), cur, local)
+            step(ring.origin(d, t), cur, local)
         if t < W - 1:
             if w is None:
                 w = alloc_buffer(src.numel(), src.dtype, src.device)
-            pw = plan.shift(cur, w, d, label + "::weights")  # in place from t = 1 on
+            pw = ring.shift(cur, w, d, label + "::weights")  # in place from t = 1 on
         if t > 0:
-            pg = plan.shift_reduce(acc, local, acc, d, label + "::grads")
+            pg = ring.shift_reduce(acc, local, acc, d, label + "::grads")
     if W > 1:
         pg.wait()
-        plan.shift(acc, acc, d, label + "::home").wait()
+        ring.shift(acc, acc, d, label + "::home").wait()
     release_buffers(w, local)
     return acc

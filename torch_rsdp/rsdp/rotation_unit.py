@@ -34,18 +34,27 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from .._utils import is_conv1d, swap_class
 from .flat_shard import chunk_sizes, chunk_starts
-from .ring_plan import RingPlan
+from .ring_order import Ring
 from .rotation import rotate, rotate_accumulate
-from .shard_state import MixedPrecision, ShardState
-from .sharded_conv1d import is_conv1d
+from .shard_state import ShardState
 from .tp_plan import COL, ROW
 
 __all__ = ["unit_problem", "shard_unit", "RSDPUnitMixin"]
 
-_CACHE_KWARGS = ("past_key_values", "past_key_value")
+# The KV cache's keyword in Hugging Face attention forwards (it was renamed twice); any other
+# keyword whose value is a cache (``_is_cache``) is taken too: a cache passed on to every
+# shard's forward would collect each shard's keys one after another, silently wrong.
+_CACHE_KWARGS = ("past_key_values", "past_key_value", "cache")
+
+
+def _is_cache(value) -> bool:
+    return (not isinstance(value, torch.Tensor) and callable(getattr(value, "update", None))
+            and callable(getattr(value, "get_seq_length", None)))
 
 
 def _io(m: nn.Module) -> Tuple[int, int]:
@@ -269,7 +278,7 @@ class _UnitFn(torch.autograd.Function):
                 acc.append(y.clone())
 
         with torch.no_grad():
-            rotate(st.plan, src, visit, direction=1, label="RSDP::unit_forward")
+            rotate(st.ring, src, visit, direction=1, label="RSDP::unit_forward")
         st.release(src)
         del src, visit
         _fill_caches(call)
@@ -328,7 +337,7 @@ class _UnitFn(torch.autograd.Function):
                 else:
                     dst.copy_(g)
 
-        acc = rotate_accumulate(st.plan, src, step, grad_dtype=st.grad_dtype,
+        acc = rotate_accumulate(st.ring, src, step, grad_dtype=st.grad_dtype,
                                 label="RSDP::unit_backward")
         st.release(src)
         del src
@@ -344,7 +353,8 @@ def unit_forward(unit: nn.Module, args, kwargs):
     st: ShardState = unit._rsdp
     u: _Unit = unit._rsdp_unit
     kwargs = dict(kwargs)
-    caches = {k: kwargs.pop(k) for k in _CACHE_KWARGS if kwargs.get(k) is not None}
+    caches = {k: kwargs.pop(k) for k in list(kwargs)
+              if kwargs[k] is not None and (k in _CACHE_KWARGS or _is_cache(kwargs[k]))}
     leaves, spec = tree_flatten((args, kwargs))
     cdt = st.mp.param_dtype
     if cdt is not None:  # compute dtype for every float input (activations, rotary tables)
@@ -397,18 +407,8 @@ class RSDPUnitMemberMixin:
                 f"local_weight={tuple(self.weight.shape)}")
 
 
-_CLASSES: dict = {}
-
-
-def _subclass(mixin: type, base: type, prefix: str) -> type:
-    key = (mixin, base)
-    if key not in _CLASSES:
-        _CLASSES[key] = type(prefix + base.__name__, (mixin, base), {"__module__": __name__})
-    return _CLASSES[key]
-
-
-def shard_unit(unit: nn.Module, members: List[tuple], plan: RingPlan,
-               mp: Optional[MixedPrecision] = None, name: str = "",
+def shard_unit(unit: nn.Module, members: List[tuple], ring: Ring,
+               mp: Optional[MixedPrecisionPolicy] = None, name: str = "",
                recompute: bool = True) -> nn.Module:
     """Shards ``unit`` (its planned children ``members``: ``(attribute, module, style)``) as
     one rotation unit, in place, and returns it.
@@ -421,7 +421,7 @@ def shard_unit(unit: nn.Module, members: List[tuple], plan: RingPlan,
     if problem is not None:
         raise ValueError(f"rotation unit {name or type(unit).__name__}: {problem}")
     atoms = _atoms(unit, members)
-    sizes, starts = chunk_sizes(atoms, plan.world), chunk_starts(atoms, plan.world)
+    sizes, starts = chunk_sizes(atoms, ring.world), chunk_starts(atoms, ring.world)
     full, dims, info = {}, {}, {}
     for key, m, style in members:
         fin, fout = _io(m)
@@ -440,11 +440,11 @@ def shard_unit(unit: nn.Module, members: List[tuple], plan: RingPlan,
         return t.narrow(d, starts[j] * per, sizes[j] * per)
 
     base = type(unit)
-    unit._rsdp = ShardState(unit, plan, full, take, dims, mp)
-    unit._rsdp_unit = _Unit(name, members, atoms, plan.world, base.forward, recompute)
+    unit._rsdp = ShardState(unit, ring, full, take, dims, mp)
+    unit._rsdp_unit = _Unit(name, members, atoms, ring.world, base.forward, recompute)
     unit._rsdp_out_len = 0
     for key, m, style in members:
         m._rsdp_key, m._rsdp_style, m._rsdp_transposed = key, style, is_conv1d(m)
-        m.__class__ = _subclass(RSDPUnitMemberMixin, type(m), "RSDPUnit")
-    unit.__class__ = _subclass(RSDPUnitMixin, base, "RSDPUnit")
+        swap_class(m, RSDPUnitMemberMixin, "RSDPUnit" + type(m).__name__)
+    swap_class(unit, RSDPUnitMixin, "RSDPUnit" + base.__name__)
     return unit

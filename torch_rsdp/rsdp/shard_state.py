@@ -11,29 +11,17 @@ If something rebinds a parameter's ``.data`` (``module.to(...)``, manual assignm
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 import torch
 import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .flat_shard import FlatLayout
 from .memory import alloc_buffer, release_buffers
-from .ring_plan import RingPlan
+from .ring_order import Ring
 
-__all__ = ["ShardState", "MixedPrecision"]
-
-
-@dataclass(frozen=True)
-class MixedPrecision:
-    """Like FSDP2's MixedPrecisionPolicy: compute (and rotate) in ``param_dtype``, accumulate
-    and rotate gradients in ``reduce_dtype``, return outputs in ``output_dtype``; master shards
-    (and replicated parameters) keep their own dtype. ``None`` means "the parameter's dtype"
-    (for ``output_dtype``: ``param_dtype``)."""
-
-    param_dtype: Optional[torch.dtype] = None
-    reduce_dtype: Optional[torch.dtype] = None
-    output_dtype: Optional[torch.dtype] = None
+__all__ = ["ShardState"]
 
 
 class ShardState:
@@ -47,17 +35,17 @@ class ShardState:
     Names may be dotted (``"out_proj.weight"``): the parameter then lives on a submodule.
     """
 
-    def __init__(self, module: nn.Module, plan: RingPlan, full: Dict[str, torch.Tensor],
+    def __init__(self, module: nn.Module, ring: Ring, full: Dict[str, torch.Tensor],
                  take: Callable[[str, torch.Tensor, int], torch.Tensor],
-                 dims: Dict[str, int], mp: Optional[MixedPrecision] = None,
+                 dims: Dict[str, int], mp: Optional[MixedPrecisionPolicy] = None,
                  assemble: Optional[Callable[[str, list], torch.Tensor]] = None):
-        self.plan = plan
+        self.ring = ring
         self._assemble = assemble
         self.take = take
         self.dims = dims
-        self.mp = mp or MixedPrecision()
+        self.mp = mp or MixedPrecisionPolicy()
         self.names = [n for n, t in full.items() if t is not None]
-        W, r = plan.world, plan.rank
+        W, r = ring.world, ring.rank
         self.layout = FlatLayout({n: [tuple(take(n, full[n], j).shape) for j in range(W)]
                                   for n in self.names})
         ref = full[self.names[0]]
@@ -85,7 +73,7 @@ class ShardState:
 
     def local_flat(self) -> torch.Tensor:
         """This rank's flat storage, rebuilt first if a parameter no longer views it."""
-        r = self.plan.rank
+        r = self.ring.rank
         stale = False
         for n in self.names:
             p, v = self.param(n), self.layout.view(self.flat, n, r)
@@ -126,10 +114,10 @@ class ShardState:
     def grads_from(self, acc: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Per-parameter gradients (views of ``acc``, averaged over the group like DDP), cast
         to the parameter dtype."""
-        acc.div_(self.plan.world)
+        acc.div_(self.ring.world)
         if acc.dtype != self.flat.dtype:
             acc = acc.to(self.flat.dtype)
-        return {n: self.layout.view(acc, n, self.plan.rank) for n in self.names}
+        return {n: self.layout.view(acc, n, self.ring.rank) for n in self.names}
 
 
 def _owner(module: nn.Module, name: str):

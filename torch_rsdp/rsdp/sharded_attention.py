@@ -26,11 +26,12 @@ import math
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .flat_shard import chunk_sizes, chunk_starts
-from .ring_plan import RingPlan
+from .ring_order import Ring
 from .rotation import rotate, rotate_accumulate
-from .shard_state import MixedPrecision, ShardState
+from .shard_state import ShardState
 
 __all__ = ["RSDPMultiheadAttention", "shard_attention", "can_shard_attention"]
 
@@ -67,8 +68,8 @@ class _Group:
     """Per-call geometry shared by forward and backward."""
 
     def __init__(self, mod, B, Tq, Tk, mask, self_attn, need_weights, dropout_p):
-        self.heads = chunk_sizes(mod.num_heads, mod._rsdp.plan.world)
-        self.first = chunk_starts(mod.num_heads, mod._rsdp.plan.world)
+        self.heads = chunk_sizes(mod.num_heads, mod._rsdp.ring.world)
+        self.first = chunk_starts(mod.num_heads, mod._rsdp.ring.world)
         self.hd = mod.head_dim
         self.B, self.Tq, self.Tk = B, Tq, Tk
         self.mask = mask
@@ -139,7 +140,7 @@ class _AttentionFn(torch.autograd.Function):
                 weights[:, geo.first[j]:geo.first[j] + geo.heads[j]] = probs
 
         with torch.no_grad():
-            rotate(st.plan, src, visit, direction=1, label="RSDP::attention_forward")
+            rotate(st.ring, src, visit, direction=1, label="RSDP::attention_forward")
         st.release(src)
         del src, visit
         ctx.mod, ctx.geo, ctx.rng = mod, geo, rng
@@ -186,7 +187,7 @@ class _AttentionFn(torch.autograd.Function):
                 for n in names:
                     st.layout.view(out, n, j).copy_(st.layout.view(gbuf, n, j))
 
-        acc = rotate_accumulate(st.plan, src, step, grad_dtype=st.grad_dtype,
+        acc = rotate_accumulate(st.ring, src, step, grad_dtype=st.grad_dtype,
                                 label="RSDP::attention_backward")
         st.release(src)
         del src
@@ -253,13 +254,13 @@ class RSDPMultiheadAttention(nn.MultiheadAttention):
         return y, weights
 
 
-def shard_attention(module: nn.MultiheadAttention, plan: RingPlan,
-                    mp: MixedPrecision | None = None) -> RSDPMultiheadAttention:
+def shard_attention(module: nn.MultiheadAttention, ring: Ring,
+                    mp: MixedPrecisionPolicy | None = None) -> RSDPMultiheadAttention:
     """Shards ``module`` by heads in place (its class becomes :class:`RSDPMultiheadAttention`)."""
     if not can_shard_attention(module):
         raise TypeError("shard_attention expects an nn.MultiheadAttention with kdim == vdim == "
                         "embed_dim and without add_bias_kv / add_zero_attn")
-    W, E, hd = plan.world, module.embed_dim, module.head_dim
+    W, E, hd = ring.world, module.embed_dim, module.head_dim
     heads, first = chunk_sizes(module.num_heads, W), chunk_starts(module.num_heads, W)
 
     def rows(j):  # this head group's rows inside one of q / k / v
@@ -280,7 +281,7 @@ def shard_attention(module: nn.MultiheadAttention, plan: RingPlan,
     full = {_IN_W: module.in_proj_weight, _IN_B: module.in_proj_bias,
             _OUT_W: module.out_proj.weight}
     dims = {_IN_W: 0, _IN_B: 0, _OUT_W: 1}
-    module._rsdp = ShardState(module, plan, full, take, dims, mp, assemble=assemble)
+    module._rsdp = ShardState(module, ring, full, take, dims, mp, assemble=assemble)
     module.__class__ = RSDPMultiheadAttention
     # nn.TransformerEncoderLayer's inference fast path reads the projections as whole
     # tensors; it is only taken for modules that report packed q/k/v, so report otherwise.

@@ -6,30 +6,21 @@ bias; input split shards rows of the weight (bias replicated). The rotation and 
 are :mod:`.sharded_linear`'s, on the transposed view.
 
 transformers is not a dependency of torch_rsdp: a module is recognised by its class name and
-module (``transformers.*.Conv1D``) and by its attributes, and the sharded class is made on the
-fly as a subclass of the user's ``Conv1D`` class, so ``isinstance(m, Conv1D)`` keeps holding
+module (``transformers.*.Conv1D``) and by its attributes (:func:`torch_rsdp._utils.is_conv1d`),
+and the sharded class is made on the fly as a subclass of the user's ``Conv1D`` class, so ``isinstance(m, Conv1D)`` keeps holding
 for code that checks it (transformers' own initialisers and pruning helpers).
 """
 from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
-from .ring_plan import RingPlan
-from .shard_state import MixedPrecision
+from .._utils import is_conv1d, swap_class
+from .ring_order import Ring
 from .sharded_linear import shard_linear_like, sharded_linear_forward
 
-__all__ = ["is_conv1d", "shard_conv1d", "RSDPConv1DMixin"]
-
-
-def is_conv1d(module: nn.Module) -> bool:
-    """True for a (non-subclassed) ``transformers`` ``Conv1D`` with its usual attributes."""
-    cls = type(module)
-    if cls.__name__ != "Conv1D" or not cls.__module__.startswith("transformers"):
-        return False
-    w = getattr(module, "weight", None)
-    return (isinstance(w, nn.Parameter) and w.dim() == 2
-            and tuple(w.shape) == (getattr(module, "nx", None), getattr(module, "nf", None)))
+__all__ = ["shard_conv1d", "RSDPConv1DMixin"]
 
 
 class RSDPConv1DMixin:
@@ -43,24 +34,11 @@ class RSDPConv1DMixin:
                 f"local_weight={tuple(self.weight.shape)})")
 
 
-_CLASSES: dict = {}
-
-
-def _sharded_class(base: type) -> type:
-    """``RSDPConv1D``: the mixin over ``base``, made once per ``Conv1D`` class."""
-    cls = _CLASSES.get(base)
-    if cls is None:
-        cls = type("RSDPConv1D", (RSDPConv1DMixin, base), {"__module__": __name__})
-        _CLASSES[base] = cls
-    return cls
-
-
-def shard_conv1d(module: nn.Module, plan: RingPlan, split: str = "out",
-                 mp: MixedPrecision | None = None) -> nn.Module:
+def shard_conv1d(module: nn.Module, ring: Ring, split: str = "out",
+                 mp: MixedPrecisionPolicy | None = None) -> nn.Module:
     """Shards a ``Conv1D`` in place (its class becomes ``RSDPConv1D``) and returns it."""
     if not is_conv1d(module):
         raise TypeError(f"shard_conv1d expects a transformers Conv1D, got "
                         f"{type(module).__module__}.{type(module).__name__}")
-    shard_linear_like(module, plan, split, mp, module.nx, module.nf, transposed=True)
-    module.__class__ = _sharded_class(type(module))
-    return module
+    shard_linear_like(module, ring, split, mp, module.nx, module.nf, transposed=True)
+    return swap_class(module, RSDPConv1DMixin, "RSDPConv1D")

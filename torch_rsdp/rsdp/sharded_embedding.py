@@ -15,11 +15,12 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .flat_shard import chunk_sizes, chunk_starts
 from .rotation import counter_rotate, rotate
-from .ring_plan import RingPlan
-from .shard_state import MixedPrecision, ShardState
+from .ring_order import Ring
+from .shard_state import ShardState
 
 __all__ = ["RSDPEmbedding", "shard_embedding", "can_shard_embedding"]
 
@@ -28,9 +29,9 @@ class _EmbeddingFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, idx, weight, mod: "RSDPEmbedding"):
         st: ShardState = mod._rsdp
-        plan, lay = st.plan, st.layout
-        sizes = chunk_sizes(mod.embedding_dim, plan.world)
-        starts = chunk_starts(mod.embedding_dim, plan.world)
+        ring, lay = st.ring, st.layout
+        sizes = chunk_sizes(mod.embedding_dim, ring.world)
+        starts = chunk_starts(mod.embedding_dim, ring.world)
         src = st.compute_flat()
         flat_idx = idx.reshape(-1)
         y = src.new_empty(flat_idx.numel(), mod.embedding_dim)
@@ -40,7 +41,7 @@ class _EmbeddingFn(torch.autograd.Function):
                 y[:, starts[j]:starts[j] + sizes[j]] = F.embedding(flat_idx,
                                                                    lay.view(buf, "weight", j))
 
-        rotate(plan, src, visit, direction=1, label="RSDP::embedding_forward")
+        rotate(ring, src, visit, direction=1, label="RSDP::embedding_forward")
         st.release(src)
         del src, visit
         ctx.mod = mod
@@ -52,11 +53,11 @@ class _EmbeddingFn(torch.autograd.Function):
         (idx,) = ctx.saved_tensors
         mod: RSDPEmbedding = ctx.mod
         st: ShardState = mod._rsdp
-        plan, lay = st.plan, st.layout
+        ring, lay = st.ring, st.layout
         if not ctx.needs_input_grad[1]:
             return None, None, None
-        sizes = chunk_sizes(mod.embedding_dim, plan.world)
-        starts = chunk_starts(mod.embedding_dim, plan.world)
+        sizes = chunk_sizes(mod.embedding_dim, ring.world)
+        starts = chunk_starts(mod.embedding_dim, ring.world)
         dy2 = dy.reshape(-1, mod.embedding_dim).to(st.mp.param_dtype or dy.dtype)
         if mod.scale_grad_by_freq:
             counts = torch.bincount(idx, minlength=mod.num_embeddings)
@@ -71,7 +72,7 @@ class _EmbeddingFn(torch.autograd.Function):
                 if mod.padding_idx is not None:
                     g[mod.padding_idx].zero_()
 
-        acc = counter_rotate(plan, st.local_flat(), contribute=contribute, grad_dtype=gdt,
+        acc = counter_rotate(ring, st.local_flat(), contribute=contribute, grad_dtype=gdt,
                              label="RSDP::embedding_backward")
         grads = st.grads_from(acc)
         return None, grads["weight"], None
@@ -97,17 +98,17 @@ def can_shard_embedding(module: nn.Module) -> bool:
     return type(module) is nn.Embedding and module.max_norm is None and not module.sparse
 
 
-def shard_embedding(module: nn.Embedding, plan: RingPlan,
-                    mp: MixedPrecision | None = None) -> RSDPEmbedding:
+def shard_embedding(module: nn.Embedding, ring: Ring,
+                    mp: MixedPrecisionPolicy | None = None) -> RSDPEmbedding:
     """Shards ``module`` by embedding dimension, in place, and returns it."""
     if not can_shard_embedding(module):
         raise TypeError("shard_embedding needs a plain nn.Embedding without max_norm / sparse")
-    sizes = chunk_sizes(module.embedding_dim, plan.world)
-    starts = chunk_starts(module.embedding_dim, plan.world)
+    sizes = chunk_sizes(module.embedding_dim, ring.world)
+    starts = chunk_starts(module.embedding_dim, ring.world)
 
     def take(name, t, j):
         return t[:, starts[j]:starts[j] + sizes[j]]
 
-    module._rsdp = ShardState(module, plan, {"weight": module.weight}, take, {"weight": 1}, mp)
+    module._rsdp = ShardState(module, ring, {"weight": module.weight}, take, {"weight": 1}, mp)
     module.__class__ = RSDPEmbedding
     return module

@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .flat_shard import chunk_sizes, chunk_starts
 from .rotation import counter_rotate, rotate
-from .ring_plan import RingPlan
-from .shard_state import MixedPrecision, ShardState
+from .ring_order import Ring
+from .shard_state import ShardState
 
-__all__ = ["RSDPLinear", "shard_linear"]
+__all__ = ["RSDPLinear", "shard_linear", "shard_linear_like", "tie_linear", "sharded_linear_forward"]
 
 
 def _into(dst: torch.Tensor, fn, *args) -> None:
@@ -57,7 +58,7 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, mod):
         st: ShardState = mod._rsdp
-        plan, lay = st.plan, st.layout
+        ring, lay = st.ring, st.layout
         fin, fout, split, tr = _geometry(mod)
         src = st.compute_flat()
         if x.shape[-1] != fin:
@@ -71,7 +72,7 @@ class _LinearFn(torch.autograd.Function):
             return w if tr else w.t()
 
         if split == "out":
-            sizes, starts = chunk_sizes(fout, plan.world), chunk_starts(fout, plan.world)
+            sizes, starts = chunk_sizes(fout, ring.world), chunk_starts(fout, ring.world)
             y = x2.new_empty(x2.shape[0], fout)
 
             def visit(j, buf):
@@ -82,14 +83,14 @@ class _LinearFn(torch.autograd.Function):
                     else:
                         torch.mm(x2, w_io(buf, j), out=cols)
         else:
-            sizes, starts = chunk_sizes(fin, plan.world), chunk_starts(fin, plan.world)
+            sizes, starts = chunk_sizes(fin, ring.world), chunk_starts(fin, ring.world)
             y = x2.new_zeros(x2.shape[0], fout)
 
             def visit(j, buf):
                 if sizes[j]:
                     y.addmm_(x2[:, starts[j]:starts[j] + sizes[j]], w_io(buf, j))
 
-        rotate(plan, src, visit, direction=1, label="RSDP::linear_forward")
+        rotate(ring, src, visit, direction=1, label="RSDP::linear_forward")
         st.release(src)
         del src, visit
         ctx.mod = mod
@@ -102,7 +103,7 @@ class _LinearFn(torch.autograd.Function):
         (x2,) = ctx.saved_tensors
         mod = ctx.mod
         st: ShardState = mod._rsdp
-        plan, lay = st.plan, st.layout
+        ring, lay = st.ring, st.layout
         fin, fout, split, tr = _geometry(mod)
         need_x = ctx.needs_input_grad[0]
         need_w = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]
@@ -113,7 +114,7 @@ class _LinearFn(torch.autograd.Function):
         gx = torch.zeros_like(x2) if need_x else None
         has_bias = "bias" in lay.shapes
         n_split = fout if split == "out" else fin
-        sizes, starts = chunk_sizes(n_split, plan.world), chunk_starts(n_split, plan.world)
+        sizes, starts = chunk_sizes(n_split, ring.world), chunk_starts(n_split, ring.world)
 
         def w_io(buf, j):
             w = lay.view(buf, "weight", j)
@@ -146,7 +147,7 @@ class _LinearFn(torch.autograd.Function):
                 if sizes[j]:
                     grad_w(buf, j, x2[:, starts[j]:starts[j] + sizes[j]], dy2)
 
-        acc = counter_rotate(plan, src, visit=visit if need_x else None,
+        acc = counter_rotate(ring, src, visit=visit if need_x else None,
                              contribute=contribute if need_w else None,
                              grad_dtype=st.grad_dtype, label="RSDP::linear_backward")
         st.release(src)
@@ -187,8 +188,8 @@ class RSDPLinear(nn.Linear):
                 f"local_weight={tuple(self.weight.shape)}")
 
 
-def shard_linear(module: nn.Linear, plan: RingPlan, split: str = "out",
-                 mp: MixedPrecision | None = None) -> RSDPLinear:
+def shard_linear(module: nn.Linear, ring: Ring, split: str = "out",
+                 mp: MixedPrecisionPolicy | None = None) -> RSDPLinear:
     """Shards ``module`` in place (its class becomes :class:`RSDPLinear`) and returns it.
 
     ``split="out"`` shards rows of ``W`` and ``b``; ``split="in"`` shards columns of ``W`` and
@@ -196,13 +197,13 @@ def shard_linear(module: nn.Linear, plan: RingPlan, split: str = "out",
     """
     if type(module) is not nn.Linear:
         raise TypeError(f"shard_linear expects an nn.Linear, got {type(module).__name__}")
-    shard_linear_like(module, plan, split, mp, module.in_features, module.out_features,
+    shard_linear_like(module, ring, split, mp, module.in_features, module.out_features,
                       transposed=False)
     module.__class__ = RSDPLinear
     return module
 
 
-def shard_linear_like(module: nn.Module, plan: RingPlan, split: str, mp, fin: int, fout: int,
+def shard_linear_like(module: nn.Module, ring: Ring, split: str, mp, fin: int, fout: int,
                       transposed: bool) -> None:
     """Replaces ``module.weight`` (``[out, in]``, or ``[in, out]`` when ``transposed``) and, for
     the output split, ``module.bias`` by this rank's shards; the caller swaps the class."""
@@ -212,7 +213,7 @@ def shard_linear_like(module: nn.Module, plan: RingPlan, split: str, mp, fin: in
     if tuple(module.weight.shape) != expect:
         raise ValueError(f"{type(module).__name__}: weight shape {tuple(module.weight.shape)}, "
                          f"expected {expect}")
-    W = plan.world
+    W = ring.world
     n = fout if split == "out" else fin
     sizes, starts = chunk_sizes(n, W), chunk_starts(n, W)
     # the dimension of the weight that is split: rows of [out, in] for the output split...
@@ -226,7 +227,7 @@ def shard_linear_like(module: nn.Module, plan: RingPlan, split: str, mp, fin: in
     if split == "out":
         full["bias"] = module.bias
     dims = {"weight": wdim, "bias": 0}
-    module._rsdp = ShardState(module, plan, full, take, dims, mp)
+    module._rsdp = ShardState(module, ring, full, take, dims, mp)
     _set_geometry(module, split, fin, fout, transposed)
 
 

@@ -17,9 +17,11 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
+from .._utils import group_rank0
 from .shard_state import ShardState
 
-__all__ = ["full_state_dict", "load_full_state_dict", "local_shard_of", "sharded_owner"]
+__all__ = ["full_state_dict", "load_full_state_dict", "local_shard_of", "sharded_owner",
+           "FullTensors"]
 
 
 def sharded_owner(model: nn.Module, key: str) -> Optional[Tuple[ShardState, str]]:
@@ -46,46 +48,75 @@ def local_shard_of(model: nn.Module, key: str, full: torch.Tensor) -> torch.Tens
     if owner is None:
         return full
     st, name = owner
-    return st.take(name, full, st.plan.rank)
+    return st.take(name, full, st.ring.rank)
+
+
+class FullTensors:
+    """Whole values of a sharded model's sharded parameters, one key at a time.
+
+    ``full(key)`` assembles the unwrapped model's tensor for ``key`` on group rank 0 (``None``
+    on the other ranks) or, with ``rank0_only=False``, on every rank. Collective: every rank
+    asks for the same keys in the same order. The keys of one module come one after another in
+    a state dict, so every rank's flat storage of a module is gathered once and kept until a
+    key of another module is asked for: the peak is one module's shards from every rank.
+    """
+
+    def __init__(self, model: nn.Module, rank0_only: bool = True):
+        self.model = model
+        self.rank0_only = rank0_only
+        self._state_id = None
+        self._parts = None  # every rank's flat storage of the module being assembled
+
+    def owns(self, key: str) -> bool:
+        """Whether ``key`` names a sharded parameter."""
+        return sharded_owner(self.model, key) is not None
+
+    @torch.no_grad()
+    def full(self, key: str) -> Optional[torch.Tensor]:
+        owner = sharded_owner(self.model, key)
+        if owner is None:
+            raise KeyError(f"torch_rsdp.rsdp: {key!r} is not a sharded parameter")
+        st, name = owner
+        if id(st) != self._state_id:  # free the previous module's storages first
+            self._parts = None
+            self._state_id, self._parts = id(st), _gather_flat(st, self.rank0_only)
+        if self._parts is None:
+            return None
+        return st.assemble(name, [st.layout.view(self._parts[j], name, j)
+                                  for j in range(st.ring.world)])
 
 
 @torch.no_grad()
 def full_state_dict(model: nn.Module, rank0_only: bool = True) -> Dict[str, torch.Tensor]:
     """The unwrapped model's state dict, assembled on group rank 0 (``{}`` on the others) or,
     with ``rank0_only=False``, on every rank. Collective."""
+    ring = getattr(getattr(model, "_rsdp_root", None), "ring", None)
+    keep = ring is None or not rank0_only or ring.rank == 0
+    gather = FullTensors(model, rank0_only)
     out: Dict[str, torch.Tensor] = {}
-    cur_id, parts = None, None  # the module being assembled and every rank's flat storage
-    plan = getattr(getattr(model, "_rsdp_root", None), "plan", None)
-    keep = plan is None or not rank0_only or plan.rank == 0
     for key, value in model.state_dict().items():
-        owner = sharded_owner(model, key)
-        if owner is None:
+        if gather.owns(key):
+            full = gather.full(key)
             if keep:
-                out[key] = value.detach().clone()
-            continue
-        st, name = owner
-        if id(st) != cur_id:  # keys of one module are adjacent; free the previous module's
-            cur_id, parts = id(st), _gather_flat(st, rank0_only)
-        if parts is not None:
-            out[key] = st.assemble(name, [st.layout.view(parts[j], name, j)
-                                          for j in range(st.plan.world)])
-    return out if keep else {}
+                out[key] = full
+        elif keep:
+            out[key] = value.detach().clone()
+    return out
 
 
 def _gather_flat(st: ShardState, rank0_only: bool):
     """Every rank's flat storage of ``st`` (on rank 0 only when ``rank0_only``)."""
-    plan, flat = st.plan, st.local_flat()
+    ring, flat = st.ring, st.local_flat()
     with record_function("RSDP::state_dict_gather"):
-        if plan.world == 1:
+        if ring.world == 1:
             return [flat]
         if rank0_only:
-            parts = ([torch.empty_like(flat) for _ in range(plan.world)]
-                     if plan.rank == 0 else None)
-            dst = dist.get_global_rank(plan.group, 0) if plan.group is not None else 0
-            dist.gather(flat, parts, dst=dst, group=plan.group)
+            parts = ([torch.empty_like(flat) for _ in range(ring.world)]
+                     if ring.rank == 0 else None)
+            dist.gather(flat, parts, dst=group_rank0(ring.group), group=ring.group)
             return parts
-        parts = [torch.empty_like(flat) for _ in range(plan.world)]
-        dist.all_gather(parts, flat, group=plan.group)
+        parts = [torch.empty_like(flat) for _ in range(ring.world)]
+        dist.all_gather(parts, flat, group=ring.group)
         return parts
 
 

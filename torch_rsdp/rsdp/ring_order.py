@@ -2,11 +2,11 @@
 
 A rotation moves every rank's tensor one hop along the ring per step. To know *which* shard is
 in hand after ``h`` hops we need the ring order, which the backend chooses (node-aware, so it
-need not be rank order). :class:`RingPlan` learns it once, collectively, by rotating each
+need not be rank order). :class:`Ring` learns it once, collectively, by rotating each
 rank's own id around the ring with the same primitive the layers use, in both directions.
 
-Contract: ``RingPlan(group)`` is collective (all ranks of ``group`` call it at the same point).
-``plan.origin(direction, h)`` is the group rank whose tensor this rank holds after ``h`` hops
+Contract: ``Ring(group)`` is collective (all ranks of ``group`` call it at the same point).
+``ring.origin(direction, h)`` is the group rank whose tensor this rank holds after ``h`` hops
 of ``ring_shift(direction=direction)``; ``origin(d, 0) == rank`` and ``origin(d, world) ==
 rank``.
 """
@@ -20,7 +20,7 @@ from torch.profiler import record_function
 
 from ..ring import ring_shift, ring_shift_reduce
 
-__all__ = ["RingPlan", "Pending"]
+__all__ = ["Ring", "Pending"]
 
 
 class Pending:
@@ -39,7 +39,7 @@ class Pending:
             self._work = None
 
 
-class RingPlan:
+class Ring:
     """Ring order of ``group`` plus async, profiler-labelled shift / shift-reduce."""
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None):
@@ -47,7 +47,7 @@ class RingPlan:
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self._origins = {}
-        with record_function("RSDP::ring_plan"):
+        with record_function("RSDP::ring_order"):
             for d in (1, -1):
                 seq = [self.rank]
                 if self.world > 1:

@@ -1,5 +1,7 @@
-"""Gradient averaging for replicated parameters (``no_shard``, ``shard_optim``, and the biases
-and norms of ``split:k`` modules), bucketed and overlapped with backward, as DDP does.
+"""Gradient averaging for replicated parameters, bucketed and overlapped with backward, as DDP
+does: the one mechanism for every parameter a strategy keeps whole (``plan``'s ``no_shard`` and
+``shard_optim`` units, the biases and norms of ``split:k`` and ``rotate`` units, and the
+parameters :func:`torch_rsdp.rsdp.shard` leaves whole).
 
 [Note: bucket order]
 Parameters are put in buckets of about ``bucket_bytes`` in *reverse* registration order, the
@@ -22,11 +24,24 @@ torch's MemTracker on 4 ranks: a Llama whose 4 no_shard layers shared one 25 MiB
 at 156.3 MiB where the walk said 138.2; with a bucket per unit, at 137.7). The planner's profile
 times each unit with buckets of its own, too.
 
+[Note: syncing at the end of backward]
+With ``root`` (how :func:`torch_rsdp.rsdp.shard` uses it) no gradient hook is registered: a
+forward hook on the root hooks the root's outputs, the first of those to fire in a backward
+queues the end-of-backward callback, and the callback copies every parameter's gradient into
+its bucket and all-reduces the buckets then. Two reasons: RSDP rotation units recompute and
+replay each shard's graph *inside* their own backward, so a parameter's gradient hook would
+fire there, once per ring step and into a nested backward's callback queue; and every backward
+through the root then synchronises on every rank, even a rank on which no parameter got a
+gradient (it contributes zeros), where hooks on the parameters alone would leave the other
+ranks waiting on its all-reduce until the timeout. The price is no overlap with backward, which
+matters little for what RSDP leaves whole (norms, biases).
+
 Each bucket carries one extra element per parameter saying "this rank had a gradient", so a
 parameter unused on every rank keeps ``grad=None`` (the optimizer then skips it) while one used
 on some ranks gets the average over all ranks (the others contributing zeros), like DDP.
 
-Contract: every rank runs the same number of backward passes through these parameters.
+Contract: every rank runs the same number of backward passes through these parameters (with
+``root``: through the root's outputs).
 """
 from __future__ import annotations
 
@@ -36,8 +51,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
+from torch.utils._pytree import tree_flatten
 
-__all__ = ["GradSync"]
+__all__ = ["GradSync", "pack_buckets", "DEFAULT_BUCKET_BYTES"]
 
 DEFAULT_BUCKET_BYTES = 25 << 20
 
@@ -80,9 +96,18 @@ class GradSync:
     def __init__(self, params: List[nn.Parameter], group: Optional[dist.ProcessGroup] = None, *,
                  reduce_dtype: Optional[torch.dtype] = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 unit_of: Optional[Dict[int, str]] = None):
-        """``unit_of``: id(parameter) -> the name of its unit; buckets never span two units
-        ([Note: buckets per unit])."""
+                 unit_of: Optional[Dict[int, str]] = None, root: Optional[nn.Module] = None):
+        """
+        Args:
+            params: the parameters to average (those not requiring a gradient are skipped).
+            group: the process group (default: world).
+            reduce_dtype: the dtype gradients are all-reduced in (default: each parameter's).
+            bucket_bytes: the size of a bucket.
+            unit_of: id(parameter) -> the name of its unit; buckets never span two units
+                ([Note: buckets per unit]).
+            root: synchronise at the end of every backward through ``root``'s outputs instead
+                of overlapped with it ([Note: syncing at the end of backward]).
+        """
         self.group = group
         self.world = dist.get_world_size(group)
         self.enabled = True
@@ -96,7 +121,13 @@ class GradSync:
         self._next = 0
         self._queued = False
         self._seen = set()
-        self._handles = [p.register_post_accumulate_grad_hook(self._on_grad) for p in self.params]
+        self._at_end = root is not None
+        self._handles: list = []
+        if not self._at_end:
+            self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
+                             for p in self.params]
+        elif self.params:
+            self._handles = [root.register_forward_hook(self._on_root_forward)]
 
     def _add_bucket(self, params, dtype) -> None:
         b = _Bucket(params, len(self.buckets), dtype)
@@ -110,13 +141,28 @@ class GradSync:
         self._handles = []
 
     # ----------------------------------------------------------------------------------------
+    def _queue_finish(self) -> None:
+        if not self._queued:
+            self._queued = True
+            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+
+    def _on_root_forward(self, module, args, output) -> None:
+        if not torch.is_grad_enabled() or not self.enabled:
+            return
+        for t in tree_flatten(output)[0]:
+            if isinstance(t, torch.Tensor) and t.requires_grad:
+                t.register_hook(self._on_output_grad)
+
+    def _on_output_grad(self, grad):
+        if self.enabled:
+            self._queue_finish()
+        return grad
+
     @torch.no_grad()
     def _on_grad(self, p: nn.Parameter) -> None:
         if not self.enabled:
             return
-        if not self._queued:
-            self._queued = True
-            torch.autograd.Variable._execution_engine.queue_callback(self._finish)
+        self._queue_finish()
         if id(p) in self._seen:  # a second accumulation in one backward: already counted
             return
         self._seen.add(id(p))
@@ -156,7 +202,12 @@ class GradSync:
         self._queued = False
         self._seen.clear()
         while self._next < len(self.buckets):
-            self._launch(self.buckets[self._next])
+            b = self.buckets[self._next]
+            if self._at_end:  # gradients are complete now: copy them in
+                for p in b.params:
+                    if p.grad is not None:
+                        self._copy_in(b, p)
+            self._launch(b)
             self._next += 1
         self._next = 0
         for b in self.buckets:

@@ -32,22 +32,16 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from ..rsdp.flat_shard import chunk_sizes, chunk_starts
+from ..._utils import all_gather_tensor, is_conv1d, reduce_scatter_tensor, swap_class
+from ...rsdp.flat_shard import chunk_sizes, chunk_starts
 
-__all__ = ["SplitState", "split_linear", "is_splittable", "SplitLinearMixin"]
-
-# torch 2.13 renamed the tensor forms of all-gather / reduce-scatter; older torch has only these.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-
-
-def _is_conv1d(mod: nn.Module) -> bool:
-    return type(mod).__name__ == "Conv1D" and type(mod).__module__.startswith("transformers")
+__all__ = ["SplitState", "split_linear", "is_splittable", "is_split", "in_features",
+           "SplitLinearMixin", "full_weight", "local_rows_of", "set_sync_grads"]
 
 
 def is_splittable(mod: nn.Module) -> bool:
     """An ``nn.Linear`` (exactly) or a ``transformers`` ``Conv1D``."""
-    return type(mod) is nn.Linear or _is_conv1d(mod)
+    return type(mod) is nn.Linear or is_conv1d(mod)
 
 
 @dataclass
@@ -88,7 +82,7 @@ def _gather_slice(weight: torch.Tensor, st: SplitState, s: int, dtype) -> torch.
         return send[:st.out_features]
     full = weight.new_empty(st.world * st.rows, n, dtype=dtype)
     with record_function("OSDP::split_all_gather"):
-        _all_gather(full, send, group=st.group)
+        all_gather_tensor(full, send, group=st.group)
     return full[:st.out_features]
 
 
@@ -100,7 +94,7 @@ def _reduce_slice_grad(g: torch.Tensor, st: SplitState, dtype) -> torch.Tensor:
         return padded[:st.local_rows]
     mine = g.new_empty(st.rows, g.shape[1], dtype=dtype)
     with record_function("OSDP::split_reduce_scatter"):
-        _reduce_scatter(mine, padded, op=dist.ReduceOp.SUM, group=st.group)
+        reduce_scatter_tensor(mine, padded, op=dist.ReduceOp.SUM, group=st.group)
     mine.div_(st.world)
     return mine[:st.local_rows]
 
@@ -182,15 +176,6 @@ class SplitLinearMixin:
                 f"split={st.k}, local_weight={tuple(self.weight.shape)}")
 
 
-_CLASSES: dict = {}
-
-
-def _split_class(cls):
-    if cls not in _CLASSES:
-        _CLASSES[cls] = type(f"Split{cls.__name__}", (SplitLinearMixin, cls), {})
-    return _CLASSES[cls]
-
-
 def split_linear(mod: nn.Module, k: int, group: Optional[dist.ProcessGroup] = None, *,
                  param_dtype=None, reduce_dtype=None, output_dtype=None) -> nn.Module:
     """Splits ``mod`` (an ``nn.Linear`` or ``Conv1D``) in place into ``k`` input-feature slices,
@@ -198,7 +183,7 @@ def split_linear(mod: nn.Module, k: int, group: Optional[dist.ProcessGroup] = No
     if not is_splittable(mod):
         raise TypeError(f"torch_rsdp.plan: split:k applies to nn.Linear / Conv1D, "
                         f"got {type(mod).__name__}")
-    transposed = _is_conv1d(mod)
+    transposed = is_conv1d(mod)
     full = mod.weight.detach()
     out_f, in_f = (full.shape[1], full.shape[0]) if transposed else tuple(full.shape)
     if k > in_f:
@@ -214,8 +199,23 @@ def split_linear(mod: nn.Module, k: int, group: Optional[dist.ProcessGroup] = No
     local = local.t().contiguous() if transposed else local
     mod.weight = nn.Parameter(local, requires_grad=mod.weight.requires_grad)
     mod._split = st
-    mod.__class__ = _split_class(type(mod))
-    return mod
+    return swap_class(mod, SplitLinearMixin, f"Split{type(mod).__name__}")
+
+
+def is_split(mod: nn.Module) -> bool:
+    """Whether ``mod`` was split by :func:`split_linear`."""
+    return isinstance(mod, SplitLinearMixin)
+
+
+def in_features(mod: nn.Module) -> int:
+    """Input features of an ``nn.Linear`` or ``Conv1D`` (stored ``in x out``)."""
+    return mod.weight.shape[0] if is_conv1d(mod) else mod.in_features
+
+
+def set_sync_grads(mod: nn.Module, enabled: bool) -> None:
+    """Turns the reduce-scatter of a split module's slice gradients off (accumulate them
+    unsharded, as under ``no_sync``) or on."""
+    mod._split.sync_grads = enabled
 
 
 def full_weight(mod: nn.Module) -> torch.Tensor:

@@ -61,12 +61,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List
 
-from .grad_sync import DEFAULT_BUCKET_BYTES
+from ..._grad_sync import DEFAULT_BUCKET_BYTES
+from ..spec import Strategy, parse_strategy
 from .profile import OPTIMIZER_STATE_FACTOR, Fit, Profile, UnitProfile
 from .search import Choice
-from .spec import Strategy, parse_strategy
 
 __all__ = ["Links", "unit_choices", "DEFAULT_STRATEGIES", "applicable"]
+
+# Where the formulas live: each strategy's handler prices itself
+# (torch_rsdp/plan/strategies/*.py, ``cost``); the table above is their summary.
 
 DEFAULT_STRATEGIES = ("no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard",
                       "rotate", "split:2", "split:4")
@@ -98,84 +101,49 @@ class Links:
 
 
 def applicable(u: UnitProfile, strategy: Strategy, links: Links) -> bool:
-    if u.param_bytes == 0:
-        return strategy.kind == "no_shard"
-    if strategy.kind == "hybrid_shard":
-        return links.nodes > 1
-    if strategy.kind == "rotate":
-        return u.rotate_bytes > 0
-    if strategy.kind == "split":
-        return u.linear_bytes > 0
-    return True
+    """Whether the planner may choose ``strategy`` for ``u`` (its handler says)."""
+    return strategy.handler.applicable(u, links)
 
 
 def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer: str,
                  optim_s_per_byte: float, bucket: int = DEFAULT_BUCKET_BYTES,
                  measured_ok: bool = True, accumulation: int = 1) -> List[Choice]:
-    """One :class:`Choice` per applicable strategy (in the order given). With
-    ``measured_ok`` (planning for the group that was profiled), a strategy's forward +
-    backward time measured with it applied replaces compute + modelled communication."""
+    """One :class:`Choice` per applicable strategy (in the order given), priced by each
+    strategy's handler (:meth:`~torch_rsdp.plan.strategies.StrategyHandler.cost`).
+
+    Args:
+        u: the profiled unit.
+        strategies: candidate strategy names.
+        links: the group's shape and collective fits (measured, or a :class:`Cluster`'s).
+        optimizer: the optimizer's state rule (a key of ``OPTIMIZER_STATE_FACTOR``).
+        optim_s_per_byte: the optimizer step's seconds per parameter byte.
+        bucket: the gradient bucket of replicated parameters.
+        measured_ok: planning for the group that was profiled: a strategy's forward +
+            backward time measured with it applied replaces compute + modelled communication.
+        accumulation: micro-batches per optimizer step.
+    """
     f = OPTIMIZER_STATE_FACTOR[optimizer]
-    W, L = links.world, links.local
-    P, A, T = u.param_bytes, u.act_bytes, u.temp_bytes
     out = []
     for name in strategies:
         s = parse_strategy(name)
         if not applicable(u, s, links):
             continue
-        k = s.kind
-        t = links.t
-        compute = u.fwd_s + u.bwd_s
-        # (state without gradients, gradients, live, transient), in bytes per rank
-        if k == "no_shard":
-            mem = ((1 + f) * P, P, A, T + min(P, bucket))
-            comm, stepped = t("all_reduce", P), P
-        elif k == "shard_optim":
-            mem = (P + f * P / W, P, A, T + min(P, bucket))
-            comm = t("all_reduce", P) + W * t("broadcast", P / W)
-            stepped = P / W
-        elif k == "full_shard":
-            mem = ((1 + f) * P / W, P / W, A, T + 4 * P)
-            comm = 2 * t("all_gather", P) + t("reduce_scatter", P)
-            stepped = P / W
-        elif k == "shard_grad_op":
-            mem = ((1 + f) * P / W, P / W, A + P * (W - 1) / W, T + 2.5 * P)
-            comm = t("all_gather", P) + t("reduce_scatter", P)
-            stepped = P / W
-        elif k == "hybrid_shard":
-            mem = ((1 + f) * P / L, P / L, A, T + 4 * P)
-            comm = (2 * t("all_gather", P, "intra") + t("reduce_scatter", P, "intra")
-                    + t("all_reduce", P / L, "inter"))
-            stepped = P / L
-        elif k == "rotate":
-            pr, rest = u.rotate_bytes, P - u.rotate_bytes
-            mem = ((1 + f) * (pr / W + rest), pr / W + rest, A, T + 2 * pr / W)
-            comm = 3 * (W - 1) * t("ring_shift", pr / W) + t("all_reduce", rest)
-            stepped = pr / W + rest
-        else:  # split:k
-            pl, rest = u.linear_bytes, P - u.linear_bytes
-            mem = ((1 + f) * (pl / W + rest), pl / W + rest, A, T + 3 * pl / s.k)
-            comm = (s.k * (2 * t("all_gather", pl / s.k) + t("reduce_scatter", pl / s.k))
-                    + t("all_reduce", rest))
-            stepped = pl / W + rest
-        if W == 1:
+        c = s.handler.cost(u, links, f, bucket)
+        compute, comm = u.fwd_s + u.bwd_s, c.comm_s
+        if links.world == 1:
             comm = 0.0
         measured = u.strategy_s.get(str(s)) if measured_ok else None
         if measured is not None:  # forward + backward with the strategy, timed here
-            comm = t("broadcast", P / W) * W if k == "shard_optim" and W > 1 else 0.0
-            compute = measured
-        time_s = compute + comm + optim_s_per_byte * stepped
-        state, grads, live, transient = mem
-        act = live
+            compute, comm = measured, c.after_step_comm_s
+        time_s = compute + comm + optim_s_per_byte * c.stepped
+        grads, act = c.grads, c.live
         if accumulation == 1:
             # Gradients appear as backward frees the activations (zero_grad(set_to_none)
             # leaves none from the last step): per unit, one or the other is held.
-            resident, live = state, max(live, grads)
+            resident, live = c.state, max(c.live, c.grads)
         else:  # no_sync keeps gradients, and the sharded units' unsharded ones, throughout
-            resident = state + grads + {"full_shard": P, "shard_grad_op": P, "hybrid_shard": P,
-                                        "split": u.linear_bytes}.get(k, 0)
+            resident, live = c.state + c.grads + c.accumulation_bytes, c.live
             grads = 0
-        step = P / W if k == "shard_optim" else 0  # its owner's broadcast after the step
-        out.append(Choice(str(s), time_s, int(resident), int(live), int(transient),
-                          int(act), int(grads), int(step)))
+        out.append(Choice(str(s), time_s, int(resident), int(live), int(c.transient),
+                          int(act), int(grads), int(c.step_bytes)))
     return out

@@ -20,18 +20,18 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import torch.distributed as dist
 import torch.nn as nn
 
-from ..rsdp.sharded_attention import can_shard_attention
-from ..rsdp.sharded_embedding import can_shard_embedding
-from .apply import _units
+from ..._utils import group_rank0
+from ...rsdp import can_rotate
+from ..mesh import Meshes
+from ..spec import Plan, block_patterns, parse_strategy, resolve
+from ..strategies.split_linear import is_splittable
+from ..units import build_units
 from .cluster import Cluster
 from .cost import DEFAULT_STRATEGIES, Links, applicable, unit_choices
 from .explain import Prediction, UnitPrediction, explain
-from .mesh import Meshes
 from .profile import OPTIMIZER_STATE_FACTOR, UnitProfile, profile_model
 from .search import (BudgetError, Solution, peak_bytes, runner_up,
                      smallest_feasible_budget, solve, total_time, walk_peak)
-from .spec import Plan, block_patterns, parse_strategy, resolve
-from .split_linear import is_splittable
 
 __all__ = ["auto", "predict", "plan_profile", "AutoPlan", "parse_budget", "default_units"]
 
@@ -101,7 +101,7 @@ def _select_units(model: nn.Module, units) -> List[str]:
 def _unit_bytes(model: nn.Module, unit_names: List[str]) -> Dict[str, Dict[str, int]]:
     """What each unit owns (tied parameters at their common ancestor, as apply does)."""
     res = resolve(model, Plan({n: "no_shard" for n in unit_names}), strict=True)
-    units = _units(model, res)
+    units = build_units(model, res)
     counts: Dict[int, int] = {}
     for _, p in model.named_parameters(remove_duplicate=False):
         counts[id(p)] = counts.get(id(p), 0) + 1
@@ -109,7 +109,7 @@ def _unit_bytes(model: nn.Module, unit_names: List[str]) -> Dict[str, Dict[str, 
     for _, m in model.named_modules():
         if is_splittable(m) and counts.get(id(m.weight), 0) == 1:
             linear.add(id(m.weight))
-        if is_splittable(m) or can_shard_embedding(m) or can_shard_attention(m):
+        if can_rotate(m):
             if all(counts.get(id(p), 0) == 1 for p in m.parameters(recurse=False)):
                 rotate.update(id(p) for p in m.parameters())
     out = {}
@@ -205,20 +205,24 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
          headroom: float = 0.05, accumulation: int = 1) -> AutoPlan:
     """The fastest plan whose predicted peak per rank fits ``memory_budget``. Collective.
 
-    example_inputs: one micro-batch as this rank passes it to ``model`` (a tensor, a tuple of
-        positional arguments, or a dict of keyword arguments).
-    memory_budget: per rank: bytes, ``"6GiB"``, or a fraction of this machine's memory.
-    optimizer: the optimizer's state rule: ``"adamw"``, ``"adam"``, ``"sgd"``,
-        ``"sgd_momentum"``, ``"adagrad"``, ``"rmsprop"``.
-    strategies: the candidates (default: every strategy, ``split:2`` and ``split:4``).
-    units: module names, or a predicate ``(name, module) -> bool``; default: each repeated
-        block and every other module holding parameters.
-    topology: a :class:`Cluster` to plan for instead of this group.
-    headroom: the fraction of the budget kept free for what the model does not count
-        (allocator slack, the optimizer's temporaries, library buffers).
-    accumulation: micro-batches per optimizer step (``plan.no_sync`` on all but the last):
-        sharded units then keep unsharded gradients between micro-batches.
-    Raises :class:`BudgetError` (a ``ValueError``) naming the smallest budget that fits.
+    Args:
+        model: the unwrapped model.
+        example_inputs: one micro-batch as this rank passes it to ``model`` (a tensor, a tuple of
+            positional arguments, or a dict of keyword arguments).
+        memory_budget: per rank: bytes, ``"6GiB"``, or a fraction of this machine's memory.
+        optimizer: the optimizer's state rule: ``"adamw"``, ``"adam"``, ``"sgd"``,
+            ``"sgd_momentum"``, ``"adagrad"``, ``"rmsprop"``.
+        strategies: the candidates (default: every strategy, ``split:2`` and ``split:4``).
+        units: module names, or a predicate ``(name, module) -> bool``; default: each repeated
+            block and every other module holding parameters.
+        topology: a :class:`Cluster` to plan for instead of this group.
+        headroom: the fraction of the budget kept free for what the model does not count
+            (allocator slack, the optimizer's temporaries, library buffers).
+        accumulation: micro-batches per optimizer step (``plan.no_sync`` on all but the last):
+            sharded units then keep unsharded gradients between micro-batches.
+
+    Raises:
+        BudgetError: (a ``ValueError``) no plan fits; it names the smallest budget that fits.
     """
     if not 0 <= headroom < 1:
         raise ValueError(f"torch_rsdp.plan.auto: headroom must be in [0, 1), got {headroom}")
@@ -235,8 +239,7 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
         except BudgetError as e:
             result[0] = ("budget", budget,
                          -(-e.smallest_feasible_bytes * 10**6 // int((1 - headroom) * 10**6)))
-    src = dist.get_global_rank(group, 0) if group is not None else 0
-    dist.broadcast_object_list(result, src=src, group=group)
+    dist.broadcast_object_list(result, src=group_rank0(group), group=group)
     if result[0][0] == "budget":
         raise BudgetError(result[0][1], result[0][2])
     _, picks, ups = result[0]
@@ -276,7 +279,7 @@ def predict(model: nn.Module, example_inputs, plan, *, group=None, optimizer: st
                           measured_ok=topology is None)
         names = [c.strategy for c in cs]
         if want not in names:  # what apply does with a strategy the unit cannot use
-            want = "full_shard" if s.kind == "hybrid_shard" and links.nodes == 1 else "no_shard"
+            want = s.handler.fallback(links)
         choices.append(cs)
         picks.append(names.index(want))
     return _prediction(merged, links, choices, picks, 0, topology, prof.from_cache)

@@ -47,7 +47,7 @@ import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from .split_linear import _all_gather, _reduce_scatter
+from ..._utils import all_gather_tensor, group_rank0, reduce_scatter_tensor
 
 __all__ = ["UnitProfile", "Fit", "Profile", "profile_model", "OPTIMIZER_STATE_FACTOR",
            "cache_dir"]
@@ -107,10 +107,6 @@ class Profile:
         d["units"] = [UnitProfile(**u) for u in d["units"]]
         d["fits"] = {k: Fit(**v) for k, v in d["fits"].items()}
         return cls(**d)
-
-
-def _rank0(group) -> int:
-    return dist.get_global_rank(group, 0) if group is not None else 0
 
 
 def cache_dir() -> str:
@@ -235,7 +231,7 @@ def _time_strategies(mod: nn.Module, args, kwargs, strategies, group, reps: int,
     barrier, measured steps overestimated a whole training step by up to 1.7x here."""
     import copy
 
-    from .apply import apply
+    from ..apply import apply
     times: Dict[str, List[float]] = {s: [] for s in strategies}
     per_round = max(1, -(-reps // rounds))
     for rd in range(rounds):
@@ -311,16 +307,16 @@ def _time_collective(kind: str, nbytes: int, group, reps: int = 3) -> float:
         t0 = time.perf_counter()
         if kind == "all_gather":
             out = torch.empty(n)
-            _all_gather(out, x[: n // W], group=group)
+            all_gather_tensor(out, x[: n // W], group=group)
         elif kind == "reduce_scatter":
             out = torch.empty(n // W)
-            _reduce_scatter(out, x, group=group)
+            reduce_scatter_tensor(out, x, group=group)
         elif kind == "all_reduce":
             dist.all_reduce(x, group=group)
         elif kind == "broadcast":
-            dist.broadcast(x, src=_rank0(group), group=group)
+            dist.broadcast(x, src=group_rank0(group), group=group)
         else:
-            from ..ring import ring_shift
+            from ...ring import ring_shift
             ring_shift(x, out=x, group=group)
         if i:
             times.append(time.perf_counter() - t0)
@@ -363,7 +359,7 @@ def profile_model(model: nn.Module, example_inputs, unit_params: Dict[str, Dict[
     """Measures (or loads) the profile. Collective. ``unit_params``: unit name -> byte counts
     {"numel", "param_bytes", "linear_bytes", "rotate_bytes"} of what the unit owns;
     ``strategies(unit_profile) -> [names]``: the strategies to time each unit with."""
-    from .mesh import Meshes
+    from ..mesh import Meshes
     meshes = meshes or Meshes(group)
     world, nodes = dist.get_world_size(group), meshes.nodes()
     names = list(unit_params)
@@ -373,11 +369,11 @@ def profile_model(model: nn.Module, example_inputs, unit_params: Dict[str, Dict[
                       nodes)
     path = os.path.join(cache_dir(), f"{key}.json")
     hit = [use_cache and os.path.exists(path)]
-    dist.broadcast_object_list(hit, src=_rank0(group),
+    dist.broadcast_object_list(hit, src=group_rank0(group),
                                group=group)
     if hit[0]:
         text = [open(path).read() if dist.get_rank(group) == 0 else None]
-        dist.broadcast_object_list(text, src=_rank0(group),
+        dist.broadcast_object_list(text, src=group_rank0(group),
                                    group=group)
         prof = Profile.from_json(text[0])
         prof.from_cache = True
@@ -413,7 +409,7 @@ def profile_model(model: nn.Module, example_inputs, unit_params: Dict[str, Dict[
                    _optimizer_cost(model, optimizer, units))
     # Every rank plans from rank 0's profile (the few numbers measured per rank differ).
     text = [prof.to_json()]
-    dist.broadcast_object_list(text, src=_rank0(group), group=group)
+    dist.broadcast_object_list(text, src=group_rank0(group), group=group)
     prof = Profile.from_json(text[0])
     if dist.get_rank(group) == 0 and use_cache:
         os.makedirs(cache_dir(), exist_ok=True)

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
 __all__ = ["Choice", "Solution", "BudgetError", "peak_bytes", "walk_peak", "total_time",
-           "smallest_feasible_budget", "solve", "brute_force", "runner_up"]
+           "smallest_feasible_budget", "solve", "runner_up"]
 
 Transition = Callable[["Choice", "Choice"], float]
 

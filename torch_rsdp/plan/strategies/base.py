@@ -1,0 +1,187 @@
+"""The interface every strategy handler implements, and the registry of handlers.
+
+A *strategy* is data (:class:`~torch_rsdp.plan.spec.Strategy`: a name and, for ``split``, a
+``k``); its *handler* is the code, and the only place that knows how that strategy
+
+* applies itself to a unit (:meth:`StrategyHandler.apply`), after the local checks
+  :func:`~torch_rsdp.plan.apply` runs on every rank before anything changes
+  (:meth:`StrategyHandler.check`);
+* turns its gradient synchronisation off and on (:meth:`StrategyHandler.set_gradient_sync`,
+  for ``plan.no_sync``);
+* presents its state: a parameter's whole value from this rank's part
+  (:meth:`StrategyHandler.full_value`, collective) and this rank's part of a whole value
+  (:meth:`StrategyHandler.local_value`);
+* costs itself for the planner (:meth:`StrategyHandler.applicable`,
+  :meth:`StrategyHandler.cost`);
+* reports what it holds (:meth:`StrategyHandler.report_row`).
+
+``apply``, ``no_sync``, the full state dict, ``report`` and the planner's cost model loop over
+handlers; adding a strategy means adding one module that registers its handler here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from ..mixed_precision import cast_replicated
+from ..units import Unit
+
+if TYPE_CHECKING:
+    from ..mesh import Meshes
+    from ..planner.cost import Links
+    from ..planner.profile import UnitProfile
+    from ..spec import Strategy
+
+__all__ = ["StrategyHandler", "ApplyContext", "Cost", "cast_unit", "register", "handler_for",
+           "kinds", "families"]
+
+
+@dataclass
+class ApplyContext:
+    """What every handler may need while :func:`~torch_rsdp.plan.apply` runs."""
+
+    group: Optional[dist.ProcessGroup]
+    meshes: "Meshes"
+    mp: Optional[MixedPrecisionPolicy]
+    #: Parameters whose optimizer state ``make_optimizer`` shards (ZeRO-1); handlers add to it.
+    optim_sharded: List[nn.Parameter]
+
+
+@dataclass
+class Cost:
+    """One strategy's cost for one unit, per rank (bytes; seconds). See :mod:`..planner.cost`
+    for the notation and where the coefficients come from."""
+
+    state: float            # parameters and optimizer state held all step
+    grads: float            # gradients, from the unit's backward to the optimizer step
+    live: float             # held from the unit's forward to its backward
+    transient: float        # only while the unit computes
+    comm_s: float           # communication, modelled from the links
+    stepped: float          # parameter bytes this rank's optimizer steps
+    after_step_comm_s: float = 0.0   # communication after the optimizer step (measured runs too)
+    step_bytes: float = 0.0          # what the optimizer step itself adds
+    accumulation_bytes: float = 0.0  # unsharded gradients kept between no_sync micro-batches
+
+
+class StrategyHandler:
+    """How one strategy applies itself, synchronises, exposes its state, costs and reports.
+
+    Subclasses set ``kind`` (the strategy's name) and, for a family with a parameter
+    (``split:k``), ``takes_k``; ``fsdp`` marks strategies applied with FSDP2's
+    ``fully_shard`` (they share one FSDP2 root, :func:`~torch_rsdp.plan.apply`)."""
+
+    kind: ClassVar[str] = ""
+    takes_k: ClassVar[bool] = False
+    fsdp: ClassVar[bool] = False
+
+    def __init__(self, strategy: "Strategy"):
+        self.strategy = strategy
+
+    # ------------------------------------------------------------------------------- apply
+    def check(self, model: nn.Module, unit_name: str, modules: List[Tuple[str, nn.Module]]
+              ) -> None:
+        """Checks that need no communication; raises ``ValueError`` naming the unit.
+
+        Args:
+            model: the whole model.
+            unit_name: the unit's module name (``""`` for the root).
+            modules: ``(name, module)`` of every module the unit covers.
+        """
+
+    def apply(self, unit: Unit, ctx: ApplyContext) -> List[nn.Parameter]:
+        """Applies the strategy to ``unit`` in place (only to the parameters it owns) and
+        refreshes ``unit.params`` (and ``unit.left_whole``). Returns the parameters it leaves
+        replicated, whose gradients the plan's one gradient sync averages."""
+        raise NotImplementedError
+
+    # --------------------------------------------------------------------- gradient sync
+    def set_gradient_sync(self, unit: Unit, enabled: bool) -> None:
+        """Turns the unit's own gradient synchronisation off (backward accumulates locally)
+        or on (the next backward synchronises everything accumulated). Replicated
+        parameters are the plan's gradient sync's, not the handler's."""
+
+    # ------------------------------------------------------------------------- state dict
+    def full_value(self, unit: Unit, key: str, value: torch.Tensor, rank0_only: bool,
+                   scratch: Dict[str, object]) -> Optional[torch.Tensor]:
+        """The unwrapped model's value for ``key`` (a state-dict key the unit owns) from
+        ``value``, this rank's entry of ``model.state_dict()``. Collective over the plan's
+        group: every rank calls it for the same keys in the same order. May return ``None``
+        on ranks other than group rank 0 when ``rank0_only``. ``scratch``: the handler's own
+        store for one state dict (e.g. gathered storages reused by a module's next key)."""
+        return value.detach()
+
+    def local_value(self, unit: Unit, key: str, full: torch.Tensor, current: torch.Tensor
+                    ) -> torch.Tensor:
+        """This rank's part of ``full`` (the unwrapped model's value for ``key``), in the
+        form ``load_state_dict`` takes where the state dict holds ``current``. No
+        communication."""
+        return full
+
+    # ---------------------------------------------------------------------------- planner
+    def applicable(self, u: "UnitProfile", links: "Links") -> bool:
+        """Whether the planner may choose this strategy for the profiled unit ``u``."""
+        return u.param_bytes > 0
+
+    def cost(self, u: "UnitProfile", links: "Links", f: float, bucket: int) -> Cost:
+        """Memory and communication per rank of ``u`` under this strategy (``f``: optimizer
+        state per parameter byte; ``bucket``: the gradient bucket of replicated
+        parameters)."""
+        raise NotImplementedError
+
+    def fallback(self, links: "Links") -> str:
+        """What :func:`~torch_rsdp.plan.apply` gives a unit this strategy cannot serve."""
+        return "no_shard"
+
+    # ----------------------------------------------------------------------------- report
+    def report_row(self, unit: Unit) -> Dict[str, str]:
+        """What the unit's strategy left whole (name -> why), for ``plan.report``."""
+        return dict(unit.left_whole)
+
+
+# ---------------------------------------------------------------------------------- helpers
+def cast_unit(unit: Unit, params: List[nn.Parameter], mp: Optional[MixedPrecisionPolicy]
+              ) -> None:
+    """Makes the unit compute with ``param_dtype`` copies of ``params`` (replicated ones)."""
+    if mp is None:
+        return
+    ids = {id(p) for p in params}
+    names = {n: p for n, p in unit.module.named_parameters(remove_duplicate=False)
+             if id(p) in ids}
+    cast_replicated(unit.module, names, mp)
+
+
+# --------------------------------------------------------------------------------- registry
+_HANDLERS: Dict[str, type] = {}
+_INSTANCES: Dict["Strategy", StrategyHandler] = {}
+
+
+def register(cls: type) -> type:
+    """Class decorator: makes ``cls`` the handler of strategy ``cls.kind``."""
+    if cls.kind in _HANDLERS:
+        raise ValueError(f"torch_rsdp.plan: strategy {cls.kind!r} is registered twice")
+    _HANDLERS[cls.kind] = cls
+    return cls
+
+
+def kinds() -> List[str]:
+    """Every registered strategy name (``split`` once, for the whole family)."""
+    return list(_HANDLERS)
+
+
+def families() -> Dict[str, bool]:
+    """Strategy name -> whether it takes ``:k``."""
+    return {k: c.takes_k for k, c in _HANDLERS.items()}
+
+
+def handler_for(strategy: "Strategy") -> StrategyHandler:
+    """The handler of ``strategy`` (one instance per strategy)."""
+    h = _INSTANCES.get(strategy)
+    if h is None:
+        h = _INSTANCES[strategy] = _HANDLERS[strategy.kind](strategy)
+    return h
+

@@ -1,0 +1,76 @@
+"""``rotate``: RSDP (:mod:`torch_rsdp.rsdp`), the unit's shards rotating around the ring.
+
+The unit is passed to :func:`torch_rsdp.rsdp.shard`, restricted to the modules whose
+parameters the unit owns. What RSDP cannot decompose stays whole and joins the plan's
+replicated parameters (``rsdp.shard(sync_replicated=False)``: the plan averages them with its
+other replicated parameters, in buckets of their own unit). Sharded gradients travel home with
+the counter-rotation backward does anyway, so there is no gradient sync to turn off.
+Everything goes through ``rsdp``'s public state API (:class:`torch_rsdp.rsdp.RSDPState`,
+:class:`torch_rsdp.rsdp.FullTensors`, :func:`torch_rsdp.rsdp.local_shard_of`).
+"""
+from __future__ import annotations
+
+from typing import List
+
+import torch.nn as nn
+
+from ...rsdp import FullTensors, local_shard_of, rsdp_state, shard
+from ..units import Unit, qualified_params
+from .base import ApplyContext, Cost, StrategyHandler, cast_unit, register
+
+__all__ = ["Rotate"]
+
+
+@register
+class Rotate(StrategyHandler):
+    kind = "rotate"
+
+    def apply(self, unit: Unit, ctx: ApplyContext) -> List[nn.Parameter]:
+        own = {id(p) for p in unit.params.values()}
+
+        def owned(name, mod):
+            ps = list(mod.parameters(recurse=False))
+            return bool(ps) and all(id(p) in own for p in ps)
+
+        shard(unit.module, ctx.group, filter=owned, mp_policy=ctx.mp,
+              sync_module_states=False, sync_replicated=False)
+        st = rsdp_state(unit.module)
+        sharded = {id(p) for p in st.sharded_parameters()}
+        unit.params = {n: p for n, p in qualified_params(unit).items()
+                       if id(p) in own or id(p) in sharded}
+        prefix = unit.name + "." if unit.name else ""
+        reasons = {prefix + e.name: e.reason for e in st.left_whole}
+        whole = []
+        for n, p in unit.params.items():
+            if id(p) not in sharded:
+                unit.left_whole[n] = (reasons.get(n, "not decomposable by rotation")
+                                      + " (replicated, gradient averaged)")
+                whole.append(p)
+        cast_unit(unit, whole, ctx.mp)
+        # rsdp.shard leaves deeper units' parameters whole too: those units sync their own.
+        return whole
+
+    def full_value(self, unit, key, value, rank0_only, scratch):
+        # One gatherer at a time: a unit's keys are adjacent, and the gatherer holds its last
+        # module's shards from every rank until it is dropped.
+        name, gather = scratch.get(self.kind, (None, None))
+        if gather is None or name != unit.name:
+            gather = FullTensors(unit.module, rank0_only)
+            scratch[self.kind] = (unit.name, gather)
+        rel = unit.relative(key)
+        return gather.full(rel) if gather.owns(rel) else value.detach()
+
+    def local_value(self, unit, key, full, current):
+        return local_shard_of(unit.module, unit.relative(key), full)
+
+    def applicable(self, u, links) -> bool:
+        return u.param_bytes > 0 and u.rotate_bytes > 0
+
+    def cost(self, u, links, f, bucket) -> Cost:
+        P, W, pr = u.param_bytes, links.world, u.rotate_bytes
+        rest = P - pr
+        return Cost(state=(1 + f) * (pr / W + rest), grads=pr / W + rest, live=u.act_bytes,
+                    transient=u.temp_bytes + 2 * pr / W,
+                    comm_s=3 * (W - 1) * links.t("ring_shift", pr / W)
+                    + links.t("all_reduce", rest),
+                    stepped=pr / W + rest)
