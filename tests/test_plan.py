@@ -218,7 +218,8 @@ def fam_root_and_buckets(ctx, rec):
                                              "head": "shard_optim"})
         cls, kw = pc.OPTIMS["adamw"]
         opt = plan.make_optimizer(model, cls, bucket_bytes=600, **kw)  # a few params a bucket
-        assert len(opt._buckets(opt.owned[r])) >= 2 or not opt.owned[r]
+        sh = plan.optimizer_sharding(opt)
+        assert len(sh.buckets(sh.owned[r])) >= 2 or not sh.owned[r]
         pc.train(model, opt, r, W, 2)
         pc.assert_close_sd(_full(model), want, TIGHT, "shard_optim bucketed")
         lone = _apply(pc.make_net(), {"blocks.6.ln": "shard_optim"})  # 2 params for W ranks

@@ -20,7 +20,10 @@ Strategies (names follow FSDP's ``ShardingStrategy``, lower case):
 * ``split:k``: OSDP's operator splitting, each Linear computed in ``k`` gathered slices.
 
 :func:`no_sync` accumulates gradients over micro-batches for every strategy;
-:func:`full_state_dict` / :func:`load_full_state_dict` move checkpoints between plans;
+:func:`full_state_dict` / :func:`load_full_state_dict` move checkpoints between plans, and
+``torch.distributed.checkpoint`` (``get_state_dict`` / ``set_state_dict``, ``dcp.save`` /
+``dcp.load``) saves each rank's shards and reshards them on load under any plan and world size
+(:mod:`.checkpoint_hooks`; :class:`CheckpointReader` checks a checkpoint's files first);
 :func:`report` shows what each unit costs on this rank.
 
 :func:`auto` chooses the strategies itself: the fastest plan whose predicted peak memory per
@@ -42,7 +45,8 @@ May import ``torch_rsdp.rsdp`` through its public API only, and ``torch_rsdp._ut
 from .accumulate import no_sync, set_gradient_sync
 from .apply import PlanState, apply, plan_state
 from .checkpoint import full_state_dict, load_full_state_dict
-from .optim import ShardedOptimizer, make_optimizer
+from .checkpoint_reader import CheckpointReader, check_checkpoint_files
+from .optim import OptimizerSharding, make_optimizer, optimizer_sharding
 from .planner import (AutoPlan, BudgetError, Cluster, auto, default_units, parse_budget,
                       plan_profile, predict)
 from .report import PlanReport, report
@@ -64,11 +68,14 @@ __all__ = [
     "parse_strategy",
     "resolve",
     "make_optimizer",
-    "ShardedOptimizer",
+    "OptimizerSharding",
+    "optimizer_sharding",
     "no_sync",
     "set_gradient_sync",
     "full_state_dict",
     "load_full_state_dict",
+    "CheckpointReader",
+    "check_checkpoint_files",
     "report",
     "PlanReport",
     "PlanState",

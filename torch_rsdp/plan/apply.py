@@ -33,11 +33,12 @@ from torch.distributed.fsdp import fully_shard
 
 from .._grad_sync import DEFAULT_BUCKET_BYTES, GradSync
 from .._utils import broadcast_module_states
+from . import checkpoint_hooks
 from .mesh import Meshes
 from .mixed_precision import as_policy
 from .spec import Plan, Resolution, resolve
 from .strategies import ApplyContext
-from .units import Unit, build_units, depth
+from .units import Unit, build_units, depth, units_by_key
 
 __all__ = ["apply", "PlanState", "plan_state", "Unit"]
 
@@ -122,6 +123,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
                                    reduce_dtype=mp.reduce_dtype if mp else None,
                                    unit_of=unit_of)
     model._rsdp_plan = state
+    checkpoint_hooks.install(model, units_by_key(model, units), meshes.flat)
     return model
 
 

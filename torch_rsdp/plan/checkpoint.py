@@ -19,17 +19,10 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .apply import plan_state
-from .units import Unit
+from .checkpoint_hooks import raw_state_dict
+from .units import units_by_key
 
 __all__ = ["full_state_dict", "load_full_state_dict"]
-
-
-def _unit_of_key(model: nn.Module) -> Dict[str, Unit]:
-    """State-dict key -> the unit owning that parameter (every name of a tied one)."""
-    st = plan_state(model)
-    owner = {id(p): u for u in st.units.values() for p in u.params.values()}
-    return {n: owner[id(p)] for n, p in model.named_parameters(remove_duplicate=False)
-            if id(p) in owner}
 
 
 @torch.no_grad()
@@ -43,10 +36,12 @@ def full_state_dict(model: nn.Module, rank0_only: bool = True) -> Dict[str, torc
     """
     st = plan_state(model)
     keep = not rank0_only or dist.get_rank(st.group) == 0
-    units = _unit_of_key(model)
+    units = units_by_key(model, plan_state(model).units)
     scratch: Dict[str, object] = {}
     out: Dict[str, torch.Tensor] = {}
-    for key, value in model.state_dict().items():
+    with raw_state_dict():  # this rank's own parts, whatever a checkpoint could describe
+        local_state = model.state_dict()
+    for key, value in local_state.items():
         unit = units.get(key)
         full: Optional[torch.Tensor] = (value.detach() if unit is None else
                                         unit.strategy.handler.full_value(
@@ -66,11 +61,13 @@ def load_full_state_dict(model: nn.Module, full: Dict[str, torch.Tensor], strict
         full: the unwrapped model's state dict (e.g. from :func:`full_state_dict`).
         strict: as ``nn.Module.load_state_dict``'s.
     """
-    units = _unit_of_key(model)
-    current = model.state_dict()
+    units = units_by_key(model, plan_state(model).units)
+    with raw_state_dict():
+        current = model.state_dict()
     local = {}
     for key, value in full.items():
         unit, cur = units.get(key), current.get(key)
         local[key] = (value if unit is None or cur is None else
                       unit.strategy.handler.local_value(unit, key, value, cur))
-    return model.load_state_dict(local, strict=strict)
+    with raw_state_dict():
+        return model.load_state_dict(local, strict=strict)

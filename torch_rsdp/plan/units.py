@@ -14,7 +14,7 @@ import torch.nn as nn
 if TYPE_CHECKING:  # spec imports the strategy handlers, which import this module
     from .spec import Resolution, Strategy
 
-__all__ = ["Unit", "build_units", "depth", "qualified_params"]
+__all__ = ["Unit", "build_units", "depth", "qualified_params", "units_by_key"]
 
 
 @dataclass
@@ -63,6 +63,13 @@ def qualified_params(unit: Unit) -> Dict[str, nn.Parameter]:
     """The unit module's parameters now, by their names in the whole model."""
     prefix = unit.name + "." if unit.name else ""
     return {prefix + n: p for n, p in unit.module.named_parameters()}
+
+
+def units_by_key(model: nn.Module, units: Dict[str, Unit]) -> Dict[str, Unit]:
+    """Parameter name (every name of a tied one) -> the unit owning that parameter."""
+    owner = {id(p): u for u in units.values() for p in u.params.values()}
+    return {n: owner[id(p)] for n, p in model.named_parameters(remove_duplicate=False)
+            if id(p) in owner}
 
 
 def _common(names: List[str]) -> str:

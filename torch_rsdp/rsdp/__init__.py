@@ -22,7 +22,8 @@ May import: torch, ``torch_rsdp.ring`` (the ring primitive), ``torch_rsdp._utils
 from .api import RSDPState, rsdp_state, shard
 from .coverage import LeftWhole, can_rotate
 from .memory import MemoryTracker
-from .state_dict import FullTensors, full_state_dict, load_full_state_dict, local_shard_of
+from .state_dict import (FullTensors, full_state_dict, load_full_state_dict, local_shard_of,
+                         shard_dim)
 from .ring_order import Ring
 from .rotation_unit import shard_unit
 from .sharded_conv1d import shard_conv1d
@@ -52,4 +53,5 @@ __all__ = [
     "full_state_dict",
     "load_full_state_dict",
     "local_shard_of",
+    "shard_dim",
 ]

@@ -18,10 +18,11 @@ import torch.nn as nn
 from torch.profiler import record_function
 
 from .._utils import group_rank0
+from .flat_shard import chunk_sizes
 from .shard_state import ShardState
 
 __all__ = ["full_state_dict", "load_full_state_dict", "local_shard_of", "sharded_owner",
-           "FullTensors"]
+           "FullTensors", "shard_dim"]
 
 
 def sharded_owner(model: nn.Module, key: str) -> Optional[Tuple[ShardState, str]]:
@@ -40,6 +41,29 @@ def sharded_owner(model: nn.Module, key: str) -> Optional[Tuple[ShardState, str]
         if isinstance(st, ShardState) and pname in st.names:
             return st, pname
     return None
+
+
+def shard_dim(model: nn.Module, key: str) -> Optional[Tuple[int, Tuple[int, ...]]]:
+    """How ``key`` is sharded, for checkpoints: ``(dim, global shape)`` when every rank holds
+    the piece ``torch.chunk`` gives it along ``dim`` (DTensor's ``Shard(dim)`` over the
+    group); ``None`` when ``key`` is not sharded. Raises ``ValueError`` for a layout that is
+    not one chunk per rank (``nn.MultiheadAttention``'s heads, a rotation unit whose atoms do
+    not divide evenly), naming the key."""
+    owner = sharded_owner(model, key)
+    if owner is None:
+        return None
+    st, name = owner
+    shapes, d, W = st.layout.shapes[name], st.dims[name], st.ring.world
+    total = sum(s[d] for s in shapes)
+    ref = max(shapes, key=lambda s: s[d])
+    regular = (st._assemble is None and [s[d] for s in shapes] == chunk_sizes(total, W)
+               and all(s[:d] + s[d + 1:] == ref[:d] + ref[d + 1:] for s in shapes))
+    if not regular:
+        raise ValueError(f"torch_rsdp.rsdp: {key!r} is sharded in a layout a checkpoint cannot "
+                         f"describe as one torch.chunk piece per rank (shapes per rank "
+                         f"{shapes}); save it with full_state_dict, or shard that module "
+                         f"another way")
+    return d, ref[:d] + (total,) + ref[d + 1:]
 
 
 def local_shard_of(model: nn.Module, key: str, full: torch.Tensor) -> torch.Tensor:

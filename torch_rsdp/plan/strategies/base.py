@@ -122,6 +122,15 @@ class StrategyHandler:
         communication."""
         return full
 
+    def shard_layout(self, unit: Unit, key: str) -> Optional[Tuple[int, Tuple[int, ...]]]:
+        """Where this rank's part of ``key`` lies in the whole tensor, for checkpoints:
+        ``(dim, global shape)`` when the handler's own parameter is split as ``torch.chunk``
+        splits ``dim`` over the group (presented to ``torch.distributed.checkpoint`` as a
+        ``DTensor`` with ``Shard(dim)``, :mod:`..checkpoint_hooks`); ``None`` when the value
+        needs no presenting (replicated, or a DTensor already). Raises ``ValueError`` for a
+        layout a checkpoint cannot describe."""
+        return None
+
     # ---------------------------------------------------------------------------- planner
     def applicable(self, u: "UnitProfile", links: "Links") -> bool:
         """Whether the planner may choose this strategy for the profiled unit ``u``."""

@@ -3,7 +3,7 @@
 Every rank holds the unit's parameters whole; their gradients are averaged by the plan's one
 bucketed gradient sync (:class:`torch_rsdp._grad_sync.GradSync`), overlapped with backward.
 ``shard_optim`` also gives each parameter one owner rank that alone keeps its optimizer state
-and steps it, then broadcasts it (:class:`~torch_rsdp.plan.optim.ShardedOptimizer`).
+and steps it, then broadcasts it (:class:`~torch_rsdp.plan.optim.OptimizerSharding`).
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ replicated parameters (``rsdp.shard(sync_replicated=False)``: the plan averages 
 other replicated parameters, in buckets of their own unit). Sharded gradients travel home with
 the counter-rotation backward does anyway, so there is no gradient sync to turn off.
 Everything goes through ``rsdp``'s public state API (:class:`torch_rsdp.rsdp.RSDPState`,
-:class:`torch_rsdp.rsdp.FullTensors`, :func:`torch_rsdp.rsdp.local_shard_of`).
+:class:`torch_rsdp.rsdp.FullTensors`, :func:`torch_rsdp.rsdp.local_shard_of`,
+:func:`torch_rsdp.rsdp.shard_dim`).
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from typing import List
 
 import torch.nn as nn
 
-from ...rsdp import FullTensors, local_shard_of, rsdp_state, shard
+from ...rsdp import FullTensors, local_shard_of, rsdp_state, shard, shard_dim
 from ..units import Unit, qualified_params
 from .base import ApplyContext, Cost, StrategyHandler, cast_unit, register
 
@@ -62,6 +63,9 @@ class Rotate(StrategyHandler):
 
     def local_value(self, unit, key, full, current):
         return local_shard_of(unit.module, unit.relative(key), full)
+
+    def shard_layout(self, unit, key):
+        return shard_dim(unit.module, unit.relative(key))
 
     def applicable(self, u, links) -> bool:
         return u.param_bytes > 0 and u.rotate_bytes > 0

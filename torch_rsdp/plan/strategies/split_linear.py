@@ -36,7 +36,8 @@ from ..._utils import all_gather_tensor, is_conv1d, reduce_scatter_tensor, swap_
 from ...rsdp.flat_shard import chunk_sizes, chunk_starts
 
 __all__ = ["SplitState", "split_linear", "is_splittable", "is_split", "in_features",
-           "SplitLinearMixin", "full_weight", "local_rows_of", "set_sync_grads"]
+           "SplitLinearMixin", "full_weight", "local_rows_of", "set_sync_grads",
+           "split_layout"]
 
 
 def is_splittable(mod: nn.Module) -> bool:
@@ -224,6 +225,14 @@ def full_weight(mod: nn.Module) -> torch.Tensor:
     parts = [_gather_slice(mod.weight.detach(), st, s, mod.weight.dtype) for s in range(st.k)]
     w = torch.cat(parts, dim=1)
     return w.t().contiguous() if st.transposed else w
+
+
+def split_layout(mod: nn.Module):
+    """``(dim, global shape)`` of the local weight: rows of the logical ``(out, in)`` weight,
+    ``ceil(out / W)`` a rank as ``torch.chunk`` cuts them (dim 1 of a ``Conv1D``'s storage)."""
+    st: SplitState = mod._split
+    return (1, (st.in_features, st.out_features)) if st.transposed else \
+        (0, (st.out_features, st.in_features))
 
 
 def local_rows_of(mod: nn.Module, full: torch.Tensor) -> torch.Tensor:
