@@ -21,6 +21,8 @@ Steps, in order:
    :class:`torch_rsdp._grad_sync.GradSync` for the whole model.
 5. If FSDP units sit under a root that is not one, make the model an FSDP2 root that manages
    no parameter of its own, so the units share one communication context (:func:`_fsdp_root`).
+6. Hook the model's state dicts, and those of optimizers over it, so that
+   ``torch.distributed.checkpoint`` sees every shard for what it is (:mod:`.checkpoint_hooks`).
 """
 from __future__ import annotations
 
