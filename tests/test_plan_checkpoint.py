@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import plan_cases as pc
-from harness import backend_under_test, format_family_failures, launch, run_families
+from harness import backend_under_test, launch
 
 pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp",
                                 reason="emulated nodes use rsdp's topology")
@@ -26,15 +26,31 @@ pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp",
 NODE_OF = (0, 0, 1, 1)
 GLOBAL = 12          # samples per step, on any world size that divides it
 TOL = 1e-5
-SAVED = pc.ALONE + ["mix"]
-#: the plan each checkpoint is loaded under (always another one)
-LOAD_AS = {"no_shard": "rotate", "shard_optim": "split:3", "full_shard": "shard_optim",
+SAVED = pc.ALONE + ["mix", "rsdp.shard"]
+#: the plan each checkpoint is loaded under (always another one; "rsdp.shard": the model
+#: sharded by torch_rsdp.rsdp.shard alone, with a plain torch.optim optimizer)
+LOAD_AS = {"no_shard": "rotate", "shard_optim": "split:3", "full_shard": "rsdp.shard",
            "shard_grad_op": "mix", "hybrid_shard": "no_shard", "rotate": "full_shard",
-           "split:3": "hybrid_shard", "mix": "rotate"}
+           "split:3": "hybrid_shard", "mix": "rotate", "rsdp.shard": "shard_optim"}
 
 
-def _plan(name):
-    return pc.MIX if name == "mix" else name
+def _build(name, seed):
+    """(model, optimizer) under plan ``name``."""
+    if name == "rsdp.shard":
+        import torch_rsdp.rsdp as rsdp
+        model = rsdp.shard(pc.make_net(seed=seed))
+        return model, pc.make_optim("adamw", model.parameters())
+    import torch_rsdp.plan as plan
+    model = plan.apply(pc.make_net(seed=seed), pc.MIX if name == "mix" else name)
+    return model, pc.plan_optim(model, "adamw")
+
+
+def _full(model):
+    import torch_rsdp.plan as plan
+    import torch_rsdp.rsdp as rsdp
+    if getattr(model, "_rsdp_plan", None) is None:
+        return rsdp.full_state_dict(model, rank0_only=False)
+    return plan.full_state_dict(model, rank0_only=False)
 
 
 def _steps(model, opt, rank, world, start, stop):
@@ -53,14 +69,12 @@ def _reference(steps):
 def save_worker(ctx, root):
     """Trains 2 steps under each plan and saves it (rank r writes its shards only)."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict)
-    import torch_rsdp.plan as plan
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
     torch.set_num_threads(1)
     r, W = ctx.rank, ctx.world_size
     sizes = {}
     for name in SAVED:
-        model = plan.apply(pc.make_net(seed=r), _plan(name))
-        opt = pc.plan_optim(model, "adamw")
+        model, opt = _build(name, r)
         _steps(model, opt, r, W, 0, 2)
         msd, osd = get_state_dict(model, opt)
         path = os.path.join(root, name.replace(":", "_"))
@@ -89,8 +103,7 @@ def load_worker(ctx, root):
     out = {}
     for name in SAVED + ["mix.pt"]:
         into = "shard_optim" if name == "mix.pt" else LOAD_AS[name]
-        model = plan.apply(pc.make_net(seed=7 + r), _plan(into))
-        opt = pc.plan_optim(model, "adamw")
+        model, opt = _build(into, 7 + r)
         if name == "mix.pt":
             sd = torch.load(os.path.join(root, name), weights_only=False)
             set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"],
@@ -102,7 +115,7 @@ def load_worker(ctx, root):
                 os.path.join(root, name.replace(":", "_"))))
             set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
         _steps(model, opt, r, W, 2, 5)
-        got = plan.full_state_dict(model, rank0_only=False)
+        got = _full(model)
         out[f"{name} -> {into}"] = max((got[k] - want[k]).abs().max().item() for k in want)
     return out
 
@@ -111,7 +124,7 @@ def test_checkpoint_reshards_across_plans_and_world_sizes(nodes, tmp_path):
     saved = launch(save_worker, len(NODE_OF), (str(tmp_path),), node_of=NODE_OF, netns=nodes,
                    deadline=500, pg_timeout=120)
     # each rank writes about its share: replicated tensors are written once, by one rank
-    for name in ("full_shard", "rotate", "split:3", "mix"):
+    for name in ("full_shard", "rotate", "split:3", "mix", "rsdp.shard"):
         per_rank = [saved[r][name] for r in range(len(NODE_OF))]
         assert max(per_rank) <= 0.5 * sum(per_rank), (name, per_rank)
     res = launch(load_worker, 2, (str(tmp_path),), deadline=500, pg_timeout=120)

@@ -23,7 +23,8 @@ Strategies (names follow FSDP's ``ShardingStrategy``, lower case):
 :func:`full_state_dict` / :func:`load_full_state_dict` move checkpoints between plans, and
 ``torch.distributed.checkpoint`` (``get_state_dict`` / ``set_state_dict``, ``dcp.save`` /
 ``dcp.load``) saves each rank's shards and reshards them on load under any plan and world size
-(:mod:`.checkpoint_hooks`; :class:`CheckpointReader` checks a checkpoint's files first);
+(:mod:`torch_rsdp._checkpoint_hooks`; :class:`CheckpointReader` checks a checkpoint's files
+first);
 :func:`report` shows what each unit costs on this rank.
 
 :func:`auto` chooses the strategies itself: the fastest plan whose predicted peak memory per

@@ -22,7 +22,8 @@ Steps, in order:
 5. If FSDP units sit under a root that is not one, make the model an FSDP2 root that manages
    no parameter of its own, so the units share one communication context (:func:`_fsdp_root`).
 6. Hook the model's state dicts, and those of optimizers over it, so that
-   ``torch.distributed.checkpoint`` sees every shard for what it is (:mod:`.checkpoint_hooks`).
+   ``torch.distributed.checkpoint`` sees every shard for what it is
+   (:mod:`torch_rsdp._checkpoint_hooks`).
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ from torch.distributed.fsdp import fully_shard
 
 from .._grad_sync import DEFAULT_BUCKET_BYTES, GradSync
 from .._utils import broadcast_module_states
-from . import checkpoint_hooks
+from .. import _checkpoint_hooks
 from .mesh import Meshes
 from .mixed_precision import as_policy
 from .spec import Plan, Resolution, resolve
@@ -125,7 +126,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
                                    reduce_dtype=mp.reduce_dtype if mp else None,
                                    unit_of=unit_of)
     model._rsdp_plan = state
-    checkpoint_hooks.install(model, units_by_key(model, units), meshes.flat)
+    _install_checkpoint_hooks(model, units, meshes)
     return model
 
 
@@ -160,6 +161,23 @@ def _agree(plan: Optional[Plan], error: Optional[Exception], group) -> None:
             by.setdefault(d, []).append(r)
         raise ValueError(f"torch_rsdp.plan.apply: the ranks were given different plans "
                          f"(digest -> ranks: {by}); rank {me} has {plan.to_dict()}")
+
+
+def _install_checkpoint_hooks(model: nn.Module, units: Dict[str, Unit], meshes: Meshes) -> None:
+    """Each parameter's layout from its unit's handler (:mod:`torch_rsdp._checkpoint_hooks`)."""
+    by_key = units_by_key(model, units)
+
+    def layout(key):
+        unit = by_key[key]
+        lay = unit.strategy.handler.shard_layout(unit, key)
+        if lay is None:
+            return None
+        handler = unit.strategy.handler
+        return (*lay, lambda full: handler.local_value(unit, key, full, None))
+
+    _checkpoint_hooks.install(
+        model, list(by_key), layout, meshes.flat,
+        lambda key: f"unit {by_key[key].name or '<root>'!r}, {by_key[key].strategy}")
 
 
 def _fsdp_root(model: nn.Module, units: Dict[str, Unit], meshes: Meshes, mp

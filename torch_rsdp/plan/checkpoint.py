@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .apply import plan_state
-from .checkpoint_hooks import raw_state_dict
+from .._checkpoint_hooks import raw_state_dict
 from .units import units_by_key
 
 __all__ = ["full_state_dict", "load_full_state_dict"]

@@ -12,7 +12,7 @@ ask for (a checkpoint of a larger model would otherwise load silently: DCP reads
 dict asks for and ignores the rest; a missing key or a wrong shape DCP reports itself). The
 error names the file or the keys, and every rank raises it (DCP gathers the ranks' errors),
 before anything is read. (With the plan's hooks nothing a failed load read reaches the model or the optimizer
-anyway: :mod:`.checkpoint_hooks`, [Note: copies].)
+anyway: :mod:`torch_rsdp._checkpoint_hooks`, [Note: copies].)
 """
 from __future__ import annotations
 

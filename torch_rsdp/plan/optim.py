@@ -29,8 +29,8 @@ owner, which any plan at any world size reads back. A *full* optimizer state dic
 (``StateDictOptions(full_state_dict=True)``) is rank 0's view, empty for the others'
 parameters; its parameter groups say ``"shard_optim_state": "per_owner"``, and loading it where
 such a parameter is stepped raises, naming the parameter, instead of silently restarting its
-moments (:mod:`.checkpoint_hooks`; every planned optimizer's groups carry the entry, "whole"
-elsewhere, so that the key exists in every checkpoint).
+moments (:mod:`torch_rsdp._checkpoint_hooks`; every hooked optimizer's groups carry the
+entry, "whole" elsewhere, so that the key exists in every checkpoint).
 """
 from __future__ import annotations
 
@@ -45,13 +45,9 @@ from torch.profiler import record_function
 
 from .._grad_sync import DEFAULT_BUCKET_BYTES, pack_buckets
 from .apply import plan_state
-from .checkpoint_hooks import hook_optimizer, state_keys
+from .._checkpoint_hooks import STATE_KEY, hook_optimizer, state_keys
 
-__all__ = ["make_optimizer", "OptimizerSharding", "optimizer_sharding", "STATE_KEY"]
-
-#: A parameter group entry of every planned optimizer's state dict: "per_owner" where each
-#: rank holds only the state of the parameters it steps (shard_optim), else "whole".
-STATE_KEY = "shard_optim_state"
+__all__ = ["make_optimizer", "OptimizerSharding", "optimizer_sharding"]
 
 
 def make_optimizer(model: nn.Module, optimizer_class, *args,

@@ -40,6 +40,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from .. import _checkpoint_hooks
 from .._grad_sync import GradSync
 from .._utils import broadcast_module_states
 from . import coverage
@@ -117,7 +118,8 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
           min_numel: int = 0, filter: Optional[Filter] = None,
           mp_policy: Optional[MixedPrecisionPolicy] = None,
           sync_module_states: bool = True, tp_plan=None,
-          unit_recompute: bool = True, sync_replicated: bool = True) -> nn.Module:
+          unit_recompute: bool = True, sync_replicated: bool = True,
+          checkpoint_hooks: bool = True) -> nn.Module:
     """Shards ``model`` over ``group`` (default: world) in place and returns it. Collective.
 
     Args:
@@ -147,6 +149,10 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
         sync_replicated: average the gradients of the parameters left whole during every
             backward (default); with False the caller does it (``torch_rsdp.plan`` syncs
             them with its other replicated parameters).
+        checkpoint_hooks: present the shards to ``torch.distributed.checkpoint`` as
+            DTensors (``model.state_dict()`` and any optimizer's; default); with False
+            ``model.state_dict()`` holds the local shards (``torch_rsdp.plan`` installs its
+            own hooks for the whole model).
     """
     if getattr(model, "_rsdp_root", None) is not None:
         raise ValueError("shard() was already applied to this module")
@@ -232,7 +238,30 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
         sync = GradSync(replicated, group, root=model,
                         reduce_dtype=mp_policy.reduce_dtype if mp_policy else None)
     model._rsdp_root = RSDPState(ring, sharded, replicated, sync, whole, full_numel, model)
+    if checkpoint_hooks:
+        _install_checkpoint_hooks(model, ring)
     return model
+
+
+def _install_checkpoint_hooks(model: nn.Module, ring: Ring) -> None:
+    """``state_dict`` / ``load_state_dict`` hooks presenting every shard as a DTensor over the
+    ring's group (:mod:`torch_rsdp._checkpoint_hooks`)."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from .state_dict import local_shard_of, shard_dim
+    mesh = []
+
+    def mesh_fn():
+        if not mesh:
+            mesh.append(DeviceMesh.from_group(ring.group or dist.group.WORLD, "cpu"))
+        return mesh[0]
+
+    def layout(key):
+        lay = shard_dim(model, key)
+        return None if lay is None else (*lay, lambda full: local_shard_of(model, key, full))
+
+    keys = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    _checkpoint_hooks.install(model, keys, layout, mesh_fn, lambda key: "torch_rsdp.rsdp.shard")
 
 
 def _shard_units(model, tp_plan, ties, ring, mp, accept, sharded, recompute) -> None:

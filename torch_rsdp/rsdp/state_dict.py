@@ -1,8 +1,10 @@
 """State dicts of a sharded model.
 
-* Sharded: ``model.state_dict()`` already is one - the same keys as the unwrapped model, with
-  this rank's shards as values; ``model.load_state_dict(sd)`` copies them back in place (the
-  parameters keep viewing the flat storage). Save one per rank.
+* Sharded: ``model.state_dict()`` already is one - the same keys as the unwrapped model, each
+  shard a DTensor over the group (``Shard(dim)``), so ``torch.distributed.checkpoint`` writes
+  each piece once and reshards on load (:mod:`torch_rsdp._checkpoint_hooks`);
+  ``model.load_state_dict(sd)`` takes DTensors, whole tensors or this rank's shards and
+  copies them in place (the parameters keep viewing the flat storage).
 * Full: :func:`full_state_dict` gathers every sharded parameter (one module at a time) into the
   unwrapped model's state dict on group rank 0 (or every rank); it loads into the unwrapped
   model. :func:`load_full_state_dict` takes such a dict (present on every rank) and keeps each
@@ -17,6 +19,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
+from .._checkpoint_hooks import raw_state_dict
 from .._utils import group_rank0
 from .flat_shard import chunk_sizes
 from .shard_state import ShardState
@@ -118,7 +121,9 @@ def full_state_dict(model: nn.Module, rank0_only: bool = True) -> Dict[str, torc
     keep = ring is None or not rank0_only or ring.rank == 0
     gather = FullTensors(model, rank0_only)
     out: Dict[str, torch.Tensor] = {}
-    for key, value in model.state_dict().items():
+    with raw_state_dict():  # the local shards themselves
+        local = model.state_dict()
+    for key, value in local.items():
         if gather.owns(key):
             full = gather.full(key)
             if keep:
@@ -149,4 +154,5 @@ def load_full_state_dict(model: nn.Module, full: Dict[str, torch.Tensor], strict
     """Loads an unwrapped model's state dict (present on every rank); each rank keeps its
     slices. Returns ``load_state_dict``'s result."""
     local = {k: local_shard_of(model, k, v) for k, v in full.items()}
-    return model.load_state_dict(local, strict=strict)
+    with raw_state_dict():
+        return model.load_state_dict(local, strict=strict)

@@ -126,7 +126,7 @@ class StrategyHandler:
         """Where this rank's part of ``key`` lies in the whole tensor, for checkpoints:
         ``(dim, global shape)`` when the handler's own parameter is split as ``torch.chunk``
         splits ``dim`` over the group (presented to ``torch.distributed.checkpoint`` as a
-        ``DTensor`` with ``Shard(dim)``, :mod:`..checkpoint_hooks`); ``None`` when the value
+        ``DTensor`` with ``Shard(dim)``, :mod:`torch_rsdp._checkpoint_hooks`); ``None`` when the value
         needs no presenting (replicated, or a DTensor already). Raises ``ValueError`` for a
         layout a checkpoint cannot describe."""
         return None

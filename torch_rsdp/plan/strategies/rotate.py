@@ -34,7 +34,7 @@ class Rotate(StrategyHandler):
             return bool(ps) and all(id(p) in own for p in ps)
 
         shard(unit.module, ctx.group, filter=owned, mp_policy=ctx.mp,
-              sync_module_states=False, sync_replicated=False)
+              sync_module_states=False, sync_replicated=False, checkpoint_hooks=False)
         st = rsdp_state(unit.module)
         sharded = {id(p) for p in st.sharded_parameters()}
         unit.params = {n: p for n, p in qualified_params(unit).items()

@@ -1,19 +1,21 @@
 """Shards as ``torch.distributed.checkpoint`` sees them: DTensors, for every strategy.
 
+Neutral ground (torch only): :func:`torch_rsdp.rsdp.shard` and :func:`torch_rsdp.plan.apply`
+both install these hooks, each telling how its own parameters are split.
+
 ``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict`` call
 ``model.state_dict()``, ``model.load_state_dict()``, ``optimizer.state_dict()`` and
 ``optimizer.load_state_dict()``, and DCP saves and reshards what they hold by its type: a
 ``DTensor`` is a piece of a global tensor at known offsets, every other tensor is replicated
 (written once, read whole). FSDP2's parameters are DTensors already and replicated units'
-tensors are whole; but ``rotate`` and ``split:k`` keep plain local shards under the whole
-tensor's key, which DCP would take for a replicated tensor: it would write one rank's shard
+tensors are whole; but RSDP (``rsdp.shard``, the plan's ``rotate``) and ``split:k`` keep plain
+local shards under the whole tensor's key, which DCP would take for a replicated tensor: it would write one rank's shard
 and, on load, copy a shard where the whole tensor belongs (or fail on the shape).
 
 [Note: checkpoint hooks]
-:func:`install` (called by :func:`~torch_rsdp.plan.apply`) gives every such parameter a
-:class:`ShardLayout` (from its strategy's handler,
-:meth:`~.strategies.StrategyHandler.shard_layout`: the dimension it is split along as
-``torch.chunk`` splits it over the plan's group, and the global shape), and hooks
+:func:`install` gives every such parameter a :class:`ShardLayout` (from ``rsdp.shard_dim``,
+or the plan's strategy handler, ``StrategyHandler.shard_layout``: the dimension it is split
+along as ``torch.chunk`` splits it over the group, and the global shape), and hooks
 
 * the model's ``state_dict``: those values become ``DTensor.from_local(shard, mesh of the
   group, [Shard(dim)])`` over a copy of the local shard (no communication; [Note: copies]);
@@ -52,7 +54,7 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 __all__ = ["ShardLayout", "install", "hook_optimizer", "raw_state_dict", "layout_of",
-           "state_keys"]
+           "state_keys", "STATE_KEY"]
 
 
 @dataclass
@@ -126,33 +128,48 @@ def raw_state_dict():
         _RAW[0] -= 1
 
 
-def install(model: nn.Module, units_of_key: Dict[str, object], mesh_fn) -> None:
+#: How a rank's optimizer state dict covers the parameters, in every parameter group:
+#: "whole" (every parameter it steps), or "per_owner" (``torch_rsdp.plan``'s ``shard_optim``:
+#: each rank holds the state of the parameters it owns).
+STATE_KEY = "shard_optim_state"
+
+#: ``key -> (dim, global shape, whole -> this rank's part)``, ``None`` for a value presented
+#: as it is; raises ``ValueError`` for a layout a checkpoint cannot describe.
+LayoutFn = Callable[[str], Optional[Tuple[int, Tuple[int, ...],
+                                          Callable[[torch.Tensor], torch.Tensor]]]]
+
+
+def install(model: nn.Module, keys, layout: LayoutFn, mesh_fn,
+            owner: Callable[[str], str]) -> None:
     """Gives the parameters that need it a layout and hooks ``model`` ([Note: checkpoint
-    hooks]). ``units_of_key``: state-dict key -> its unit; ``mesh_fn()``: the plan group's
-    1-D mesh."""
+    hooks]).
+
+    Args:
+        model: the root module.
+        keys: the parameter names (state-dict keys) to ask ``layout`` about.
+        layout: ``key -> (dim, global shape, local_of)`` or ``None``.
+        mesh_fn: returns the 1-D device mesh of the group the shards are split over.
+        owner: ``key ->`` who shards it, named in errors (``"unit 'x', rotate"``).
+    """
     by_key: Dict[str, ShardLayout] = {}
     params = dict(model.named_parameters(remove_duplicate=False))
     for p in params.values():
-        p._rsdp_planned = True  # optimizers over it get the hooks
-    for key, unit in units_of_key.items():
+        p._rsdp_checkpointed = True  # optimizers over it get the hooks
+    for key in keys:
         p = params[key]
         try:
-            lay = unit.strategy.handler.shard_layout(unit, key)
+            lay = layout(key)
         except ValueError as e:
-            by_key[key] = ShardLayout(key, None, error=f"{key!r} ({unit.name or '<root>'}, "
-                                                       f"{unit.strategy}): {e}")
+            by_key[key] = ShardLayout(key, None, error=f"{key!r} ({owner(key)}): {e}")
             if layout_of(p) is None:
                 p._rsdp_layout = by_key[key]
             continue
         if lay is None:
             continue
-        dim, shape = lay
-        handler = unit.strategy.handler
-        layout = ShardLayout(key, mesh_fn(), dim, tuple(shape), tuple(p.shape),
-                             lambda full, u=unit, k=key, h=handler: h.local_value(u, k, full, None))
-        by_key[key] = layout
+        dim, shape, local_of = lay
+        by_key[key] = ShardLayout(key, mesh_fn(), dim, tuple(shape), tuple(p.shape), local_of)
         if layout_of(p) is None:  # a tied parameter: its first key speaks for it
-            p._rsdp_layout = layout
+            p._rsdp_layout = by_key[key]
 
     def on_state_dict(module, state_dict, prefix, local_metadata):
         if _RAW[0]:
@@ -214,15 +231,14 @@ def _present(lay: Optional[ShardLayout], name: str, v: torch.Tensor):
 def _check_owned(opt: torch.optim.Optimizer, state_dict: dict) -> None:
     """Raises if ``state_dict`` is one rank's part of a ``shard_optim`` optimizer's state and
     lacks the state of a parameter ``opt`` steps ([Note: state of other ranks' parameters] in
-    :mod:`.optim`); drops the parameter groups' marker."""
-    from .optim import STATE_KEY, optimizer_sharding
+    :mod:`torch_rsdp.plan.optim`); drops the parameter groups' marker."""
     groups = state_dict.get("param_groups", [])
     per_owner = any(g.get(STATE_KEY) == "per_owner" for g in groups)
     state_dict["param_groups"] = [{k: v for k, v in g.items() if k != STATE_KEY}
                                   for g in groups]
     if not per_owner:
         return
-    sharding = optimizer_sharding(opt)
+    sharding = getattr(opt, "_rsdp_sharding", None)  # torch_rsdp.plan's OptimizerSharding
     not_mine = {id(p) for p in sharding.not_mine} if sharding is not None else set()
     state = state_dict.get("state", {})
     for key, p in state_keys(opt, state_dict).items():
@@ -242,14 +258,13 @@ def hook_optimizer(opt: torch.optim.Optimizer) -> None:
     if getattr(opt, "_rsdp_checkpoint_hooks", False):
         return
     opt._rsdp_checkpoint_hooks = True
-    if not any(getattr(p, "_rsdp_planned", False) for g in opt.param_groups
+    if not any(getattr(p, "_rsdp_checkpointed", False) for g in opt.param_groups
                for p in g["params"]):
         return
 
     def post(optimizer, state_dict):
         if _RAW[0]:
             return None
-        from .optim import STATE_KEY
         for g in state_dict.get("param_groups", []):
             g.setdefault(STATE_KEY, "whole")  # "per_owner" from a shard_optim optimizer
         return _convert_state(optimizer, state_dict, _present, every=True)
