@@ -8,6 +8,8 @@
     python examples/finetune_chess.py --strategy plan --plan auto --memory-budget 8MiB --nproc 4
     python examples/finetune_chess.py --nproc 4 --save /tmp/chess.pt     # then, to fine-tune it:
     python examples/finetune_chess.py --nproc 4 --init-from /tmp/chess.pt --lr 3e-4 --seed 1
+    torchrun --nproc-per-node 4 --max-restarts 3 examples/finetune_chess.py --strategy plan \
+        --plan rotate --checkpoint-dir /tmp/ckpt --checkpoint-every 10  # survives restarts
 
 The data (examples/chess_data.py) are games the project generates itself, in coordinate
 notation, tokenised by character; nothing is downloaded. The model is a Hugging Face
@@ -37,6 +39,13 @@ held-out loss and the fraction of greedy next-move predictions that are legal mo
 fsdp2:gloo, plan=auto:rsdp) one after another in the same processes, from the same initial weights on the same
 batches, and prints one comparison table (peak RSS is reset between runs where Linux allows;
 it can only grow). Backends other than ``--backend`` run on extra process groups.
+
+``--checkpoint-dir DIR`` saves a checkpoint every ``--checkpoint-every`` steps
+(``torch.distributed.checkpoint``: every rank writes its own shards; model, optimizer,
+learning-rate schedule, step and RNG state) and, at start, resumes from the newest complete one
+in DIR, under any strategy and world size (examples/training_checkpoints.py). A job restarted
+by ``torchrun --max-restarts`` or a Slurm requeue therefore ends with the weights of one that
+never stopped; ``--fail-at-step N`` kills rank 1 after step N on the first attempt to show it.
 """
 from __future__ import annotations
 
@@ -102,6 +111,13 @@ def build_parser():
     # checkpoints, reporting
     p.add_argument("--init-from", default=None, help="full state dict to start from")
     p.add_argument("--save", default=None, help="rank 0 saves the full state dict here")
+    p.add_argument("--checkpoint-dir", default=None,
+                   help="checkpoint here (torch.distributed.checkpoint, every rank its shards) "
+                        "and resume from the newest complete checkpoint found there")
+    p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
+    p.add_argument("--fail-at-step", type=int, default=None,
+                   help="fault injection: rank 1 kills itself (SIGKILL) after this step, on "
+                        "the first attempt only (TORCHELASTIC_RESTART_COUNT unset or 0)")
     p.add_argument("--log-every", type=int, default=10)
     p.add_argument("--skip-steps", type=int, default=3, help="warm-up steps not timed")
     p.add_argument("--eval-prompts", type=int, default=16, help="legal-move prompts per rank")
@@ -234,12 +250,17 @@ class Run:
         a = self.args
         accum, B = a.gradient_accumulation_steps, a.batch_size_per_device
         tokens_per_step = self.world * B * accum * a.seq_len
-        self.data.prefetch(i for s in range(a.steps) for m in range(accum)
+        ckpt, start = None, 0
+        if a.checkpoint_dir:
+            from training_checkpoints import TrainingCheckpoints
+            ckpt = TrainingCheckpoints(a.checkpoint_dir, a.checkpoint_every, log=self.log)
+            start = ckpt.resume(self.model, self.opt, self.sched)
+        self.data.prefetch(i for s in range(start, a.steps) for m in range(accum)
                            for i in self.indices(s, m))
         times, losses, mem = [], [], None
-        skip = min(a.skip_steps, max(0, a.steps - 2))  # keep >= 1 timed step when possible
+        skip = min(a.skip_steps, max(0, a.steps - start - 2))  # >= 1 timed step if possible
         t_run = time.perf_counter()
-        for step in range(a.steps):
+        for step in range(start, a.steps):
             last = step == a.steps - 1
             tracker = (tm.ParamMemoryTracker(self.model, self.opt)
                        if last and not a.no_memory and a.steps > 1 else None)
@@ -261,8 +282,13 @@ class Run:
             dt = time.perf_counter() - t0
             if tracker is not None:
                 mem = tracker
-            elif step >= skip:
+            elif step - start >= skip:
                 times.append(dt)
+            if ckpt is not None:
+                ckpt.maybe_save(step + 1, self.model, self.opt, self.sched)
+            if (a.fail_at_step == step + 1 and self.rank == 1
+                    and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
+                os.kill(os.getpid(), 9)  # --fail-at-step: as a node failure would
             if step % a.log_every == 0 or last:
                 mean_loss = self.mean(step_loss)
                 losses.append((step + 1, mean_loss))
@@ -488,6 +514,8 @@ def main(argv=None) -> int:
                 raise SystemExit(f"unknown strategy {s!r} in --runs")
             runs.append((s, b or args.backend))
     args.runs = runs
+    if args.checkpoint_dir and args.compare:
+        raise SystemExit("--checkpoint-dir trains one run: not with --compare")
     if args.nproc and "RANK" not in os.environ:
         try:
             mp.start_processes(spawned, args=(args, tm.free_port()), nprocs=args.nproc,

@@ -90,14 +90,14 @@ class ShardLayout:
                 return value.to_local()
             value = value.full_tensor()  # another layout: every rank gathers the same keys
         if not isinstance(value, torch.Tensor):
-            raise TypeError(f"torch_rsdp.plan: {what}: expected a tensor, got "
+            raise TypeError(f"torch_rsdp: {what}: expected a tensor, got "
                             f"{type(value).__name__}")
         shape = tuple(value.shape)
         if shape == self.shape:
             return self.local_of(value)
         if shape == self.local_shape:
             return value
-        raise ValueError(f"torch_rsdp.plan: {what} has shape {shape}; the model holds "
+        raise ValueError(f"torch_rsdp: {what} has shape {shape}; the model holds "
                          f"{self.key!r} as {self.shape} ({self.local_shape} on this rank)")
 
 
@@ -245,7 +245,7 @@ def _check_owned(opt: torch.optim.Optimizer, state_dict: dict) -> None:
         has = any(isinstance(v, torch.Tensor) for v in (state.get(key) or {}).values())
         if p.requires_grad and not has and id(p) not in not_mine:
             raise ValueError(
-                f"torch_rsdp.plan: no optimizer state for parameter {key!r} in this state "
+                f"torch_rsdp: no optimizer state for parameter {key!r} in this state "
                 f"dict: it was saved by a shard_optim optimizer, whose ranks each hold the "
                 f"state of the parameters they step, and a full optimizer state dict holds "
                 f"only rank 0's part. Save with torch.distributed.checkpoint (dcp.save of "
@@ -254,7 +254,7 @@ def _check_owned(opt: torch.optim.Optimizer, state_dict: dict) -> None:
 
 def hook_optimizer(opt: torch.optim.Optimizer) -> None:
     """Hooks ``opt``'s ``state_dict`` / ``load_state_dict`` (once) if it holds parameters
-    of a planned model."""
+    sharded by torch_rsdp (:func:`install` marked them)."""
     if getattr(opt, "_rsdp_checkpoint_hooks", False):
         return
     opt._rsdp_checkpoint_hooks = True
