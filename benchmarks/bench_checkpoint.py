@@ -1,0 +1,200 @@
+#!/usr/bin/env python3
+"""Checkpoint cost: torch.distributed.checkpoint over planned models against a gathered save.
+
+For the main job's model (the fine-tuning example's Hugging Face Llama, 13 M parameters, AdamW
+state initialised by one step) under each plan of ``--plans`` (default ``rotate`` and
+``full_shard``) at ``--nproc`` ranks (default 4), in one run:
+
+* sharded save: ``get_state_dict`` + ``dcp.save`` (every rank writes its shards), and the bytes
+  each rank wrote;
+* gathered save: ``get_state_dict(full_state_dict=True, cpu_offload=True)`` (the whole model
+  and optimizer state gathered on rank 0, as ``plan.full_state_dict`` does for the model) and
+  ``torch.save`` on rank 0;
+* ``dcp.async_save``: the time training is blocked (until the call returns), against the
+  synchronous save;
+* sharded load (``get_state_dict`` + ``dcp.load`` + ``set_state_dict``) and gathered load
+  (``torch.load`` on every rank + ``set_state_dict(full_state_dict=True)``).
+
+Times are the slowest rank's, medians of ``--repeats``; the checks (goals of the checkpoint
+work) print PASS/MISS: each rank writes at most 1/W + 5 % of the sharded bytes; the sharded
+save takes at most 0.5x the gathered save; ``async_save`` blocks for at most 0.2x a
+synchronous save. Writes checkpoint.md / .json to ``--out``.
+
+    python benchmarks/bench_checkpoint.py [--nproc 4] [--plans rotate,full_shard]
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+
+def _model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+    import torch
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=24, hidden_size=384, intermediate_size=1024,
+                      num_hidden_layers=8, num_attention_heads=6, num_key_value_heads=2,
+                      max_position_embeddings=64, tie_word_embeddings=False, use_cache=False)
+    return LlamaForCausalLM(cfg)
+
+
+def _slowest(dt: float) -> float:
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor([dt], dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def _timed(fn) -> float:
+    import torch.distributed as dist
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    return _slowest(time.perf_counter() - t0)
+
+
+def worker(rank, world, args, root, port, queue):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
+                                                         set_state_dict)
+    import torch_rsdp  # noqa: F401  (registers the backend)
+    import torch_rsdp.plan as plan
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("rsdp", rank=rank, world_size=world)
+    rows = []
+    for name in args.plans:
+        model = plan.apply(_model(), name)
+        opt = plan.make_optimizer(model, torch.optim.AdamW, lr=1e-4)
+        ids = torch.randint(0, 24, (2, 32), generator=torch.Generator().manual_seed(rank))
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+        res = {"plan": name, "world": world}
+        times = {k: [] for k in ("sharded_save", "gathered_save", "async_block", "sharded_load",
+                                 "gathered_load")}
+        for i in range(args.repeats):
+            path = os.path.join(root, f"{name}-{i}")
+            full = os.path.join(root, f"{name}-{i}.pt")
+
+            def sharded_save():
+                msd, osd = get_state_dict(model, opt)
+                dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+
+            def gathered_save():
+                msd, osd = get_state_dict(model, opt, options=StateDictOptions(
+                    full_state_dict=True, cpu_offload=True))
+                if rank == 0:
+                    torch.save({"model": msd, "optim": osd}, full)
+
+            future = []
+
+            def async_save():
+                msd, osd = get_state_dict(model, opt)
+                future.append(dcp.async_save({"model": msd, "optim": osd},
+                                             checkpoint_id=path + "-async"))
+
+            def sharded_load():
+                msd, osd = get_state_dict(model, opt)
+                sd = {"model": msd, "optim": osd}
+                dcp.load(sd, storage_reader=plan.CheckpointReader(path))
+                set_state_dict(model, opt, model_state_dict=sd["model"],
+                               optim_state_dict=sd["optim"])
+
+            def gathered_load():
+                sd = torch.load(full, weights_only=False)
+                set_state_dict(model, opt, model_state_dict=sd["model"],
+                               optim_state_dict=sd["optim"],
+                               options=StateDictOptions(full_state_dict=True))
+
+            times["sharded_save"].append(_timed(sharded_save))
+            times["gathered_save"].append(_timed(gathered_save))
+            times["async_block"].append(_timed(async_save))
+            future[0].result()
+            dist.barrier()
+            times["sharded_load"].append(_timed(sharded_load))
+            times["gathered_load"].append(_timed(gathered_load))
+            mine = sum(os.path.getsize(f) for f in glob.glob(os.path.join(path, f"__{rank}_*")))
+            sizes = [0] * world
+            dist.all_gather_object(sizes, mine)
+            res["bytes_per_rank"] = sizes
+            res["full_file_bytes"] = os.path.getsize(full) if rank == 0 else 0
+        for k, v in times.items():
+            res[k + "_s"] = statistics.median(v)
+        rows.append(res)
+        del model, opt
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--nproc", type=int, default=4)
+    p.add_argument("--plans", default="rotate,full_shard")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--dir", default=None, help="where checkpoints are written (a temporary "
+                                                "directory, removed at the end)")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = p.parse_args(argv)
+    args.plans = [s.strip() for s in args.plans.split(",") if s.strip()]
+    import torch.multiprocessing as mp
+    sys.path.insert(0, HERE)
+    from training_models import free_port
+    root = tempfile.mkdtemp(prefix="rsdp-ckpt-", dir=args.dir)
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    try:
+        mp.start_processes(worker, args=(args.nproc, args, root, free_port(), queue),
+                           nprocs=args.nproc, start_method="spawn")
+        rows = queue.get()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    lines = ["| plan | ranks | sharded save s | gathered save s | ratio | async blocks s | "
+             "ratio to sync | sharded load s | gathered load s | max bytes/rank | share |",
+             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
+    checks = []
+    for r in rows:
+        W, total = r["world"], sum(r["bytes_per_rank"])
+        share = max(r["bytes_per_rank"]) / total
+        save_ratio = r["sharded_save_s"] / r["gathered_save_s"]
+        async_ratio = r["async_block_s"] / r["sharded_save_s"]
+        lines.append(f"| {r['plan']} | {W} | {r['sharded_save_s']:.3f} | "
+                     f"{r['gathered_save_s']:.3f} | {save_ratio:.2f}x | {r['async_block_s']:.3f}"
+                     f" | {async_ratio:.2f}x | {r['sharded_load_s']:.3f} | "
+                     f"{r['gathered_load_s']:.3f} | {max(r['bytes_per_rank']):,} | "
+                     f"{share:.3f} |")
+        checks += [(f"{r['plan']}: each rank writes <= 1/W + 5% ({1 / W + 0.05:.3f})",
+                    share <= 1 / W + 0.05, f"{share:.3f}"),
+                   (f"{r['plan']}: sharded save <= 0.5x gathered", save_ratio <= 0.5,
+                    f"{save_ratio:.2f}x"),
+                   (f"{r['plan']}: async_save blocks <= 0.2x sync", async_ratio <= 0.2,
+                    f"{async_ratio:.2f}x")]
+    text = "\n".join(lines + [""] + [f"{'PASS' if ok else 'MISS'}  {c}: {v}"
+                                     for c, ok, v in checks])
+    print(text)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "checkpoint.md"), "w") as f:
+        f.write(text + "\n")
+    with open(os.path.join(args.out, "checkpoint.json"), "w") as f:
+        json.dump({"rows": rows, "checks": [{"check": c, "ok": ok, "value": v}
+                                            for c, ok, v in checks]}, f, indent=1)
+    print(f"written: {args.out}/checkpoint.md, checkpoint.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
