@@ -225,7 +225,11 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
 
     for name, mod in sharded.items():
         mod._rsdp_name = name  # for error messages
-    local = _local_ids(sharded)
+    # Submodules an earlier shard() call sharded (a deeper unit of a torch_rsdp.plan) hold
+    # shards too: neither replicated nor left whole here.
+    earlier = {n: m for n, m in model.named_modules()
+               if getattr(m, "_rsdp", None) is not None and n not in sharded}
+    local = _local_ids(sharded) | _local_ids(earlier)
     replicated, seen = [], set()
     for p in model.parameters():
         if id(p) not in local and id(p) not in seen and p.requires_grad:
