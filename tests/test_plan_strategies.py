@@ -60,6 +60,16 @@ def test_a_new_strategy_is_one_registered_handler():
     with pytest.raises(ValueError, match="unknown strategy"):
         plan.parse_strategy("mirror")
 
+    class Incomplete(StrategyHandler):  # no apply, no cost
+        kind = "incomplete"
+
+    register(Incomplete)
+    try:
+        with pytest.raises(TypeError, match="abstract"):
+            plan.parse_strategy("incomplete").handler
+    finally:
+        strategies_base._HANDLERS.pop("incomplete", None)
+
 
 def _links(world=4, nodes=2, s_per_byte=1e-9):
     fit = Fit(0.0, 1 / s_per_byte)

@@ -20,6 +20,7 @@ handlers; adding a strategy means adding one module that registers its handler h
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional, Tuple
 
@@ -68,12 +69,14 @@ class Cost:
     accumulation_bytes: float = 0.0  # unsharded gradients kept between no_sync micro-batches
 
 
-class StrategyHandler:
+class StrategyHandler(abc.ABC):
     """How one strategy applies itself, synchronises, exposes its state, costs and reports.
 
     Subclasses set ``kind`` (the strategy's name) and, for a family with a parameter
     (``split:k``), ``takes_k``; ``fsdp`` marks strategies applied with FSDP2's
-    ``fully_shard`` (they share one FSDP2 root, :func:`~torch_rsdp.plan.apply`)."""
+    ``fully_shard`` (they share one FSDP2 root, :func:`~torch_rsdp.plan.apply`). ``apply``
+    and ``cost`` are abstract: a handler without them cannot be made (``handler_for``
+    raises ``TypeError``); every other method has the default a replicated strategy needs."""
 
     kind: ClassVar[str] = ""
     takes_k: ClassVar[bool] = False
@@ -93,11 +96,11 @@ class StrategyHandler:
             modules: ``(name, module)`` of every module the unit covers.
         """
 
+    @abc.abstractmethod
     def apply(self, unit: Unit, ctx: ApplyContext) -> List[nn.Parameter]:
         """Applies the strategy to ``unit`` in place (only to the parameters it owns) and
         refreshes ``unit.params`` (and ``unit.left_whole``). Returns the parameters it leaves
         replicated, whose gradients the plan's one gradient sync averages."""
-        raise NotImplementedError
 
     # --------------------------------------------------------------------- gradient sync
     def set_gradient_sync(self, unit: Unit, enabled: bool) -> None:
@@ -136,11 +139,11 @@ class StrategyHandler:
         """Whether the planner may choose this strategy for the profiled unit ``u``."""
         return u.param_bytes > 0
 
+    @abc.abstractmethod
     def cost(self, u: "UnitProfile", links: "Links", f: float, bucket: int) -> Cost:
         """Memory and communication per rank of ``u`` under this strategy (``f``: optimizer
         state per parameter byte; ``bucket``: the gradient bucket of replicated
         parameters)."""
-        raise NotImplementedError
 
     def fallback(self, links: "Links") -> str:
         """What :func:`~torch_rsdp.plan.apply` gives a unit this strategy cannot serve."""
