@@ -256,13 +256,17 @@ class ChessMoves:
             self.game(i)
 
     # -- a quality metric: does the model propose legal moves?
-    def move_prompts(self, indices: Iterable[int], plies_range=(2, 8)):
-        """For each game: (token ids of ``<bos>`` + its first ``k`` moves + space, those moves)."""
+    def move_prompts(self, indices: Iterable[int], plies_range=(2, 8),
+                     plies: Optional[Iterable[int]] = None):
+        """For each game: (token ids of ``<bos>`` + its first ``k`` moves + space, those moves);
+        ``k`` drawn from ``plies_range``, or given per game by ``plies`` (cut where the game
+        ends if it is shorter)."""
         out = []
-        for i in indices:
+        cuts = list(plies) if plies is not None else None
+        for j, i in enumerate(indices):
             g = self.game(i)
             rng = random.Random(self.seed * 7919 + i)
-            k = min(len(g), rng.randint(*plies_range))
+            k = min(len(g), cuts[j] if cuts is not None else rng.randint(*plies_range))
             prefix = g[:k]
             ids = [BOS] + self.encode(" ".join(prefix) + (" " if prefix else ""))
             out.append((ids, prefix))

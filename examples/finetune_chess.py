@@ -13,8 +13,9 @@
 
 The data (examples/chess_data.py) are games the project generates itself, in coordinate
 notation, tokenised by character; nothing is downloaded. The model is a Hugging Face
-``LlamaForCausalLM`` built from a config (grouped-query attention, the chess vocabulary, 13 M
-parameters by default; ``--model transformerlm`` trains the benchmark's TransformerLM from
+``LlamaForCausalLM`` built from a config (grouped-query attention, the chess vocabulary, 0.99 M
+parameters by default: 300 steps of 32 games teach it to propose legal moves in about a minute
+on two cores; ``--model transformerlm`` trains the benchmark's TransformerLM from
 benchmarks/training_models.py instead). Strategies:
 
 * ``rsdp``  -- ``torch_rsdp.rsdp.shard(model)``: weights sharded, shards rotate around the ring;
@@ -30,15 +31,20 @@ Batch sizes follow the usual recipe: ``--batch-size-per-device`` sequences per f
 per-device x world size x accumulation (``--total-batch-size`` sets the accumulation for you).
 ``--checkpoint-activations`` recomputes each block's activations in backward.
 
-Rank 0 prints the loss every ``--log-every`` steps, tokens/s, the peak parameter-related memory
-per rank (parameters + gradients + optimizer state + gathered/rotation buffers, measured during
-the last step, see training_models.ParamMemoryTracker) and peak RSS, and at the end a summary:
-held-out loss and the fraction of greedy next-move predictions that are legal moves.
+Rank 0 prints progress every ``--log-every`` steps (step i/N, loss, tokens/s, time left), the
+peak memory per rank split into parameters, gradients, optimizer state, communication buffers
+and activations (measured during the last step, see training_models.ParamMemoryTracker) and
+peak RSS, and at the end a summary: held-out loss and the fraction of greedy next moves that
+are legal, on held-out games cut after 1, 2, ... moves up to the end of the sequence (shown for
+the opening, middle and last third of those cuts), with a sample completion.
 
 ``--compare`` trains every run of ``--runs`` (default rsdp:rsdp, fsdp2:rsdp, ddp:rsdp,
 fsdp2:gloo, plan=auto:rsdp) one after another in the same processes, from the same initial weights on the same
 batches, and prints one comparison table (peak RSS is reset between runs where Linux allows;
-it can only grow). Backends other than ``--backend`` run on extra process groups.
+it can only grow). Backends other than ``--backend`` run on extra process groups. With
+``--out DIR`` rank 0 writes ``chess.json`` (every figure), ``chess_loss.png`` (loss against
+time per run) and ``chess_memory.png`` (memory split and throughput per run) there
+(examples/chess_report.py).
 
 ``--checkpoint-dir DIR`` saves a checkpoint every ``--checkpoint-every`` steps
 (``torch.distributed.checkpoint``: every rank writes its own shards; model, optimizer,
@@ -68,6 +74,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
 import chess_data  # noqa: E402
+import chess_report  # noqa: E402
 import training_models as tm  # noqa: E402
 
 DEFAULT_COMPARE = "rsdp:rsdp,fsdp2:rsdp,ddp:rsdp,fsdp2:gloo,plan=auto:rsdp"
@@ -80,8 +87,9 @@ def build_parser():
     p.add_argument("--plan", default="auto",
                    help="with --strategy plan: 'auto', a strategy name, or a plan JSON file")
     p.add_argument("--memory-budget", default=None,
-                   help="per-rank budget for --plan auto (e.g. 8MiB; default: 60%% of what "
-                        "no_shard would need, as the planner predicts it)")
+                   help="per-rank budget for --plan auto (e.g. 8MiB; default: halfway between "
+                        "the smallest budget any plan fits and what no_shard needs, as the "
+                        "planner predicts them)")
     p.add_argument("--backend", default="rsdp", help="rsdp, gloo (CPU) or nccl (GPU)")
     p.add_argument("--compare", action="store_true", help="train every run of --runs in turn")
     p.add_argument("--runs", default=DEFAULT_COMPARE, help="strategy:backend list for --compare")
@@ -92,20 +100,21 @@ def build_parser():
     # data and model
     p.add_argument("--model", choices=("llama", "transformerlm"), default="llama")
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--d-model", type=int, default=384)
-    p.add_argument("--ffn", type=int, default=1024)
-    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--d-model", type=int, default=128)
+    p.add_argument("--ffn", type=int, default=512)
+    p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2, help="llama: key/value heads (GQA)")
-    p.add_argument("--layers", type=int, default=8)
+    p.add_argument("--layers", type=int, default=4)
     p.add_argument("--checkpoint-activations", action="store_true")
     # optimisation
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps")
-    p.add_argument("--batch-size-per-device", type=int, default=4)
-    p.add_argument("--gradient-accumulation-steps", type=int, default=2)
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps")
+    p.add_argument("--batch-size-per-device", type=int, default=16)
+    p.add_argument("--gradient-accumulation-steps", type=int, default=1)
     p.add_argument("--total-batch-size", type=int, default=None,
                    help="if set: accumulation = total / (per-device x world)")
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--warmup-steps", type=int, default=5)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--betas", type=float, nargs=2, default=(0.9, 0.95), help="AdamW's betas")
+    p.add_argument("--warmup-steps", type=int, default=10)
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--seed", type=int, default=0, help="initial weights and data")
     # checkpoints, reporting
@@ -118,13 +127,15 @@ def build_parser():
     p.add_argument("--fail-at-step", type=int, default=None,
                    help="fault injection: rank 1 kills itself (SIGKILL) after this step, on "
                         "the first attempt only (TORCHELASTIC_RESTART_COUNT unset or 0)")
-    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--skip-steps", type=int, default=3, help="warm-up steps not timed")
-    p.add_argument("--eval-prompts", type=int, default=16, help="legal-move prompts per rank")
+    p.add_argument("--eval-prompts", type=int, default=64, help="legal-move prompts per rank")
     p.add_argument("--no-memory", action="store_true", help="do not track memory in the last step")
     p.add_argument("--threads", type=int, default=None, help="torch threads per rank")
     p.add_argument("--timeout", type=int, default=600, help="process-group timeout, seconds")
     p.add_argument("--json-out", default=None, help="rank 0 writes the results here")
+    p.add_argument("--out", default=None,
+                   help="rank 0 writes chess.json, chess_loss.png and chess_memory.png here")
     return p
 
 
@@ -206,9 +217,9 @@ class Run:
         if self.strategy.startswith("plan"):
             import torch_rsdp.plan as plan
             self.opt = plan.make_optimizer(model, torch.optim.AdamW, lr=a.lr,
-                                           weight_decay=a.weight_decay)
+                                           betas=tuple(a.betas), weight_decay=a.weight_decay)
         else:
-            self.opt = torch.optim.AdamW(groups, lr=a.lr)
+            self.opt = torch.optim.AdamW(groups, lr=a.lr, betas=tuple(a.betas))
         warm, total = max(1, a.warmup_steps), max(1, a.steps)
         self.sched = torch.optim.lr_scheduler.LambdaLR(
             self.opt, lambda s: min((s + 1) / warm, 0.5 * (1 + math.cos(
@@ -222,12 +233,18 @@ class Run:
         if spec != "auto":
             return plan.apply(model, tm.load_plan(spec), group=self.group)
         x, _ = self.data.batch(self.indices(0, 0))
+        inputs = (x.to(self.device),)
         budget = a.memory_budget
-        if budget is None:  # 60% of what replicating everything would need
-            loose = plan.auto(model, (x.to(self.device),), memory_budget=1 << 40,
-                              group=self.group, strategies=["no_shard"])
-            budget = int(0.6 * loose.prediction.peak_bytes)
-        p = plan.auto(model, (x.to(self.device),), memory_budget=budget, group=self.group,
+        if budget is None:  # halfway between the tightest plan and replicating everything
+            acc = a.gradient_accumulation_steps
+            loose = plan.auto(model, inputs, memory_budget=1 << 40, group=self.group,
+                              strategies=["no_shard"], accumulation=acc, verify=0)
+            try:
+                plan.auto(model, inputs, memory_budget=1, group=self.group, accumulation=acc,
+                          verify=0)
+            except plan.BudgetError as e:
+                budget = (e.smallest_feasible_bytes + loose.prediction.peak_bytes) // 2
+        p = plan.auto(model, inputs, memory_budget=budget, group=self.group,
                       accumulation=a.gradient_accumulation_steps)
         self.plan_text = p.explain()
         self.log(f"=== {self.strategy}:{self.backend}: the planner's choice\n{self.plan_text}",
@@ -291,31 +308,37 @@ class Run:
                 os.kill(os.getpid(), 9)  # --fail-at-step: as a node failure would
             if step % a.log_every == 0 or last:
                 mean_loss = self.mean(step_loss)
-                losses.append((step + 1, mean_loss))
+                spent = time.perf_counter() - t_run
+                losses.append((step + 1, mean_loss, spent))
                 recent = times[-a.log_every:] or [dt]
+                left = (a.steps - step - 1) * spent / (step + 1 - start)
                 self.log(f"[{self.strategy}:{self.backend}] step {step + 1:4d}/{a.steps}  "
                          f"loss {mean_loss:.4f}  lr {self.sched.get_last_lr()[0]:.2e}  "
-                         f"{tm.median(recent) * 1e3:7.1f} ms/step  "
-                         f"{tokens_per_step / tm.median(recent):9,.0f} tokens/s", flush=True)
+                         f"{tm.median(recent) * 1e3:6.1f} ms/step  "
+                         f"{tokens_per_step / tm.median(recent):8,.0f} tokens/s  "
+                         f"{spent:5.0f} s, {left:4.0f} s left", flush=True)
         elapsed = time.perf_counter() - t_run
         if not times:  # a single step: it was also the memory-tracked one
             times.append(dt)
+        cats = tm.ParamMemoryTracker.ALL_CATS
         per_rank = tm.gather_floats([tm.median(times), mem.peak if mem else float("nan"),
                                      tm.proc_status_kib("VmHWM") * 1024.0,
                                      mem.peak_all if mem else float("nan"),
-                                     *((mem.peak_breakdown[c] if mem else 0.0)
-                                       for c in tm.ParamMemoryTracker.CATS)], self.device)
+                                     *((mem.peak_all_breakdown[c] if mem else 0.0)
+                                       for c in cats)], self.device)
         step_s = max(r[0] for r in per_rank)
-        peak_rank = max(range(self.world), key=lambda r: per_rank[r][1]
-                        if per_rank[r][1] == per_rank[r][1] else -1)
+        peak_rank = max(range(self.world), key=lambda r: per_rank[r][3]
+                        if per_rank[r][3] == per_rank[r][3] else -1)
         self.result = {
             "strategy": self.strategy, "backend": self.backend, "world_size": self.world,
             "params": self.n_params, "tokens_per_step": tokens_per_step, "steps": a.steps,
             "timed_steps": len(times), "step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
             "mem_peak_bytes": per_rank[peak_rank][1],
-            "mem_breakdown_bytes": dict(zip(tm.ParamMemoryTracker.CATS, per_rank[peak_rank][4:])),
-            "mem_peak_with_activations_bytes": max(r[3] for r in per_rank),
-            "rss_peak_bytes": max(r[2] for r in per_rank), "losses": losses,
+            "mem_peak_with_activations_bytes": per_rank[peak_rank][3],
+            # the split of that peak (the rank with the highest)
+            "mem_breakdown_bytes": dict(zip(cats, per_rank[peak_rank][4:])),
+            "rss_peak_bytes": max(r[2] for r in per_rank),
+            "losses": [{"step": s, "loss": v, "elapsed_s": e} for s, v, e in losses],
             "final_loss": losses[-1][1], "elapsed_s": elapsed,
         }
         pred = getattr(self, "prediction", None)
@@ -335,34 +358,54 @@ class Run:
 
     @torch.no_grad()
     def evaluate(self):
-        """Held-out loss, and the share of greedy next moves that are legal."""
+        """Held-out loss, and the share of greedy next moves that are legal.
+
+        Prompts are held-out games cut after ``1 .. max_plies`` moves in turn (``max_plies``:
+        the most that leave room for one more move in the sequence), so the rate covers the
+        whole sequence, not only the opening; it is also given per third of those cuts."""
         a, data = self.args, self.data
         B = a.batch_size_per_device
         base = data.EVAL_OFFSET + self.rank * max(B, a.eval_prompts)
         x, y = data.batch(range(base, base + B))
         eval_loss = self.mean(tm.lm_loss(logits_of(self.model(x.to(self.device))), y.to(self.device),
                                          chess_data.IGNORE).item())
-        legal = float("nan")
-        if a.eval_prompts > 0:
-            max_plies = max(1, (a.seq_len - 8) // 5)
-            prompts = data.move_prompts(range(base, base + a.eval_prompts),
-                                        (min(2, max_plies), max_plies))
-            buf = torch.full((len(prompts), a.seq_len), chess_data.PAD, dtype=torch.long)
-            pos = []
-            for i, (ids, _) in enumerate(prompts):
-                buf[i, :len(ids)] = torch.tensor(ids)
-                pos.append(len(ids))
-            start = list(pos)
-            for _ in range(6):  # a move is at most 5 characters, then a space
-                logits = logits_of(self.model(buf.to(self.device))).float().cpu()
-                for i in range(len(prompts)):
-                    if pos[i] < a.seq_len:
-                        buf[i, pos[i]] = logits[i, pos[i] - 1].argmax()
-                        pos[i] += 1
-            texts = [data.decode(buf[i, start[i]:pos[i]].tolist()) for i in range(len(prompts))]
-            legal = self.mean(chess_data.legal_fraction(texts, [p for _, p in prompts]))
-            self.result["sample_completion"] = texts[0]
-        self.result.update(eval_loss=eval_loss, legal_move_rate=legal)
+        self.result.update(eval_loss=eval_loss, legal_move_rate=float("nan"))
+        if a.eval_prompts <= 0:
+            return
+        max_plies = max(1, (a.seq_len - 8) // 5)
+        first = self.rank * a.eval_prompts  # global prompt number: cuts cycle over all ranks
+        cuts = [1 + (first + j) % max_plies for j in range(a.eval_prompts)]
+        prompts = data.move_prompts(range(base, base + a.eval_prompts), plies=cuts)
+        buf = torch.full((len(prompts), a.seq_len), chess_data.PAD, dtype=torch.long)
+        pos = []
+        for i, (ids, _) in enumerate(prompts):
+            buf[i, :len(ids)] = torch.tensor(ids)
+            pos.append(len(ids))
+        start = list(pos)
+        for _ in range(6):  # a move is at most 5 characters, then a space
+            logits = logits_of(self.model(buf.to(self.device))).float().cpu()
+            for i in range(len(prompts)):
+                if pos[i] < a.seq_len:
+                    buf[i, pos[i]] = logits[i, pos[i] - 1].argmax()
+                    pos[i] += 1
+        texts = [data.decode(buf[i, start[i]:pos[i]].tolist()) for i in range(len(prompts))]
+        ok = [chess_data.legal_fraction([t], [p]) for t, (_, p) in zip(texts, prompts)]
+        # per third of the cuts: [legal, prompts] summed over ranks
+        thirds = torch.zeros(3, 2, dtype=torch.float64, device=self.device)
+        for (_, prefix), v in zip(prompts, ok):
+            third = min(2, 3 * (len(prefix) - 1) // max_plies)
+            thirds[third, 0] += v
+            thirds[third, 1] += 1
+        dist.all_reduce(thirds, group=self.group)
+        thirds = thirds.cpu()
+        self.result.update(
+            legal_move_rate=float(thirds[:, 0].sum() / thirds[:, 1].sum()),
+            legal_move_rate_by_third=[float(t[0] / t[1]) if t[1] else float("nan")
+                                      for t in thirds],
+            legal_move_prompts=int(thirds[:, 1].sum()),
+            sample_completion={"moves": " ".join(prompts[-1][1]),
+                               "next": texts[-1].strip().split(" ")[0] if texts[-1].strip()
+                               else "", "legal": bool(ok[-1])})
 
     def save(self, path):
         if self.strategy.startswith("plan"):
@@ -393,24 +436,6 @@ def resolve_device(args):
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
     return torch.device("cpu")
-
-
-def summary_table(results) -> str:
-    hdr = ["strategy", "backend", "tokens/s", "step ms", "param mem/rank", "params", "grads",
-           "optim", "buffers", "peak RSS/rank", "final loss", "eval loss", "legal moves"]
-    rows = []
-    for r in results:
-        if "error" in r:
-            err = r["error"] if r["error"].startswith("rsdp:") else "not available: " + r["error"]
-            rows.append([r["strategy"], r["backend"], err[:90]] + ["-"] * (len(hdr) - 3))
-            continue
-        bd = r["mem_breakdown_bytes"]
-        rows.append([r["strategy"], r["backend"], f"{r['tokens_per_s']:,.0f}",
-                     f"{r['step_s'] * 1e3:.1f}", tm.fmt_bytes(r["mem_peak_bytes"]),
-                     *(tm.fmt_bytes(bd[c]) for c in tm.ParamMemoryTracker.CATS),
-                     tm.fmt_bytes(r["rss_peak_bytes"]), f"{r['final_loss']:.4f}",
-                     f"{r['eval_loss']:.4f}", f"{100 * r['legal_move_rate']:.0f}%"])
-    return tm.md_table(hdr, rows)
 
 
 def process_main(args) -> int:
@@ -467,17 +492,22 @@ def process_main(args) -> int:
         if args.save and not args.compare:
             run.save(args.save)
         r = run.result
+        sample = r.get("sample_completion")
         log(f"=== {strategy}:{backend}: {r['tokens_per_s']:,.0f} tokens/s "
             f"({r['step_s'] * 1e3:.0f} ms/step, median of {r['timed_steps']} timed steps), "
-            f"peak param memory/rank {tm.fmt_bytes(r['mem_peak_bytes'])}, peak RSS/rank "
+            f"peak memory/rank {tm.fmt_bytes(r['mem_peak_with_activations_bytes'])} (parameter-"
+            f"related {tm.fmt_bytes(r['mem_peak_bytes'])}), peak RSS/rank "
             f"{tm.fmt_bytes(r['rss_peak_bytes'])}, final loss {r['final_loss']:.4f}, held-out "
-            f"loss {r['eval_loss']:.4f}, legal next moves {100 * r['legal_move_rate']:.0f}% "
-            f"(e.g. {r.get('sample_completion', '')!r}), {r['elapsed_s']:.0f} s", flush=True)
+            f"loss {r['eval_loss']:.4f}, legal next moves {100 * r['legal_move_rate']:.0f}% of "
+            f"{r.get('legal_move_prompts', 0)}, {r['elapsed_s']:.0f} s", flush=True)
+        if sample:
+            log(f"    sample: after {sample['moves']!r} it plays {sample['next']!r} "
+                f"({'legal' if sample['legal'] else 'not legal'})", flush=True)
         results.append(r)
         del run
         gc.collect()
         dist.barrier()
-    log("\n" + summary_table(results))
+    log("\n" + chess_report.table(results))
     for r in results:
         if "predicted_step_s" in r:
             log(f"{r['strategy']}: predicted step {r['predicted_step_s'] * 1e3:.1f} ms "
@@ -486,11 +516,18 @@ def process_main(args) -> int:
                 f"{tm.fmt_bytes(r['predicted_peak_bytes'])}, measured (with activations) "
                 f"{tm.fmt_bytes(r['mem_peak_with_activations_bytes'])}, budget "
                 f"{tm.fmt_bytes(r['memory_budget_bytes'])}")
-    log(f"\nparam mem = {tm.METHOD}\nload average now: {tm.load_average()}", flush=True)
+    log(f"\nmemory = {tm.METHOD}\nlegal moves: held-out games cut after 1 to "
+        f"{max(1, (args.seq_len - 8) // 5)} moves, greedy next move; opening/middle/end: the "
+        f"thirds of those cuts\nload average now: {tm.load_average()}", flush=True)
+    meta = {"args": {k: v for k, v in vars(args).items() if k != "runs"},
+            "runs": [f"{s}:{b}" for s, b in runs], "world_size": world,
+            "load_average": tm.load_average()}
     if rank == 0 and args.json_out:
         with open(args.json_out, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items() if k != "runs"},
-                       "runs": [f"{s}:{b}" for s, b in runs], "results": results}, f, indent=1)
+            json.dump({**meta, "results": results}, f, indent=1)
+    if rank == 0 and args.out:
+        paths = chess_report.write(results, meta, args.out)
+        log("written: " + ", ".join(paths), flush=True)
     dist.destroy_process_group()
     return 0 if any("error" not in r for r in results) else 2
 

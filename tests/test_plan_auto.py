@@ -3,7 +3,8 @@ brute force in test_plan_search.py).
 
 On a Hugging Face Llama built from a small config: plans are identical on every rank and fit
 their budget; an infeasible budget raises BudgetError naming the smallest feasible one, which
-then plans; predicted step time never increases with the budget; the profile cache is reused
+then plans; predicted step time never increases with the budget; the pick is raced in place
+against the best uniform plans and loses to one measured faster; the profile cache is reused
 and invalidated when the model changes; the chosen plan trains like one process; explain()
 covers every unit; a Cluster we do not have (64 nodes x 8) is planned for; bad input raises.
 """
@@ -32,13 +33,17 @@ def _same_everywhere(p):
 
 
 def fam_auto(ctx, rec):
+    import functools
+
     import torch_rsdp.plan as plan
+    import torch_rsdp.plan.planner.auto as auto_mod
     W, r = ctx.world_size, ctx.rank
+    auto = functools.partial(plan.auto, verify=0)  # the search alone (measurements are noisy)
     model = pc.make_llama()
     with rec.case("cache miss then hit"):
-        p = plan.auto(model, _inputs(r), memory_budget="1GiB")
+        p = auto(model, _inputs(r), memory_budget="1GiB")
         assert not p.prediction.from_cache
-        p2 = plan.auto(model, _inputs(r), memory_budget="1GiB")
+        p2 = auto(model, _inputs(r), memory_budget="1GiB")
         assert p2.prediction.from_cache and p2 == p
         _same_everywhere(p)
     with rec.case("loose budget: fits, every unit planned, explain"):
@@ -70,13 +75,13 @@ def fam_auto(ctx, rec):
         assert uni.units[0].transient_bytes > max(u.transient_bytes for u in root_parts)
     with rec.case("infeasible budget names the smallest, which plans"):
         try:
-            plan.auto(model, _inputs(r), memory_budget=1024)
+            auto(model, _inputs(r), memory_budget=1024)
         except plan.BudgetError as e:
             smallest = e.smallest_feasible_bytes
             assert str(smallest) in str(e).replace(",", ""), str(e)
         else:
             raise AssertionError("a 1 KiB budget was accepted")
-        tight = plan.auto(model, _inputs(r), memory_budget=smallest)
+        tight = auto(model, _inputs(r), memory_budget=smallest)
         assert tight.prediction.peak_bytes <= smallest
         _same_everywhere(tight)
         lean = {"full_shard", "shard_grad_op", "hybrid_shard", "rotate", "split:2", "split:4"}
@@ -89,20 +94,45 @@ def fam_auto(ctx, rec):
         times = []
         for i in range(6):
             b = smallest + (loose - smallest) * i // 5
-            times.append(plan.auto(model, _inputs(r), memory_budget=b).prediction.step_time_s)
+            times.append(auto(model, _inputs(r), memory_budget=b).prediction.step_time_s)
         assert all(b <= a + 1e-12 for a, b in zip(times, times[1:])), times
     with rec.case("model change invalidates the cache"):
         other = pc.make_llama(tied=True)
-        q = plan.auto(other, _inputs(r), memory_budget="1GiB")
+        q = auto(other, _inputs(r), memory_budget="1GiB")
         assert not q.prediction.from_cache
     with rec.case("the plan trains like one process"):
-        mid = plan.auto(model, _inputs(r), memory_budget=(smallest + loose) // 2)
+        mid = auto(model, _inputs(r), memory_budget=(smallest + loose) // 2)
         want = pc.reference(pc.make_llama(), "sgd", W, 2)
         m = plan.apply(pc.make_llama(), mid)
         pc.train(m, pc.plan_optim(m, "sgd"), r, W, 2)
         pc.assert_close_sd(plan.full_state_dict(m, rank0_only=False), want, 2e-5, str(mid))
+    with rec.case("the pick is raced in place against the best uniform plans"):
+        budget = (smallest + loose) // 2
+        q = plan.auto(model, _inputs(r), memory_budget=budget, verify=2, verify_steps=2)
+        _same_everywhere(q)
+        checks = q.prediction.checks
+        assert checks[0].label == "planned" and 2 <= len(checks) <= 3, checks
+        assert all(c.label.startswith("uniform ") for c in checks[1:]), checks
+        assert [c.kept for c in checks].count(True) == 1, checks
+        kept = next(c for c in checks if c.kept)
+        assert kept.measured_s == min(c.measured_s for c in checks), checks
+        assert all(0 < c.measured_s < 60 and c.predicted_peak_bytes <= budget for c in checks)
+        assert "checked in place" in q.explain() and "<- kept" in q.explain()
+        # a rival measured faster replaces the pick: the plan returned is that uniform plan
+        real = auto_mod.measure_plans
+        auto_mod.measure_plans = lambda m, x, plans, **kw: [1.0] + [0.5] * (len(plans) - 1)
+        try:
+            q = plan.auto(model, _inputs(r), memory_budget=budget, verify=1)
+        finally:
+            auto_mod.measure_plans = real
+        (_, rival) = q.prediction.checks
+        assert rival.kept and rival.label.startswith("uniform "), q.prediction.checks
+        strategy = rival.label.split()[1]
+        used = {str(v) for v in q.mapping.values()} | {str(q.default)}
+        assert strategy in used and len(used) <= 2, (strategy, q.explain())
+        assert abs(q.prediction.step_time_s - rival.predicted_s) < 1e-12
     with rec.case("restricted strategies and units"):
-        q = plan.auto(model, _inputs(r), memory_budget="1GiB",
+        q = auto(model, _inputs(r), memory_budget="1GiB",
                       strategies=["full_shard", "rotate"],
                       units=["model.layers.0", "model.layers.1"])
         assert set(q.mapping) == {"model.layers.0", "model.layers.1"}
@@ -110,13 +140,13 @@ def fam_auto(ctx, rec):
     with rec.case("a cluster we do not have"):
         cl = plan.Cluster(nodes=64, ranks_per_node=8, intra_node_GBps=100, inter_node_GBps=25,
                           latency_us=10)
-        q = plan.auto(model, _inputs(r), memory_budget="1GiB", topology=cl)
+        q = auto(model, _inputs(r), memory_budget="1GiB", topology=cl)
         assert q.prediction.world == 512 and q.prediction.nodes == 64
         assert "Cluster" in q.explain()
         try:
-            plan.auto(model, _inputs(r), memory_budget=64, topology=cl)
+            auto(model, _inputs(r), memory_budget=64, topology=cl)
         except plan.BudgetError as e:
-            big = plan.auto(model, _inputs(r), memory_budget=e.smallest_feasible_bytes,
+            big = auto(model, _inputs(r), memory_budget=e.smallest_feasible_bytes,
                             topology=cl)
             # 512-way sharding fits in less than this group's tightest plan
             assert e.smallest_feasible_bytes < smallest, (e.smallest_feasible_bytes, smallest)

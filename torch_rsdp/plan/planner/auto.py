@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.distributed as dist
 import torch.nn as nn
@@ -32,6 +32,7 @@ from .explain import Prediction, UnitPrediction, explain
 from .profile import OPTIMIZER_STATE_FACTOR, UnitProfile, profile_model
 from .search import (BudgetError, Solution, peak_bytes, runner_up,
                      smallest_feasible_budget, solve, total_time, walk_peak)
+from .verify import PlanCheck, measure_plans
 
 __all__ = ["auto", "predict", "plan_profile", "AutoPlan", "parse_budget", "default_units"]
 
@@ -202,7 +203,8 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
          optimizer: str = "adamw", strategies: Optional[Sequence[str]] = None,
          units: Union[None, Sequence[str], Callable[[str, nn.Module], bool]] = None,
          topology: Optional[Cluster] = None, use_cache: bool = True,
-         headroom: float = 0.05, accumulation: int = 1) -> AutoPlan:
+         headroom: float = 0.05, accumulation: int = 1, verify: int = 2,
+         verify_steps: int = 4) -> AutoPlan:
     """The fastest plan whose predicted peak per rank fits ``memory_budget``. Collective.
 
     Args:
@@ -220,6 +222,12 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
             (allocator slack, the optimizer's temporaries, library buffers).
         accumulation: micro-batches per optimizer step (``plan.no_sync`` on all but the last):
             sharded units then keep unsharded gradients between micro-batches.
+        verify: after the search, race the pick against this many uniform plans (the
+            fastest predicted of those that fit the budget), each trained ``verify_steps``
+            steps on a copy of the model (:mod:`.verify`), and keep the one measured fastest;
+            ``explain()`` shows predicted against measured. 0: trust the cost model. Not
+            done with ``topology`` (there is nothing to measure on).
+        verify_steps: timed steps per candidate (over two rounds, plus a warm-up step each).
 
     Raises:
         BudgetError: (a ``ValueError``) no plan fits; it names the smallest budget that fits.
@@ -230,25 +238,75 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     budget = parse_budget(memory_budget, local)
     prof, links, choices = _costs(model, example_inputs, group, optimizer, strategies, units,
                                   topology, use_cache, accumulation)
+    cands = [str(parse_strategy(s)) for s in (strategies or DEFAULT_STRATEGIES)]
+    usable = int(budget * (1 - headroom))
     result: list = [None]
     if dist.get_rank(group) == 0:  # rank 0 decides; every rank applies the same plan
-        usable = int(budget * (1 - headroom))
         try:
             sol = _choose(choices, usable)
-            result[0] = ("ok", sol.picks, runner_up(choices, sol, usable, peak=walk_peak))
+            rivals = (_uniform_rivals(choices, cands, links, usable, sol.picks)[:verify]
+                      if verify > 0 and topology is None else [])
+            result[0] = ("ok", sol.picks, runner_up(choices, sol, usable, peak=walk_peak),
+                         rivals)
         except BudgetError as e:
             result[0] = ("budget", budget,
                          -(-e.smallest_feasible_bytes * 10**6 // int((1 - headroom) * 10**6)))
     dist.broadcast_object_list(result, src=group_rank0(group), group=group)
     if result[0][0] == "budget":
         raise BudgetError(result[0][1], result[0][2])
-    _, picks, ups = result[0]
+    _, picks, ups, rivals = result[0]
+    checks = []
+    if rivals:
+        picks, ups, checks = _race(model, example_inputs, group, optimizer, prof.units, choices,
+                                   picks, ups, rivals, verify_steps, accumulation)
     mapping = {u.name: choices[i][picks[i]].strategy for i, u in enumerate(prof.units)}
     default = mapping.pop("", "no_shard")
     p = AutoPlan(mapping, default)
     p.prediction = _prediction(prof.units, links, choices, picks, budget, topology,
                                prof.from_cache, ups)
+    p.prediction.checks = checks
     return p
+
+
+def _uniform_rivals(choices, cands, links, usable, picked) -> List[Tuple[str, List[int]]]:
+    """``(strategy, picks)`` of every uniform plan that fits ``usable`` and is not the pick,
+    fastest predicted first. A unit the strategy cannot take gets the handler's fallback, as
+    ``plan.apply`` would give it."""
+    out = []
+    for s in cands:
+        fallback = parse_strategy(s).handler.fallback(links)
+        picks = []
+        for cs in choices:
+            names = [c.strategy for c in cs]
+            want = s if s in names else fallback
+            if want not in names:
+                break
+            picks.append(names.index(want))
+        else:
+            if picks != list(picked) and walk_peak(choices, picks) <= usable:
+                out.append((total_time(choices, picks), s, picks))
+    return [(s, picks) for _, s, picks in sorted(out)]
+
+
+def _race(model, example_inputs, group, optimizer, units, choices, picks, ups, rivals, steps,
+          accumulation):
+    """The pick against ``rivals``, measured (:func:`.verify.measure_plans`); the fastest
+    wins, the pick on a tie. Returns (picks, runner-ups, the checks for ``explain()``)."""
+    def plan_of(ps):
+        mapping = {u.name: choices[i][ps[i]].strategy for i, u in enumerate(units)}
+        return Plan(mapping, mapping.pop("", "no_shard"))
+
+    entries = [("planned", list(picks))] + [(f"uniform {s}", ps) for s, ps in rivals]
+    measured = measure_plans(model, example_inputs, [plan_of(ps) for _, ps in entries],
+                             group=group, optimizer=optimizer, steps=steps,
+                             accumulation=accumulation)
+    best = min(range(len(entries)), key=lambda i: (measured[i], i))
+    checks = [PlanCheck(label, total_time(choices, ps) * accumulation, walk_peak(choices, ps),
+                        m, kept=i == best)
+              for i, ((label, ps), m) in enumerate(zip(entries, measured))]
+    if best == 0:
+        return picks, ups, checks
+    return entries[best][1], None, checks
 
 
 def predict(model: nn.Module, example_inputs, plan, *, group=None, optimizer: str = "adamw",

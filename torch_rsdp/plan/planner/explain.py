@@ -34,6 +34,7 @@ class Prediction:
     topology: str
     units: List[UnitPrediction] = field(default_factory=list)
     from_cache: bool = False
+    checks: list = field(default_factory=list)   # [verify.PlanCheck]: the in-place race
 
 
 def explain(pred: Prediction) -> str:
@@ -58,4 +59,12 @@ def explain(pred: Prediction) -> str:
               "(activations); peak+ = extra while the unit computes (gathered weights, "
               "buffers, temporaries); the runner-up is the best other strategy for that unit "
               "that fits with every other choice kept."]
+    if pred.checks:
+        lines += ["", "checked in place (a few training steps of each on a copy of the model, "
+                      "slowest rank's median):"]
+        for c in pred.checks:
+            lines.append(f"  {c.label:<24} predicted {c.predicted_s * 1e3:9.1f} ms/step, "
+                         f"{_mib(c.predicted_peak_bytes):>7} MiB; measured "
+                         f"{c.measured_s * 1e3:9.1f} ms/step"
+                         + ("   <- kept" if c.kept else ""))
     return "\n".join(lines)

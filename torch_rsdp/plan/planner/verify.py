@@ -1,0 +1,108 @@
+"""The planner's last step: race its pick against the best uniform plans, measured in place.
+
+The cost model prices each unit from measurements of that unit alone; a whole step can still
+come out slower than predicted (overlap the model does not see, the allocator, the cores
+shared differently). So after its search, :func:`~torch_rsdp.plan.auto` trains a few steps of
+its pick and of the fastest-predicted uniform plans that fit the budget, each on a copy of the
+model, and keeps the one measured fastest: its plan is never slower than the best fitting
+uniform plan by more than the noise of a few steps.
+
+Each candidate: the model copied, the plan applied (as :func:`~torch_rsdp.plan.apply`
+does, communication included), the optimizer of the planner's rule (``make_optimizer``), one
+warm-up step, then ``steps`` timed steps (forward, backward of the outputs, optimizer step;
+with ``accumulation`` micro-batches under ``plan.no_sync`` but the last). Every step starts
+after a barrier and counts at the slowest rank. Candidates take turns over ``rounds`` rounds,
+so a slow spell of a shared machine touches each alike; one copy is alive at a time, so the
+check needs the model once more, sharded by the plan being timed.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import gc
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Dict, List, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.utils._pytree import tree_flatten
+
+from .profile import _as_args, _clone_inputs
+
+__all__ = ["PlanCheck", "measure_plans", "OPTIMIZERS"]
+
+#: The optimizer class (and its extra arguments) timed for each state rule.
+OPTIMIZERS = {"adamw": (torch.optim.AdamW, {}), "adam": (torch.optim.Adam, {}),
+              "sgd": (torch.optim.SGD, {}), "sgd_momentum": (torch.optim.SGD, {"momentum": 0.9}),
+              "adagrad": (torch.optim.Adagrad, {}), "rmsprop": (torch.optim.RMSprop, {})}
+
+
+@dataclass
+class PlanCheck:
+    """One candidate of the in-place check: what was predicted and what was measured."""
+    label: str                # "planned" or "uniform <strategy>"
+    predicted_s: float        # the cost model's step time (x accumulation)
+    predicted_peak_bytes: int
+    measured_s: float = float("nan")   # median step, slowest rank
+    kept: bool = False
+
+
+def _step(model, args, kwargs, opt, accumulation: int) -> None:
+    from ..accumulate import no_sync
+    for micro in range(accumulation):
+        a, k = _clone_inputs(args, kwargs)
+        with no_sync(model) if micro < accumulation - 1 else contextlib.nullcontext():
+            out = model(*a, **k)
+            outs = [t for t in tree_flatten(out)[0]
+                    if isinstance(t, torch.Tensor) and t.requires_grad]
+            if outs:
+                torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
+        del out, outs
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _time_one(model: nn.Module, plan, args, kwargs, group, optimizer: str, steps: int,
+              accumulation: int) -> List[float]:
+    from ..apply import apply
+    from ..optim import make_optimizer
+    cls, extra = OPTIMIZERS[optimizer]
+    trial = apply(copy.deepcopy(model), plan, group=group, sync_module_states=False)
+    opt = make_optimizer(trial, cls, lr=1e-12, **extra)  # the copy's values do not matter
+    times = []
+    for i in range(steps + 1):
+        dist.barrier(group=group)
+        t0 = time.perf_counter()
+        _step(trial, args, kwargs, opt, accumulation)
+        if i:  # the first step warms up (allocations, optimizer state)
+            times.append(time.perf_counter() - t0)
+    del trial, opt
+    gc.collect()
+    return times
+
+
+def measure_plans(model: nn.Module, example_inputs, plans: Sequence, *, group, optimizer: str,
+                  steps: int = 3, rounds: int = 2, accumulation: int = 1) -> List[float]:
+    """Median step seconds (slowest rank) of each of ``plans`` applied to a copy of
+    ``model``. Collective: every rank of ``group`` calls it with the same plans."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"torch_rsdp.plan.auto: no optimizer to time for rule {optimizer!r}")
+    args, kwargs = _as_args(example_inputs)
+    per_round = max(1, -(-steps // rounds))
+    times: Dict[int, List[float]] = {i: [] for i in range(len(plans))}
+    order = list(range(len(plans)))
+    for rd in range(rounds):  # each round starts one candidate later
+        for i in order[rd % len(order):] + order[:rd % len(order)]:
+            times[i] += _time_one(model, plans[i], args, kwargs, group, optimizer, per_round,
+                                  accumulation)
+    flat = torch.tensor([t for i in order for t in times[i]], dtype=torch.float64)
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)  # the slowest rank's steps
+    out, at = [], 0
+    for i in order:
+        n = len(times[i])
+        out.append(statistics.median(flat[at:at + n].tolist()))
+        at += n
+    return out
