@@ -258,7 +258,7 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     checks = []
     if rivals:
         picks, ups, checks = _race(model, example_inputs, group, optimizer, prof.units, choices,
-                                   picks, ups, rivals, verify_steps, accumulation)
+                                   picks, ups, rivals, verify_steps, accumulation, usable)
     mapping = {u.name: choices[i][picks[i]].strategy for i, u in enumerate(prof.units)}
     default = mapping.pop("", "no_shard")
     p = AutoPlan(mapping, default)
@@ -268,10 +268,15 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     return p
 
 
+#: A uniform plan predicted to need up to this much more than the budget still races: the
+#: memory model errs by some percent either way, and the race measures what it needs.
+RIVAL_SLACK = 0.15
+
+
 def _uniform_rivals(choices, cands, links, usable, picked) -> List[Tuple[str, List[int]]]:
-    """``(strategy, picks)`` of every uniform plan that fits ``usable`` and is not the pick,
-    fastest predicted first. A unit the strategy cannot take gets the handler's fallback, as
-    ``plan.apply`` would give it."""
+    """``(strategy, picks)`` of every uniform plan predicted to fit ``usable`` (within
+    :data:`RIVAL_SLACK`) that is not the pick, fastest predicted first. A unit the strategy
+    cannot take gets the handler's fallback, as ``plan.apply`` would give it."""
     out = []
     for s in cands:
         fallback = parse_strategy(s).handler.fallback(links)
@@ -283,15 +288,16 @@ def _uniform_rivals(choices, cands, links, usable, picked) -> List[Tuple[str, Li
                 break
             picks.append(names.index(want))
         else:
-            if picks != list(picked) and walk_peak(choices, picks) <= usable:
+            if picks != list(picked) and walk_peak(choices, picks) <= usable * (1 + RIVAL_SLACK):
                 out.append((total_time(choices, picks), s, picks))
     return [(s, picks) for _, s, picks in sorted(out)]
 
 
 def _race(model, example_inputs, group, optimizer, units, choices, picks, ups, rivals, steps,
-          accumulation):
-    """The pick against ``rivals``, measured (:func:`.verify.measure_plans`); the fastest
-    wins, the pick on a tie. Returns (picks, runner-ups, the checks for ``explain()``)."""
+          accumulation, usable):
+    """The pick against ``rivals``, measured (:func:`.verify.measure_plans`): the fastest
+    whose measured peak fits ``usable`` wins, the pick on a tie or if none fits. Returns
+    (picks, runner-ups, the checks for ``explain()``)."""
     def plan_of(ps):
         mapping = {u.name: choices[i][ps[i]].strategy for i, u in enumerate(units)}
         return Plan(mapping, mapping.pop("", "no_shard"))
@@ -300,10 +306,11 @@ def _race(model, example_inputs, group, optimizer, units, choices, picks, ups, r
     measured = measure_plans(model, example_inputs, [plan_of(ps) for _, ps in entries],
                              group=group, optimizer=optimizer, steps=steps,
                              accumulation=accumulation)
-    best = min(range(len(entries)), key=lambda i: (measured[i], i))
+    fit = [i for i, (_, peak) in enumerate(measured) if peak <= usable] or [0]
+    best = min(fit, key=lambda i: (measured[i][0], i))
     checks = [PlanCheck(label, total_time(choices, ps) * accumulation, walk_peak(choices, ps),
-                        m, kept=i == best)
-              for i, ((label, ps), m) in enumerate(zip(entries, measured))]
+                        t, peak, kept=i == best)
+              for i, ((label, ps), (t, peak)) in enumerate(zip(entries, measured))]
     if best == 0:
         return picks, ups, checks
     return entries[best][1], None, checks

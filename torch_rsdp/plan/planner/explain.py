@@ -60,11 +60,12 @@ def explain(pred: Prediction) -> str:
               "buffers, temporaries); the runner-up is the best other strategy for that unit "
               "that fits with every other choice kept."]
     if pred.checks:
-        lines += ["", "checked in place (a few training steps of each on a copy of the model, "
-                      "slowest rank's median):"]
+        lines += ["", "checked in place (a few training steps of each on a copy of the model: "
+                      "slowest rank's median; peak per rank by torch's MemTracker; the fastest "
+                      "that fits is kept):"]
         for c in pred.checks:
-            lines.append(f"  {c.label:<24} predicted {c.predicted_s * 1e3:9.1f} ms/step, "
+            lines.append(f"  {c.label:<24} predicted {c.predicted_s * 1e3:8.1f} ms/step, "
                          f"{_mib(c.predicted_peak_bytes):>7} MiB; measured "
-                         f"{c.measured_s * 1e3:9.1f} ms/step"
+                         f"{c.measured_s * 1e3:8.1f} ms/step, {_mib(c.measured_peak_bytes):>7} MiB"
                          + ("   <- kept" if c.kept else ""))
     return "\n".join(lines)

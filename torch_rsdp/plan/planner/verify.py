@@ -2,16 +2,19 @@
 
 The cost model prices each unit from measurements of that unit alone; a whole step can still
 come out slower than predicted (overlap the model does not see, the allocator, the cores
-shared differently). So after its search, :func:`~torch_rsdp.plan.auto` trains a few steps of
-its pick and of the fastest-predicted uniform plans that fit the budget, each on a copy of the
-model, and keeps the one measured fastest: its plan is never slower than the best fitting
-uniform plan by more than the noise of a few steps.
+shared differently), and its memory model errs by some percent both ways. So after its
+search, :func:`~torch_rsdp.plan.auto` trains a few steps of its pick and of the
+fastest-predicted uniform plans that fit the budget or miss it by less than the memory model's
+error, each on a copy of the model, measures each one's peak memory as torch does
+(``MemTracker``, one more step), and keeps the fastest whose measured peak fits: its plan is
+never slower than the best fitting uniform plan by more than the noise of a few steps.
 
 Each candidate: the model copied, the plan applied (as :func:`~torch_rsdp.plan.apply`
 does, communication included), the optimizer of the planner's rule (``make_optimizer``), one
 warm-up step, then ``steps`` timed steps (forward, backward of the outputs, optimizer step;
-with ``accumulation`` micro-batches under ``plan.no_sync`` but the last). Every step starts
-after a barrier and counts at the slowest rank. Candidates take turns over ``rounds`` rounds,
+with ``accumulation`` micro-batches under ``plan.no_sync`` but the last), then one step under
+torch's ``MemTracker`` (every tensor torch allocates). Every step starts after a barrier and
+counts at the slowest rank; the peak is the largest rank's. Candidates take turns over ``rounds`` rounds,
 so a slow spell of a shared machine touches each alike; one copy is alive at a time, so the
 check needs the model once more, sharded by the plan being timed.
 """
@@ -23,7 +26,7 @@ import gc
 import statistics
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Sequence
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -47,6 +50,7 @@ class PlanCheck:
     predicted_s: float        # the cost model's step time (x accumulation)
     predicted_peak_bytes: int
     measured_s: float = float("nan")   # median step, slowest rank
+    measured_peak_bytes: int = 0       # MemTracker over one step, largest rank
     kept: bool = False
 
 
@@ -66,7 +70,7 @@ def _step(model, args, kwargs, opt, accumulation: int) -> None:
 
 
 def _time_one(model: nn.Module, plan, args, kwargs, group, optimizer: str, steps: int,
-              accumulation: int) -> List[float]:
+              accumulation: int, memory: bool) -> Tuple[List[float], int]:
     from ..apply import apply
     from ..optim import make_optimizer
     cls, extra = OPTIMIZERS[optimizer]
@@ -79,30 +83,43 @@ def _time_one(model: nn.Module, plan, args, kwargs, group, optimizer: str, steps
         _step(trial, args, kwargs, opt, accumulation)
         if i:  # the first step warms up (allocations, optimizer state)
             times.append(time.perf_counter() - t0)
+    peak = 0
+    if memory:
+        from torch.distributed._tools.mem_tracker import MemTracker
+        mt = MemTracker()
+        mt.track_external(trial, opt)
+        with mt:
+            _step(trial, args, kwargs, opt, accumulation)
+        peak = max(v.get("Total", 0) for v in mt.get_tracker_snapshot("peak").values())
     del trial, opt
     gc.collect()
-    return times
+    return times, peak
 
 
 def measure_plans(model: nn.Module, example_inputs, plans: Sequence, *, group, optimizer: str,
-                  steps: int = 3, rounds: int = 2, accumulation: int = 1) -> List[float]:
-    """Median step seconds (slowest rank) of each of ``plans`` applied to a copy of
-    ``model``. Collective: every rank of ``group`` calls it with the same plans."""
+                  steps: int = 3, rounds: int = 2, accumulation: int = 1
+                  ) -> List[Tuple[float, int]]:
+    """(median step seconds at the slowest rank, peak bytes at the largest rank) of each of
+    ``plans`` applied to a copy of ``model``. Collective: every rank of ``group`` calls it
+    with the same plans."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"torch_rsdp.plan.auto: no optimizer to time for rule {optimizer!r}")
     args, kwargs = _as_args(example_inputs)
     per_round = max(1, -(-steps // rounds))
     times: Dict[int, List[float]] = {i: [] for i in range(len(plans))}
+    peaks = [0] * len(plans)
     order = list(range(len(plans)))
     for rd in range(rounds):  # each round starts one candidate later
         for i in order[rd % len(order):] + order[:rd % len(order)]:
-            times[i] += _time_one(model, plans[i], args, kwargs, group, optimizer, per_round,
-                                  accumulation)
-    flat = torch.tensor([t for i in order for t in times[i]], dtype=torch.float64)
-    dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)  # the slowest rank's steps
+            t, peak = _time_one(model, plans[i], args, kwargs, group, optimizer, per_round,
+                                accumulation, memory=rd == rounds - 1)
+            times[i] += t
+            peaks[i] = max(peaks[i], peak)
+    flat = torch.tensor([t for i in order for t in times[i]] + peaks, dtype=torch.float64)
+    dist.all_reduce(flat, op=dist.ReduceOp.MAX, group=group)  # the slowest / largest rank
     out, at = [], 0
     for i in order:
         n = len(times[i])
-        out.append(statistics.median(flat[at:at + n].tolist()))
+        out.append((statistics.median(flat[at:at + n].tolist()), int(flat[-len(plans) + i])))
         at += n
     return out
