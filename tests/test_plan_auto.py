@@ -34,11 +34,11 @@ def _same_everywhere(p):
 
 def fam_auto(ctx, rec):
     import functools
-
-    import torch_rsdp.plan as plan
     import sys
 
-    auto_mod = sys.modules["torch_rsdp.plan.planner.auto"]  # the name is the function    W, r = ctx.world_size, ctx.rank
+    import torch_rsdp.plan as plan
+    auto_mod = sys.modules["torch_rsdp.plan.planner.auto"]  # the package's name is the function
+    W, r = ctx.world_size, ctx.rank
     auto = functools.partial(plan.auto, verify=0)  # the search alone (measurements are noisy)
     model = pc.make_llama()
     with rec.case("cache miss then hit"):
