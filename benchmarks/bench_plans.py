@@ -2,8 +2,8 @@
 """The planner against every uniform strategy, across memory budgets (OSDP's figure).
 
 A Hugging Face Llama built from a config (nothing downloaded) is trained with AdamW over the
-rsdp backend. In one launch per setting (``1x4``: 4 ranks on one node; ``2x2``: 2 emulated
-nodes x 2 ranks behind a ``tc``-limited link), it
+rsdp backend. In one launch per setting (``1x2`` / ``1x4``: 2 / 4 ranks on one node; ``2x2``:
+2 emulated nodes x 2 ranks behind a ``tc``-limited link), it
 
 1. finds the tightest budget any plan fits (``plan.BudgetError.smallest_feasible_bytes``) and
    the unconstrained one (what ``no_shard`` needs), and picks ``--budgets`` budgets between;
@@ -21,11 +21,13 @@ of a shared machine touches every run alike.
 
 Targets (PASS/MISS, never the exit code): measured peak <= budget at every budget; predicted
 peak within 10 % of measured; predicted step time within 25 %; auto at least as fast as the
-best uniform strategy that fits (within 5 %) at every budget, and >= 1.15x faster at some
-budget between the extremes in one setting; on 2x2 the plan uses hybrid_shard where it pays;
-the Cluster prediction within 25 % of what 2x2 measured.
+best uniform strategy that fits (its measured peak <= the budget) at every budget -- the
+margin (best uniform's step time / auto's) pooled over all rounds >= 0.98, the 2 % being the
+noise of medians on a shared machine; the table also gives each round's margin -- and
+>= 1.15x faster at some budget between the extremes in one setting; on 2x2 the plan uses
+hybrid_shard where it pays; the Cluster prediction within 25 % of what 2x2 measured.
 
-    python benchmarks/bench_plans.py                      # both settings
+    python benchmarks/bench_plans.py                      # all three settings
     python benchmarks/bench_plans.py --settings 1x4 --budgets 6 --steps 4
     python benchmarks/bench_plans.py --quick              # smoke test
 
@@ -48,10 +50,12 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 sys.path.insert(0, HERE)
 sys.path.append(ROOT)
 
-SETTINGS = {"1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
-# Rounds by default: 4 ranks sharing this machine's cores drift by tens of % over minutes, so
-# the cheap 1x4 runs take turns more often; a 2x2 round (the link-bound steps) takes ~10 min.
-ROUNDS = {"1x4": 5, "2x2": 3}
+SETTINGS = {"1x2": [0, 0], "1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
+# Rounds by default: ranks sharing this machine's cores drift by tens of % over minutes, so
+# the cheap one-node runs take turns more often; a 2x2 round (the link-bound steps) takes
+# ~10 min.
+ROUNDS = {"1x2": 5, "1x4": 5, "2x2": 3}
+MARGIN_NOISE = 0.02  # medians of a few steps on a shared machine differ by this much
 UNIFORM = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate",
            "split:2", "split:4"]
 # 12 M parameters: weights and Adam state dominate activations at this micro-batch, so
@@ -110,25 +114,27 @@ def _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory):
 
 
 def _measure_all(ctx, cfg, specs, rounds, steps, warmup, seq, batch):
-    """[(step s, peak bytes)] per spec, slowest / largest rank: the specs take turns over
-    ``rounds`` rounds (a slow spell of the shared machine then touches every spec alike) and
-    each one's step time is the median of all its timed steps; memory from the first round."""
+    """[(step s, peak bytes, [step s of each round])] per spec, slowest / largest rank: the
+    specs take turns over ``rounds`` rounds (a slow spell of the shared machine then touches
+    every spec alike) and each one's step time is the median of all its timed steps; memory
+    from the first round."""
     import statistics
 
     import torch
     import torch.distributed as dist
-    times = [[] for _ in specs]
+    times = [[[] for _ in range(rounds)] for _ in specs]
     peaks = [0] * len(specs)
     for rd in range(rounds):
         for i, spec in enumerate(specs):
             ctx.set_progress(f"round {rd + 1}/{rounds}: run {i + 1}/{len(specs)}")
             t, peak = _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory=rd == 0)
-            times[i] += t
+            times[i][rd] += t
             peaks[i] = max(peaks[i], peak)
-    vals = torch.tensor([[statistics.median(t), float(p)] for t, p in zip(times, peaks)],
+    vals = torch.tensor([[statistics.median(sum(t, [])), float(p)]
+                         + [statistics.median(x) for x in t] for t, p in zip(times, peaks)],
                         dtype=torch.float64)
     dist.all_reduce(vals, op=dist.ReduceOp.MAX)
-    return [(float(a), int(b)) for a, b in vals.tolist()]
+    return [(float(v[0]), int(v[1]), [float(x) for x in v[2:]]) for v in vals.tolist()]
 
 
 def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, uniform, one_node,
@@ -176,8 +182,8 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
                    "pred_peak_bytes": p.prediction.peak_bytes}
         specs.append(p)
     measured = _measure_all(ctx, cfg, specs, rounds, steps, warmup, seq, batch)
-    for row, (t, peak) in zip(rows + ([cluster] if cluster else []), measured):
-        row["step_s"], row["peak_bytes"] = t, peak
+    for row, (t, peak, per_round) in zip(rows + ([cluster] if cluster else []), measured):
+        row["step_s"], row["peak_bytes"], row["round_step_s"] = t, peak, per_round
     if r:
         return None
     return {"budgets": budgets, "tightest": tightest, "loose": loose, "rows": rows,
@@ -191,7 +197,7 @@ def run(setting, args, nodes, rate_Bps):
     try:
         res = launch(bench_worker, len(node_of),
                      (args.model, args.budgets, args.steps, args.warmup, args.seq, args.batch,
-                      rate_Bps if setting == "2x2" else None, args.uniform, setting == "1x4",
+                      rate_Bps if setting == "2x2" else None, args.uniform, setting != "2x2",
                       args.rounds or ROUNDS[setting]),
                      node_of=node_of if setting == "2x2" else None,
                      netns=nodes if setting == "2x2" else None,
@@ -232,6 +238,19 @@ def _hybrid_check(autos, unis):
         f"{best['peak_bytes'] / 2**20:.1f} MiB; the plans use it at {len(used)} budgets")
 
 
+def margin(auto_row, unis):
+    """Best fitting uniform step time / auto's, pooled and per round (None: none fits)."""
+    fit = [u for u in unis if u["peak_bytes"] <= auto_row["budget_bytes"]]
+    if not fit:
+        return None
+    best = min(fit, key=lambda u: u["step_s"])
+    per_round = [min(u["round_step_s"][i] for u in fit) / a
+                 for i, a in enumerate(auto_row["round_step_s"])]
+    return {"best": best["plan"], "pooled": best["step_s"] / auto_row["step_s"],
+            "per_round": per_round,
+            "rounds_won": sum(m >= 1 - MARGIN_NOISE for m in per_round)}
+
+
 def checks(results):
     out = []
 
@@ -253,15 +272,15 @@ def checks(results):
         terr = max(abs(_pct(r["pred_step_s"], r["step_s"])) for r in autos)
         add(f"{st}: predicted step time within 25% of measured", terr <= 0.25,
             f"worst {terr:.0%}")
-        worst, gains = 0.0, []
-        for r in autos:
-            fit = [u for u in unis if u["peak_bytes"] <= r["budget_bytes"]]
-            if fit:
-                best = min(u["step_s"] for u in fit)
-                worst = max(worst, r["step_s"] / best - 1)
-                gains.append(best / r["step_s"])
-        add(f"{st}: auto as fast as the best uniform strategy that fits (within 5%)",
-            worst <= 0.05, f"worst {worst:+.0%} slower")
+        margins = [m for m in map(lambda r: margin(r, unis), autos) if m is not None]
+        gains = [m["pooled"] for m in margins]
+        worst = min(gains, default=float("nan"))
+        rounds_won = sum(m["rounds_won"] for m in margins)
+        rounds_all = sum(len(m["per_round"]) for m in margins)
+        add(f"{st}: auto at least as fast as the best uniform strategy that fits, at every "
+            f"budget (margin >= {1 - MARGIN_NOISE:.2f})", worst >= 1 - MARGIN_NOISE,
+            f"worst margin {worst:.3f}x; auto as fast in {rounds_won} of {rounds_all} "
+            f"(budget, round) pairs")
         best_gain.append(max(gains[1:-1] or [0]))
         if st == "2x2":
             add(*_hybrid_check(autos, unis))
@@ -295,22 +314,26 @@ def markdown(results, info, chk):
             lines += [f"### {st}: failed", "", "```", res["error"], "```", ""]
             continue
         hdr = ["run", "budget", "step ms", "pred ms", "peak/rank", "pred peak", "fits",
-               "plan"]
+               "vs best fitting uniform (per round)", "plan"]
         body = []
         for r in res["rows"]:
             if r["kind"] == "uniform":
                 body.append([r["plan"], "-", f"{r['step_s'] * 1e3:.0f}",
                              f"{r['pred_step_s'] * 1e3:.0f}", fb(r["peak_bytes"]),
-                             fb(r["pred_peak_bytes"]), "", "uniform"])
+                             fb(r["pred_peak_bytes"]), "", "", "uniform"])
             else:
                 counts = {}
                 for v in list(r["plan"]["mapping"].values()) + [r["plan"]["default"]]:
                     counts[v] = counts.get(v, 0) + 1
                 mix = ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
+                m = margin(r, [u for u in res["rows"] if u["kind"] == "uniform"])
+                vs = "-" if m is None else (
+                    f"{m['pooled']:.2f}x {m['best']} ("
+                    + " ".join(f"{x:.2f}" for x in m["per_round"]) + ")")
                 body.append(["auto", fb(r["budget_bytes"]), f"{r['step_s'] * 1e3:.0f}",
                              f"{r['pred_step_s'] * 1e3:.0f}", fb(r["peak_bytes"]),
                              fb(r["pred_peak_bytes"]),
-                             "yes" if r["peak_bytes"] <= r["budget_bytes"] else "NO", mix])
+                             "yes" if r["peak_bytes"] <= r["budget_bytes"] else "NO", vs, mix])
         lines += [f"### {st} (tightest feasible {fb(res['tightest'])}, unconstrained "
                   f"{fb(res['loose'])})", "", md_table(hdr, body), ""]
         c = res.get("cluster")
@@ -353,14 +376,14 @@ def plot(results, path):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--settings", default="1x4,2x2")
+    p.add_argument("--settings", default="1x2,1x4,2x2")
     p.add_argument("--budgets", type=int, default=6)
     p.add_argument("--rate", default="100mbit", help="tc rate of each node link (2x2)")
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--rounds", type=int, default=None,
                    help="the runs take turns this many times (step time: median over all); "
-                        "default 5 on 1x4, 3 on 2x2")
+                        "default 5 on one node, 3 on 2x2")
     p.add_argument("--seq", type=int, default=32)
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--deadline", type=float, default=3600)
@@ -389,8 +412,9 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     results = []
     try:
-        if "1x4" in settings:
-            results.append(run("1x4", args, None, None))
+        for one_node in ("1x2", "1x4"):
+            if one_node in settings:
+                results.append(run(one_node, args, None, None))
         if "2x2" in settings:
             if netns.namespaces_available():
                 with netns.EmulatedNodes(2, rate=args.rate) as nodes:
