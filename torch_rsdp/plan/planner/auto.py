@@ -244,7 +244,7 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     if dist.get_rank(group) == 0:  # rank 0 decides; every rank applies the same plan
         try:
             sol = _choose(choices, usable)
-            rivals = (_uniform_rivals(choices, cands, links, usable, sol.picks)[:verify]
+            rivals = (_uniform_rivals(choices, cands, links, budget, sol.picks)[:verify]
                       if verify > 0 and topology is None else [])
             result[0] = ("ok", sol.picks, runner_up(choices, sol, usable, peak=walk_peak),
                          rivals)
@@ -258,7 +258,7 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     checks = []
     if rivals:
         picks, ups, checks = _race(model, example_inputs, group, optimizer, prof.units, choices,
-                                   picks, ups, rivals, verify_steps, accumulation, usable)
+                                   picks, ups, rivals, verify_steps, accumulation, budget)
     mapping = {u.name: choices[i][picks[i]].strategy for i, u in enumerate(prof.units)}
     default = mapping.pop("", "no_shard")
     p = AutoPlan(mapping, default)
@@ -268,13 +268,13 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     return p
 
 
-#: A uniform plan predicted to need up to this much more than the budget still races: the
-#: memory model errs by some percent either way, and the race measures what it needs.
+#: A uniform plan predicted to need up to this much more than the budget still races (the
+#: memory model errs by some percent either way, and the race measures what it needs).
 RIVAL_SLACK = 0.15
 
 
-def _uniform_rivals(choices, cands, links, usable, picked) -> List[Tuple[str, List[int]]]:
-    """``(strategy, picks)`` of every uniform plan predicted to fit ``usable`` (within
+def _uniform_rivals(choices, cands, links, budget, picked) -> List[Tuple[str, List[int]]]:
+    """``(strategy, picks)`` of every uniform plan predicted to fit ``budget`` (within
     :data:`RIVAL_SLACK`) that is not the pick, fastest predicted first. A unit the strategy
     cannot take gets the handler's fallback, as ``plan.apply`` would give it."""
     out = []
@@ -288,16 +288,18 @@ def _uniform_rivals(choices, cands, links, usable, picked) -> List[Tuple[str, Li
                 break
             picks.append(names.index(want))
         else:
-            if picks != list(picked) and walk_peak(choices, picks) <= usable * (1 + RIVAL_SLACK):
+            if picks != list(picked) and walk_peak(choices, picks) <= budget * (1 + RIVAL_SLACK):
                 out.append((total_time(choices, picks), s, picks))
     return [(s, picks) for _, s, picks in sorted(out)]
 
 
 def _race(model, example_inputs, group, optimizer, units, choices, picks, ups, rivals, steps,
-          accumulation, usable):
+          accumulation, budget):
     """The pick against ``rivals``, measured (:func:`.verify.measure_plans`): the fastest
-    whose measured peak fits ``usable`` wins, the pick on a tie or if none fits. Returns
-    (picks, runner-ups, the checks for ``explain()``)."""
+    whose measured peak fits ``budget`` wins, the pick on a tie or if none fits. (The
+    measurement counts every tensor torch allocates, temporaries included, so it is held to
+    the budget itself, not to what the headroom leaves of it.) Returns (picks, runner-ups,
+    the checks for ``explain()``)."""
     def plan_of(ps):
         mapping = {u.name: choices[i][ps[i]].strategy for i, u in enumerate(units)}
         return Plan(mapping, mapping.pop("", "no_shard"))
@@ -306,7 +308,7 @@ def _race(model, example_inputs, group, optimizer, units, choices, picks, ups, r
     measured = measure_plans(model, example_inputs, [plan_of(ps) for _, ps in entries],
                              group=group, optimizer=optimizer, steps=steps,
                              accumulation=accumulation)
-    fit = [i for i, (_, peak) in enumerate(measured) if peak <= usable] or [0]
+    fit = [i for i, (_, peak) in enumerate(measured) if peak <= budget] or [0]
     best = min(fit, key=lambda i: (measured[i][0], i))
     checks = [PlanCheck(label, total_time(choices, ps) * accumulation, walk_peak(choices, ps),
                         t, peak, kept=i == best)

@@ -12,7 +12,8 @@ never slower than the best fitting uniform plan by more than the noise of a few 
 Each candidate: the model copied, the plan applied (as :func:`~torch_rsdp.plan.apply`
 does, communication included), the optimizer of the planner's rule (``make_optimizer``), one
 warm-up step, then ``steps`` timed steps (forward, backward of the outputs, optimizer step;
-with ``accumulation`` micro-batches under ``plan.no_sync`` but the last), then one step under
+with ``accumulation`` micro-batches under ``plan.no_sync`` but the last; the loss is the
+model's own where it returns one, else the sum of its outputs), then one step under
 torch's ``MemTracker`` (every tensor torch allocates). Every step starts after a barrier and
 counts at the slowest rank; the peak is the largest rank's. Candidates take turns over ``rounds`` rounds,
 so a slow spell of a shared machine touches each alike; one copy is alive at a time, so the
@@ -54,17 +55,28 @@ class PlanCheck:
     kept: bool = False
 
 
+def _loss_of(out):
+    """The model's own loss where it returns one (a Hugging Face model given labels), else
+    the sum of its outputs: a scalar whose backward costs what a loss's would (a sum's
+    gradient is a broadcast view, not one more output-sized tensor)."""
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss
+    outs = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and t.requires_grad
+            and t.is_floating_point()]
+    return sum(t.float().sum() for t in outs) if outs else None
+
+
 def _step(model, args, kwargs, opt, accumulation: int) -> None:
     from ..accumulate import no_sync
     for micro in range(accumulation):
         a, k = _clone_inputs(args, kwargs)
         with no_sync(model) if micro < accumulation - 1 else contextlib.nullcontext():
             out = model(*a, **k)
-            outs = [t for t in tree_flatten(out)[0]
-                    if isinstance(t, torch.Tensor) and t.requires_grad]
-            if outs:
-                torch.autograd.backward(outs, [torch.ones_like(t) for t in outs])
-        del out, outs
+            loss = _loss_of(out)
+            if loss is not None:
+                loss.backward()
+        del out, loss
     opt.step()
     opt.zero_grad(set_to_none=True)
 
