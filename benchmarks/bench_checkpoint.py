@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Checkpoint cost: torch.distributed.checkpoint over planned models against a gathered save.
 
-For the main job's model (the fine-tuning example's Hugging Face Llama, 13 M parameters, AdamW
+For a 13 M-parameter Hugging Face Llama (the fine-tuning example's architecture, wider; AdamW
 state initialised by one step) under each plan of ``--plans`` (default ``rotate`` and
 ``full_shard``) at ``--nproc`` ranks (default 4), in one run:
 

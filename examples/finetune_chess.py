@@ -2,12 +2,12 @@
 """Fine-tune a small causal language model on chess moves with RSDP, FSDP2 or DDP.
 
     torchrun --nproc-per-node 4 examples/finetune_chess.py --strategy rsdp
-    python examples/finetune_chess.py --strategy rsdp --nproc 4          # spawns its own ranks
-    python examples/finetune_chess.py --strategy fsdp2 --backend gloo --nproc 4
-    python examples/finetune_chess.py --compare --nproc 4                # all strategies, one table
-    python examples/finetune_chess.py --strategy plan --plan auto --memory-budget 8MiB --nproc 4
-    python examples/finetune_chess.py --nproc 4 --save /tmp/chess.pt     # then, to fine-tune it:
-    python examples/finetune_chess.py --nproc 4 --init-from /tmp/chess.pt --lr 3e-4 --seed 1
+    python examples/finetune_chess.py --strategy rsdp --nproc 2          # spawns its own ranks
+    python examples/finetune_chess.py --strategy fsdp2 --backend gloo --nproc 2
+    python examples/finetune_chess.py --compare --nproc 2                # all strategies, one table
+    python examples/finetune_chess.py --strategy plan --plan auto --memory-budget 80MiB --nproc 2
+    python examples/finetune_chess.py --nproc 2 --save /tmp/chess.pt     # then, to fine-tune it:
+    python examples/finetune_chess.py --nproc 2 --init-from /tmp/chess.pt --lr 3e-4 --seed 1
     torchrun --nproc-per-node 4 --max-restarts 3 examples/finetune_chess.py --strategy plan \
         --plan rotate --checkpoint-dir /tmp/ckpt --checkpoint-every 10  # survives restarts
 

@@ -222,9 +222,10 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
             (allocator slack, the optimizer's temporaries, library buffers).
         accumulation: micro-batches per optimizer step (``plan.no_sync`` on all but the last):
             sharded units then keep unsharded gradients between micro-batches.
-        verify: after the search, race the pick against this many uniform plans (the
-            fastest predicted of those that fit the budget), each trained ``verify_steps``
-            steps on a copy of the model (:mod:`.verify`), and keep the one measured fastest;
+        verify: after the search, race the pick against this many uniform plans
+            (:meth:`Plan.uniform`; the fastest predicted of those that fit the budget or miss
+            it by less than :data:`RIVAL_SLACK`), each trained ``verify_steps`` steps on a
+            copy of the model (:mod:`.verify`), and keep the fastest whose measured peak fits;
             ``explain()`` shows predicted against measured. 0: trust the cost model. Not
             done with ``topology`` (there is nothing to measure on).
         verify_steps: timed steps per candidate (over two rounds, plus a warm-up step each).
@@ -244,7 +245,8 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     if dist.get_rank(group) == 0:  # rank 0 decides; every rank applies the same plan
         try:
             sol = _choose(choices, usable)
-            rivals = (_uniform_rivals(choices, cands, links, budget, sol.picks)[:verify]
+            rivals = (_uniform_rivals(model, prof, links, cands, optimizer, accumulation,
+                                      budget)[:verify]
                       if verify > 0 and topology is None else [])
             result[0] = ("ok", sol.picks, runner_up(choices, sol, usable, peak=walk_peak),
                          rivals)
@@ -255,16 +257,14 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     if result[0][0] == "budget":
         raise BudgetError(result[0][1], result[0][2])
     _, picks, ups, rivals = result[0]
-    checks = []
-    if rivals:
-        picks, ups, checks = _race(model, example_inputs, group, optimizer, prof.units, choices,
-                                   picks, ups, rivals, verify_steps, accumulation, budget)
     mapping = {u.name: choices[i][picks[i]].strategy for i, u in enumerate(prof.units)}
     default = mapping.pop("", "no_shard")
     p = AutoPlan(mapping, default)
     p.prediction = _prediction(prof.units, links, choices, picks, budget, topology,
                                prof.from_cache, ups)
-    p.prediction.checks = checks
+    if rivals:
+        p = _race(model, example_inputs, group, optimizer, p, rivals, verify_steps,
+                  accumulation, budget, prof, links)
     return p
 
 
@@ -273,49 +273,48 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
 RIVAL_SLACK = 0.15
 
 
-def _uniform_rivals(choices, cands, links, budget, picked) -> List[Tuple[str, List[int]]]:
-    """``(strategy, picks)`` of every uniform plan predicted to fit ``budget`` (within
-    :data:`RIVAL_SLACK`) that is not the pick, fastest predicted first. A unit the strategy
-    cannot take gets the handler's fallback, as ``plan.apply`` would give it."""
-    out = []
+def _uniform_rivals(model, prof, links, cands, optimizer, accumulation, budget
+                    ) -> List[Tuple[str, float, int]]:
+    """``(strategy, predicted step s, predicted peak)`` of each uniform plan
+    (:meth:`Plan.uniform`: every block its own unit, the rest of the model one more, as users
+    apply FSDP2) predicted to fit ``budget`` within :data:`RIVAL_SLACK`, fastest first; of two
+    the cost model cannot tell apart (``hybrid_shard`` on one node is ``full_shard``) only
+    the first."""
+    out, seen = [], set()
     for s in cands:
-        fallback = parse_strategy(s).handler.fallback(links)
-        picks = []
-        for cs in choices:
-            names = [c.strategy for c in cs]
-            want = s if s in names else fallback
-            if want not in names:
-                break
-            picks.append(names.index(want))
-        else:
-            if picks != list(picked) and walk_peak(choices, picks) <= budget * (1 + RIVAL_SLACK):
-                out.append((total_time(choices, picks), s, picks))
-    return [(s, picks) for _, s, picks in sorted(out)]
+        _, cs, ps = _price(model, prof, links, Plan.uniform(model, s), optimizer, None,
+                           accumulation)
+        t, peak = total_time(cs, ps), walk_peak(cs, ps)
+        if peak <= budget * (1 + RIVAL_SLACK) and (round(t, 9), peak) not in seen:
+            seen.add((round(t, 9), peak))
+            out.append((t, s, peak))
+    return [(s, t, peak) for t, s, peak in sorted(out)]
 
 
-def _race(model, example_inputs, group, optimizer, units, choices, picks, ups, rivals, steps,
-          accumulation, budget):
+def _race(model, example_inputs, group, optimizer, picked: AutoPlan, rivals, steps,
+          accumulation, budget, prof, links) -> AutoPlan:
     """The pick against ``rivals``, measured (:func:`.verify.measure_plans`): the fastest
     whose measured peak fits ``budget`` wins, the pick on a tie or if none fits. (The
     measurement counts every tensor torch allocates, temporaries included, so it is held to
-    the budget itself, not to what the headroom leaves of it.) Returns (picks, runner-ups,
-    the checks for ``explain()``)."""
-    def plan_of(ps):
-        mapping = {u.name: choices[i][ps[i]].strategy for i, u in enumerate(units)}
-        return Plan(mapping, mapping.pop("", "no_shard"))
-
-    entries = [("planned", list(picks))] + [(f"uniform {s}", ps) for s, ps in rivals]
-    measured = measure_plans(model, example_inputs, [plan_of(ps) for _, ps in entries],
-                             group=group, optimizer=optimizer, steps=steps,
-                             accumulation=accumulation)
+    the budget itself, not to what the headroom leaves of it.) The plan returned carries the
+    race in ``prediction.checks``."""
+    plans = [picked] + [Plan.uniform(model, s) for s, _, _ in rivals]
+    measured = measure_plans(model, example_inputs, plans, group=group, optimizer=optimizer,
+                             steps=steps, accumulation=accumulation)
     fit = [i for i, (_, peak) in enumerate(measured) if peak <= budget] or [0]
     best = min(fit, key=lambda i: (measured[i][0], i))
-    checks = [PlanCheck(label, total_time(choices, ps) * accumulation, walk_peak(choices, ps),
-                        t, peak, kept=i == best)
-              for i, ((label, ps), (t, peak)) in enumerate(zip(entries, measured))]
-    if best == 0:
-        return picks, ups, checks
-    return entries[best][1], None, checks
+    pred = picked.prediction
+    rows = [("planned", pred.step_time_s, pred.peak_bytes)] + [
+        (f"uniform {s}", t, peak) for s, t, peak in rivals]
+    checks = [PlanCheck(label, t * accumulation, peak, mt, mpeak, kept=i == best)
+              for i, ((label, t, peak), (mt, mpeak)) in enumerate(zip(rows, measured))]
+    if best:
+        won = plans[best]
+        picked = AutoPlan({k: str(v) for k, v in won.mapping.items()}, str(won.default))
+        merged, cs, ps = _price(model, prof, links, won, optimizer, None, accumulation)
+        picked.prediction = _prediction(merged, links, cs, ps, budget, None, prof.from_cache)
+    picked.prediction.checks = checks
+    return picked
 
 
 def predict(model: nn.Module, example_inputs, plan, *, group=None, optimizer: str = "adamw",
@@ -332,6 +331,12 @@ def predict(model: nn.Module, example_inputs, plan, *, group=None, optimizer: st
     p = Plan.of(plan, model=model)
     prof, links, _ = _costs(model, example_inputs, group, optimizer, None, units, topology,
                             use_cache)
+    merged, choices, picks = _price(model, prof, links, p, optimizer, topology)
+    return _prediction(merged, links, choices, picks, 0, topology, prof.from_cache)
+
+
+def _price(model, prof, links, p: Plan, optimizer, topology, accumulation=1):
+    """(the plan's units, their choices, the plan's pick in each) for :func:`predict`."""
     res = resolve(model, p, strict=False)
     groups: Dict[str, List[UnitProfile]] = {}
     for u in prof.units:  # execution order; a group sits where its first member runs
@@ -343,13 +348,13 @@ def predict(model: nn.Module, example_inputs, plan, *, group=None, optimizer: st
         want = str(s)
         cands = list(DEFAULT_STRATEGIES) + ([want] if want not in DEFAULT_STRATEGIES else [])
         cs = unit_choices(u, cands, links, optimizer, prof.optim_s_per_byte,
-                          measured_ok=topology is None)
+                          measured_ok=topology is None, accumulation=accumulation)
         names = [c.strategy for c in cs]
         if want not in names:  # what apply does with a strategy the unit cannot use
             want = s.handler.fallback(links)
         choices.append(cs)
         picks.append(names.index(want))
-    return _prediction(merged, links, choices, picks, 0, topology, prof.from_cache)
+    return merged, choices, picks
 
 
 def _merge(name: str, parts: List[UnitProfile]) -> UnitProfile:

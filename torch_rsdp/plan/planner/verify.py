@@ -4,8 +4,9 @@ The cost model prices each unit from measurements of that unit alone; a whole st
 come out slower than predicted (overlap the model does not see, the allocator, the cores
 shared differently), and its memory model errs by some percent both ways. So after its
 search, :func:`~torch_rsdp.plan.auto` trains a few steps of its pick and of the
-fastest-predicted uniform plans that fit the budget or miss it by less than the memory model's
-error, each on a copy of the model, measures each one's peak memory as torch does
+fastest-predicted uniform plans (``Plan.uniform``: a unit per block and one for the rest, as
+users apply FSDP2) that fit the budget or miss it by less than the memory model's error, each
+on a copy of the model, measures each one's peak memory as torch does
 (``MemTracker``, one more step), and keeps the fastest whose measured peak fits: its plan is
 never slower than the best fitting uniform plan by more than the noise of a few steps.
 
