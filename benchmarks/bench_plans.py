@@ -22,8 +22,9 @@ of a shared machine touches every run alike.
 Targets (PASS/MISS, never the exit code): measured peak <= budget at every budget; predicted
 peak within 10 % of measured; predicted step time within 25 %; auto at least as fast as the
 best uniform strategy that fits (its measured peak <= the budget) at every budget -- the
-margin (best uniform's step time / auto's) pooled over all rounds >= 0.98, the 2 % being the
-noise of medians on a shared machine; the table also gives each round's margin -- and
+margin (best uniform's step time / auto's) pooled over all rounds >= 1 minus the noise (the
+larger of 2 % and how far apart one uniform plan measured twice in the same run lands); the
+table also gives each round's margin -- and
 >= 1.15x faster at some budget between the extremes in one setting; on 2x2 the plan uses
 hybrid_shard where it pays; the Cluster prediction within 25 % of what 2x2 measured.
 
@@ -156,7 +157,7 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
         plan.auto(model, example, memory_budget=1)
     except plan.BudgetError as e:
         tightest = e.smallest_feasible_bytes
-    loose = plan.auto(model, example, memory_budget=1 << 40).prediction.peak_bytes
+    loose = plan.auto(model, example, memory_budget=1 << 40, verify=0).prediction.peak_bytes
     budgets = [int(tightest + (loose - tightest) * i / (budgets_n - 1)) for i in range(budgets_n)]
     rows, specs = [], []
     for s in uniform:
@@ -166,6 +167,11 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
         rows.append({"kind": "uniform", "plan": s, "pred_step_s": pred.step_time_s,
                      "pred_peak_bytes": pred.peak_bytes})
         specs.append(s)
+    # the same plan measured twice: how far apart two runs of one plan land in this run
+    again = "full_shard" if "full_shard" in specs else specs[0]
+    rows.append({**next(r for r in rows if r["plan"] == again), "kind": "repeat",
+                 "plan": again + " (again)"})
+    specs.append(again)
     for b in budgets:
         ctx.set_progress(f"auto at {b} bytes")
         p = plan.auto(model, example, memory_budget=b)
@@ -256,6 +262,16 @@ def margin(auto_row, unis):
             "rounds_won": sum(m >= 1 - MARGIN_NOISE for m in per_round)}
 
 
+def noise_floor(rows) -> float:
+    """How far apart the two runs of one plan landed (pooled medians), as a fraction."""
+    rep = next((r for r in rows if r["kind"] == "repeat"), None)
+    if rep is None:
+        return 0.0
+    first = next(r for r in rows if r["kind"] == "uniform"
+                 and r["plan"] == rep["plan"].split(" ")[0])
+    return abs(rep["step_s"] / first["step_s"] - 1)
+
+
 def checks(results):
     out = []
 
@@ -282,10 +298,12 @@ def checks(results):
         worst = min(gains, default=float("nan"))
         rounds_won = sum(m["rounds_won"] for m in margins)
         rounds_all = sum(len(m["per_round"]) for m in margins)
+        noise = noise_floor(rows)
+        floor = 1 - max(MARGIN_NOISE, noise)
         add(f"{st}: auto at least as fast as the best uniform strategy that fits, at every "
-            f"budget (margin >= {1 - MARGIN_NOISE:.2f})", worst >= 1 - MARGIN_NOISE,
+            f"budget, within the noise (margin >= {floor:.2f})", worst >= floor,
             f"worst margin {worst:.3f}x; auto as fast in {rounds_won} of {rounds_all} "
-            f"(budget, round) pairs")
+            f"(budget, round) pairs; one plan measured twice differed by {noise:.1%}")
         best_gain.append(max(gains[1:-1] or [0]))
         if st == "2x2":
             add(*_hybrid_check(autos, unis))
@@ -322,7 +340,7 @@ def markdown(results, info, chk):
                "vs best fitting uniform (per round)", "plan"]
         body = []
         for r in res["rows"]:
-            if r["kind"] == "uniform":
+            if r["kind"] in ("uniform", "repeat"):
                 body.append([r["plan"], "-", f"{r['step_s'] * 1e3:.0f}",
                              f"{r['pred_step_s'] * 1e3:.0f}", fb(r["peak_bytes"]),
                              fb(r["pred_peak_bytes"]), "", "", "uniform"])

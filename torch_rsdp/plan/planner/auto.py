@@ -294,15 +294,19 @@ def _uniform_rivals(model, prof, links, cands, optimizer, accumulation, budget
 def _race(model, example_inputs, group, optimizer, picked: AutoPlan, rivals, steps,
           accumulation, budget, prof, links) -> AutoPlan:
     """The pick against ``rivals``, measured (:func:`.verify.measure_plans`): the fastest
-    whose measured peak fits ``budget`` wins, the pick on a tie or if none fits. (The
+    whose measured peak fits ``budget`` wins, the pick on a tie; if none fits, the smallest
+    measured peak. (The
     measurement counts every tensor torch allocates, temporaries included, so it is held to
     the budget itself, not to what the headroom leaves of it.) The plan returned carries the
     race in ``prediction.checks``."""
     plans = [picked] + [Plan.uniform(model, s) for s, _, _ in rivals]
     measured = measure_plans(model, example_inputs, plans, group=group, optimizer=optimizer,
                              steps=steps, accumulation=accumulation)
-    fit = [i for i, (_, peak) in enumerate(measured) if peak <= budget] or [0]
-    best = min(fit, key=lambda i: (measured[i][0], i))
+    fit = [i for i, (_, peak) in enumerate(measured) if peak <= budget]
+    if fit:
+        best = min(fit, key=lambda i: (measured[i][0], i))
+    else:  # the memory model erred for every one: the budget is the harder constraint
+        best = min(range(len(plans)), key=lambda i: (measured[i][1], i))
     pred = picked.prediction
     rows = [("planned", pred.step_time_s, pred.peak_bytes)] + [
         (f"uniform {s}", t, peak) for s, t, peak in rivals]

@@ -62,7 +62,7 @@ def explain(pred: Prediction) -> str:
     if pred.checks:
         lines += ["", "checked in place (a few training steps of each on a copy of the model: "
                       "slowest rank's median; peak per rank by torch's MemTracker; the fastest "
-                      "that fits is kept):"]
+                      "that fits the budget is kept, or if none does, the smallest):"]
         for c in pred.checks:
             lines.append(f"  {c.label:<24} predicted {c.predicted_s * 1e3:8.1f} ms/step, "
                          f"{_mib(c.predicted_peak_bytes):>7} MiB; measured "
