@@ -295,10 +295,9 @@ def _race(model, example_inputs, group, optimizer, picked: AutoPlan, rivals, ste
           accumulation, budget, prof, links) -> AutoPlan:
     """The pick against ``rivals``, measured (:func:`.verify.measure_plans`): the fastest
     whose measured peak fits ``budget`` wins, the pick on a tie; if none fits, the smallest
-    measured peak. (The
-    measurement counts every tensor torch allocates, temporaries included, so it is held to
-    the budget itself, not to what the headroom leaves of it.) The plan returned carries the
-    race in ``prediction.checks``."""
+    measured peak. (The measurement counts every tensor torch allocates, temporaries
+    included, so it is held to the budget itself, not to what the headroom leaves of it.)
+    The plan returned carries the race in ``prediction.checks``."""
     plans = [picked] + [Plan.uniform(model, s) for s, _, _ in rivals]
     measured = measure_plans(model, example_inputs, plans, group=group, optimizer=optimizer,
                              steps=steps, accumulation=accumulation)
