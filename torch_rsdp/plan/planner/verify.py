@@ -7,18 +7,19 @@ search, :func:`~torch_rsdp.plan.auto` trains a few steps of its pick and of the
 fastest-predicted uniform plans (``Plan.uniform``: a unit per block and one for the rest, as
 users apply FSDP2) that fit the budget or miss it by less than the memory model's error, each
 on a copy of the model, measures each one's peak memory as torch does
-(``MemTracker``, one more step), and keeps the fastest whose measured peak fits: its plan is
-never slower than the best fitting uniform plan by more than the noise of a few steps.
+(``MemTracker``, one more step), and keeps the fastest whose measured peak fits (a uniform
+plan within ``auto.RACE_TIE`` of a mix wins the tie): its plan is never slower than the best
+fitting uniform plan by more than the noise of a few steps.
 
 Each candidate: the model copied, the plan applied (as :func:`~torch_rsdp.plan.apply`
 does, communication included), the optimizer of the planner's rule (``make_optimizer``), one
-warm-up step, then ``steps`` timed steps (forward, backward of the outputs, optimizer step;
+warm-up step, then ``steps`` timed steps (forward, backward, optimizer step;
 with ``accumulation`` micro-batches under ``plan.no_sync`` but the last; the loss is the
 model's own where it returns one, else the sum of its outputs), then one step under
 torch's ``MemTracker`` (every tensor torch allocates). Every step starts after a barrier and
-counts at the slowest rank; the peak is the largest rank's. Candidates take turns over ``rounds`` rounds,
-so a slow spell of a shared machine touches each alike; one copy is alive at a time, so the
-check needs the model once more, sharded by the plan being timed.
+counts at the slowest rank; the peak is the largest rank's. Candidates take turns over
+``rounds`` rounds, so a slow spell of a shared machine touches each alike; one copy is alive
+at a time, so the check needs the model once more, sharded by the plan being timed.
 """
 from __future__ import annotations
 
