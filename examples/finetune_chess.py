@@ -165,6 +165,12 @@ def blocks_of(model):
     return inner.model.layers if hasattr(inner, "model") else inner.blocks
 
 
+def eval_max_plies(seq_len: int) -> int:
+    """The most moves a legal-move prompt holds: room is left for one more (a move is at most
+    5 characters and a space, after ``<bos>``)."""
+    return max(1, (seq_len - 8) // 5)
+
+
 def logits_of(out):
     return out.logits if hasattr(out, "logits") else out
 
@@ -372,7 +378,7 @@ class Run:
         self.result.update(eval_loss=eval_loss, legal_move_rate=float("nan"))
         if a.eval_prompts <= 0:
             return
-        max_plies = max(1, (a.seq_len - 8) // 5)
+        max_plies = eval_max_plies(a.seq_len)
         first = self.rank * a.eval_prompts  # global prompt number: cuts cycle over all ranks
         cuts = [1 + (first + j) % max_plies for j in range(a.eval_prompts)]
         prompts = data.move_prompts(range(base, base + a.eval_prompts), plies=cuts)
@@ -517,7 +523,7 @@ def process_main(args) -> int:
                 f"{tm.fmt_bytes(r['mem_peak_with_activations_bytes'])}, budget "
                 f"{tm.fmt_bytes(r['memory_budget_bytes'])}")
     log(f"\nmemory = {tm.METHOD}\nlegal moves: held-out games cut after 1 to "
-        f"{max(1, (args.seq_len - 8) // 5)} moves, greedy next move; opening/middle/end: the "
+        f"{eval_max_plies(args.seq_len)} moves, greedy next move; opening/middle/end: the "
         f"thirds of those cuts\nload average now: {tm.load_average()}", flush=True)
     meta = {"args": {k: v for k, v in vars(args).items() if k != "runs"},
             "runs": [f"{s}:{b}" for s, b in runs], "world_size": world,

@@ -19,6 +19,9 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 [--nproc N]" >&2; exit 2 ;;
   esac
 done
+case "$NPROC" in
+  ''|*[!0-9]*) echo "$0: --nproc takes a number of ranks, got '$NPROC'" >&2; exit 2 ;;
+esac
 [ "$NPROC" -ge 2 ] || NPROC=2  # a comparison of distributed strategies needs two ranks
 bash scripts/setup.sh
 start=$(date +%s)

@@ -169,6 +169,8 @@ def fam_auto(ctx, rec):
         for kw, words in ((dict(optimizer="lion"), "optimizer rule"),
                           (dict(strategies=["zero3"]), "unknown strategy"),
                           (dict(units=["model.nope"]), "not modules"),
+                          (dict(verify=-1), "verify must be"),
+                          (dict(verify_steps=0), "verify_steps must be"),
                           (dict(memory_budget="lots"), "memory_budget")):
             args = dict(memory_budget="1GiB")
             args.update(kw)

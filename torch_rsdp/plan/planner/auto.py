@@ -126,13 +126,18 @@ def _unit_bytes(model: nn.Module, unit_names: List[str]) -> Dict[str, Dict[str, 
     return out
 
 
+def _candidates(strategies) -> List[str]:
+    """The candidate strategies' canonical names (every strategy by default)."""
+    return [str(parse_strategy(s)) for s in (strategies or DEFAULT_STRATEGIES)]
+
+
 def _costs(model, example_inputs, group, optimizer, strategies, units, topology, use_cache,
            accumulation=1):
     """(profile, links, [choices per unit]) for this model. Collective."""
     if optimizer not in OPTIMIZER_STATE_FACTOR:
         raise ValueError(f"torch_rsdp.plan.auto: unknown optimizer rule {optimizer!r}; "
                          f"one of {sorted(OPTIMIZER_STATE_FACTOR)}")
-    cands = [str(parse_strategy(s)) for s in (strategies or DEFAULT_STRATEGIES)]
+    cands = _candidates(strategies)
     meshes = Meshes(group)
     names = _select_units(model, units)
     owned = _unit_bytes(model, names)
@@ -235,11 +240,17 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
     """
     if not 0 <= headroom < 1:
         raise ValueError(f"torch_rsdp.plan.auto: headroom must be in [0, 1), got {headroom}")
+    if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
+        raise ValueError(f"torch_rsdp.plan.auto: verify must be an int >= 0 (uniform plans to "
+                         f"race the pick against; 0: none), got {verify!r}")
+    if isinstance(verify_steps, bool) or not isinstance(verify_steps, int) or verify_steps < 1:
+        raise ValueError(f"torch_rsdp.plan.auto: verify_steps must be an int >= 1, got "
+                         f"{verify_steps!r}")
     local = (len(Meshes(group).nodes()[0]) if topology is None else topology.ranks_per_node)
     budget = parse_budget(memory_budget, local)
     prof, links, choices = _costs(model, example_inputs, group, optimizer, strategies, units,
                                   topology, use_cache, accumulation)
-    cands = [str(parse_strategy(s)) for s in (strategies or DEFAULT_STRATEGIES)]
+    cands = _candidates(strategies)
     usable = int(budget * (1 - headroom))
     result: list = [None]
     if dist.get_rank(group) == 0:  # rank 0 decides; every rank applies the same plan
