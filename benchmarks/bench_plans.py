@@ -25,9 +25,9 @@ best uniform strategy that fits (its measured peak <= the budget) at every budge
 margin (best uniform's step time / auto's) pooled over all rounds >= 1 minus the noise (the
 larger of 5 % and how far apart one uniform plan measured twice in the same run lands), not
 counting budgets where auto picked that uniform plan itself; the table also gives each
-round's margin -- and
->= 1.15x faster at some budget between the extremes in one setting; on 2x2 the plan uses
-hybrid_shard where it pays; the Cluster prediction within 25 % of what 2x2 measured.
+round's margin -- and >= 1.15x faster at some budget between the extremes in one setting;
+on 2x2 the plan uses hybrid_shard where it pays; the Cluster prediction within 25 % of what
+2x2 measured.
 
     python benchmarks/bench_plans.py                      # all three settings
     python benchmarks/bench_plans.py --settings 1x4 --budgets 6 --steps 4
@@ -57,8 +57,9 @@ SETTINGS = {"1x2": [0, 0], "1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
 # the cheap one-node runs take turns more often; a 2x2 round (the link-bound steps) takes
 # ~10 min.
 ROUNDS = {"1x2": 5, "1x4": 5, "2x2": 3}
-# Pooled medians of one plan run in two slots of one run differ by up to this much here
-# (2-3 % seen; the repeated plan in every run measures it again).
+# Pooled medians of one plan run in two slots of one launch differ by at least this much
+# here (2-17 % seen: the repeated plan measures it again in every launch, and the larger
+# counts).
 MARGIN_NOISE = 0.05
 UNIFORM = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate",
            "split:2", "split:4"]
