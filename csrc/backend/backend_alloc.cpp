@@ -39,6 +39,16 @@ at::Tensor BackendRSDP::allocateTensor(long size, at::TensorOptions options) {
   });
 }
 
+std::unordered_map<std::string, uint64_t> BackendRSDP::getMemoryStats() {
+  // Zeros where the group has no pool (multi-node, or shut down).
+  ShmPool::Stats s{};
+  if (auto pool = shut_down_ ? nullptr : pool_of(comm_)) s = pool->stats();
+  return {{"pool_capacity_bytes", s.capacity},   {"pool_in_use_bytes", s.in_use},
+          {"pool_peak_in_use_bytes", s.peak_in_use}, {"pool_committed_bytes", s.committed},
+          {"pool_live_blocks", s.blocks},        {"pool_allocations", s.allocs},
+          {"pool_fallbacks", s.misses}};
+}
+
 size_t BackendRSDP::pool_bytes_in_use() const {
   auto pool = pool_of(comm_);
   return pool ? pool->in_use() : 0;

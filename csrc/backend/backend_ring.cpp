@@ -29,12 +29,12 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::ring_shift(const at::Tensor& send,
     DType dt = to_dtype(c, send);
     at::Tensor in = dense(send), out = recv, dout = dense(recv);
     std::vector<int> order = ring_order_;
-    auto timeout = timeout_;
+    auto t = timeout();
     return enqueue(c10d::OpType::UNKNOWN, add ? "rsdp:ring_shift_reduce" : "rsdp:ring_shift",
                    {recv}, [=](GroupComm& comm) {
                      coll::ring_shift(comm, order, in.data_ptr(), dout.data_ptr(), in.numel(), dt,
                                       direction, local.defined() ? local.data_ptr() : nullptr,
-                                      timeout);
+                                      t);
                      write_back(out, dout);
                    },
                    async_op, send.device());

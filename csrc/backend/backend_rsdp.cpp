@@ -15,7 +15,10 @@ namespace rsdp {
 BackendRSDP::BackendRSDP(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                          std::chrono::milliseconds timeout, std::vector<int> global_ranks,
                          std::string group_name)
-    : c10d::Backend(rank, size), timeout_(timeout) {
+    : c10d::Backend(rank, size),
+      timeout_ms_(timeout.count()),
+      store_(store),
+      group_name_(group_name) {
   translate_errors([&] {
     opts_ = rsdp::Options::from_env();
     global_rank_ = global_ranks.empty() ? rank : global_ranks.at(rank);
@@ -64,10 +67,17 @@ void BackendRSDP::stop(bool drain) {
 #endif
   cuda_.reset();
   comm_.reset();
+  tracker_->clear();
+}
+
+c10::intrusive_ptr<WorkRSDP> BackendRSDP::issue(c10::intrusive_ptr<WorkRSDP> work) {
+  work->track(tracker_);
+  tracker_->issued(work);
+  return work;
 }
 
 std::chrono::milliseconds BackendRSDP::op_timeout(std::chrono::milliseconds t) const {
-  return t == c10d::kUnsetTimeout ? timeout_ : t;
+  return t == c10d::kUnsetTimeout ? timeout() : t;
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const char* title,
@@ -79,7 +89,8 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
   if (device.is_cuda())
     return enqueue_cuda(type, title, std::move(outputs), std::move(body), async_op, device);
 #endif
-  auto work = c10::make_intrusive<WorkRSDP>(getRank(), type, ++seq_, std::move(outputs), title);
+  auto work =
+      issue(c10::make_intrusive<WorkRSDP>(getRank(), type, ++seq_, std::move(outputs), title));
   GroupComm* comm = comm_.get();
   const std::string name = title;
   OpQueue::Task task = [work, comm, name, body = std::move(body)](bool run) mutable {
@@ -88,6 +99,7 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
       err = std::make_exception_ptr(Error(
           ErrorKind::kPeer, "rsdp: " + name + " was cancelled: the process group was shut down"));
     } else {
+      work->mark_running();
       try {
         body(*comm);
       } catch (...) {
@@ -130,22 +142,28 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue_p2p(c10d::OpType type, const
   std::lock_guard<std::mutex> g(p2p_mu_);
   RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", title,
              " called after the process group was shut down");
-  void* data = buf.numel() ? buf.data_ptr() : nullptr;
-  if (comm_->multi_node()) {
-    // Across nodes every pair talks through the network transport, which
-    // also matches receives from any source.
+  issue(work);
+  try {
+    void* data = buf.numel() ? buf.data_ptr() : nullptr;
+    if (comm_->multi_node()) {
+      // Across nodes every pair talks through the network transport, which
+      // also matches receives from any source.
+      if (is_send)
+        comm_->net->p2p_send(data, buf.nbytes(), peer, tag, timeout(), std::move(done));
+      else
+        comm_->net->p2p_recv(data, buf.nbytes(), peer, tag, timeout(), std::move(done));
+      return work;
+    }
+    if (!p2p_) p2p_ = std::make_unique<P2PEngine>(*comm_->shm);
     if (is_send)
-      comm_->net->p2p_send(data, buf.nbytes(), peer, tag, timeout_, std::move(done));
+      p2p_->send(data, buf.nbytes(), peer, tag, timeout(), std::move(done));
     else
-      comm_->net->p2p_recv(data, buf.nbytes(), peer, tag, timeout_, std::move(done));
+      p2p_->recv(data, buf.nbytes(), peer, tag, timeout(), std::move(done));
     return work;
+  } catch (...) {
+    work->complete(std::current_exception());  // not left pending
+    throw;
   }
-  if (!p2p_) p2p_ = std::make_unique<P2PEngine>(*comm_->shm);
-  if (is_send)
-    p2p_->send(data, buf.nbytes(), peer, tag, timeout_, std::move(done));
-  else
-    p2p_->recv(data, buf.nbytes(), peer, tag, timeout_, std::move(done));
-  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> BackendRSDP::send(std::vector<at::Tensor>& tensors, int dst,

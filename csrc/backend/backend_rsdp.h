@@ -13,9 +13,11 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <unordered_map>
 
 #include "backend/tensor_args.h"
 #include "backend/work_rsdp.h"
+#include "backend/work_tracker.h"
 #include "core/error.h"
 #include "core/options.h"
 
@@ -106,6 +108,33 @@ class BackendRSDP : public c10d::Backend {
 
   const rsdp::Options& options() const { return opts_; }
 
+  // --- The rest of c10d::Backend's contract ---------------------------------
+  // Recovery (backend_shrink.cpp): a new backend over the ranks not excluded,
+  // built from scratch (fresh shared memory, endpoints, topology); this one
+  // is left to be destroyed. SHRINK_ABORT (1) first aborts this one's ops.
+  bool supportsShrinking() const override { return true; }
+  c10::intrusive_ptr<c10d::Backend> shrink(
+      const std::vector<int64_t>& ranks_to_exclude, int shrink_flags = 0,
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts_override = nullptr) override;
+  // Works across the group (backend_tracking.cpp, over work_tracker.h).
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  c10d::ErrorType getError() override { return tracker_->error(); }
+  void waitForPendingWorks() override;
+  void registerOnCompletionHook(
+      std::function<void(std::shared_ptr<c10d::WorkInfo>)>&& hook) override;
+  void enableCollectivesTiming() override { tracker_->enable_timing(); }
+  // Every op issued between the two becomes part of the one Work
+  // endCoalescing returns (batch_isend_irecv, _coalescing_manager).
+  bool supportsCoalescing() const override { return true; }
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+  // The communication memory pool (backend_alloc.cpp).
+  std::unordered_map<std::string, uint64_t> getMemoryStats() override;
+  // gloo's semantics, through the store (backend_monitored_barrier.cpp):
+  // rank 0 names the ranks that did not arrive within the timeout, the
+  // others fail with its verdict instead of waiting for their own timeout.
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks = false) override;
+
   // One queued collective: runs on the worker with the group's comm.
   using Body = std::function<void(GroupComm&)>;
 
@@ -153,10 +182,19 @@ class BackendRSDP : public c10d::Backend {
                                              at::Tensor tensor, int peer, int tag);
   OpContext ctx(const char* op) const { return OpContext{global_rank_, op}; }
   std::chrono::milliseconds op_timeout(std::chrono::milliseconds t) const;
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(timeout_ms_.load());
+  }
+  // A Work about to be issued: tracked before it can complete.
+  c10::intrusive_ptr<WorkRSDP> issue(c10::intrusive_ptr<WorkRSDP> work);
 
   rsdp::Options opts_;
   int global_rank_;
-  std::chrono::milliseconds timeout_;
+  std::atomic<int64_t> timeout_ms_;  // setTimeout may change it while ops run
+  c10::intrusive_ptr<c10d::Store> store_;  // shrink and monitoredBarrier meet on it
+  std::string group_name_;
+  uint64_t monitored_barriers_ = 0;  // numbers each call (all ranks count alike)
+  std::shared_ptr<WorkTracker> tracker_ = std::make_shared<WorkTracker>();
   std::vector<int> ring_order_;  // group ranks, node-adjacent
   std::unique_ptr<StoreBootstrap> boot_;  // kept: device comms rendezvous lazily
   std::unique_ptr<GroupComm> comm_;

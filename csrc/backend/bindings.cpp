@@ -77,6 +77,10 @@ PYBIND11_MODULE(_C, m) {
       .def("reset_comm_stats", [](const rsdp::BackendRSDP& b) { b.traffic().reset(); })
       .def_property_readonly("pool_bytes_in_use", &rsdp::BackendRSDP::pool_bytes_in_use,
                              "Bytes of communication memory (allocate_tensor) now handed out.")
+      // torch binds get_error on ProcessGroupNCCL only.
+      .def("get_error", &rsdp::BackendRSDP::getError,
+           "The first failure that broke the group (torch's ErrorType): SUCCESS, TIMEOUT, "
+           "REMOTE_ERROR (a peer died) or COMM_ERROR.")
       .def("cuda_paths", &rsdp::BackendRSDP::cuda_paths,
            "Which transports serve the group's CUDA ops ('' before the first one).");
 

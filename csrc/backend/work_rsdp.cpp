@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "backend/work_tracker.h"
 #include "core/error.h"
 
 namespace rsdp {
@@ -22,6 +23,7 @@ int WorkRSDP::sourceRank() const {
 
 void WorkRSDP::complete(std::exception_ptr err, int src) {
   src_.store(src);
+  const std::exception_ptr raw = err;
   // The future first, then wake wait(): code that reads get_future().value()
   // right after wait() must find it complete (gloo orders it the same way).
   if (err) {
@@ -32,6 +34,7 @@ void WorkRSDP::complete(std::exception_ptr err, int src) {
     future_->markCompleted(c10::IValue(outputs_));
     finish();
   }
+  if (tracker_) tracker_->completed(*this, raw);
 }
 
 std::exception_ptr to_torch_exception(std::exception_ptr e) {

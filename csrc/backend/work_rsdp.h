@@ -8,8 +8,12 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include <atomic>
+#include <chrono>
+#include <memory>
 
 namespace rsdp {
+
+class WorkTracker;
 
 class WorkRSDP : public c10d::Work {
  public:
@@ -26,6 +30,13 @@ class WorkRSDP : public c10d::Work {
   // Called once by the thread that ran the op. src: the sender of a recv.
   void complete(std::exception_ptr err, int src = -1);
 
+  // The backend's tracker (work_tracker.h), told when this Work completes.
+  void track(std::shared_ptr<WorkTracker> tracker) { tracker_ = std::move(tracker); }
+  // The op's body starts now (until then it waited in the queue).
+  void mark_running() { running_since_ = std::chrono::steady_clock::now(); }
+  std::chrono::steady_clock::time_point issued_at() const { return issued_at_; }
+  std::chrono::steady_clock::time_point running_since() const { return running_since_; }
+
  protected:
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -33,6 +44,9 @@ class WorkRSDP : public c10d::Work {
  private:
   std::atomic<int> src_{-1};
   uint64_t seq_;
+  std::shared_ptr<WorkTracker> tracker_;
+  std::chrono::steady_clock::time_point issued_at_ = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point running_since_ = issued_at_;
 };
 
 // Turns any exception into the c10 exception Python should see: rsdp value

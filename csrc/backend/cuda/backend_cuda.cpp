@@ -60,7 +60,7 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue_cuda(c10d::OpType type, cons
   Bootstrap* boot = boot_.get();
   CudaState* st = &state;
   auto keep = std::make_shared<Body>(std::move(body));
-  const auto deadline = CudaWatchdog::Clock::now() + timeout_;
+  const auto deadline = CudaWatchdog::Clock::now() + timeout();
   const std::string what = "rsdp rank " + std::to_string(global_rank_) + ": " + title +
                            " (collective #" + std::to_string(work->getSequencenumber()) + ")";
   OpQueue::Task task = [=](bool run) {

@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "transport/shm/shm_segment.h"
@@ -31,6 +32,11 @@ size_t ShmPool::in_use() const {
   return in_use_;
 }
 
+ShmPool::Stats ShmPool::stats() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return Stats{bytes_, in_use_, peak_in_use_, committed_, used_.size(), allocs_, misses_};
+}
+
 void* ShmPool::alloc(size_t bytes) {
   const size_t len = round_up(bytes ? bytes : 1, kGrain);
   std::lock_guard<std::mutex> g(mu_);
@@ -42,7 +48,10 @@ void* ShmPool::alloc(size_t bytes) {
       // A kernel without MADV_POPULATE_WRITE (EINVAL) commits on first touch.
       char* from = base_ + committed_;
       const size_t span = off + len - committed_;
-      if (madvise(from, span, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) return nullptr;
+      if (madvise(from, span, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
+        ++misses_;
+        return nullptr;
+      }
       committed_ = off + len;
     }
     const size_t rest = it->second - len;
@@ -50,8 +59,11 @@ void* ShmPool::alloc(size_t bytes) {
     if (rest) free_[off + len] = rest;
     used_[off] = len;
     in_use_ += len;
+    peak_in_use_ = std::max(peak_in_use_, in_use_);
+    ++allocs_;
     return base_ + off;
   }
+  ++misses_;
   return nullptr;
 }
 

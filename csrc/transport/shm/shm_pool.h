@@ -44,6 +44,12 @@ class ShmPool {
   size_t capacity() const { return bytes_; }
   size_t in_use() const;
 
+  struct Stats {
+    size_t capacity, in_use, peak_in_use, committed, blocks;
+    uint64_t allocs, misses;  // misses: requests it could not serve
+  };
+  Stats stats() const;
+
  private:
   std::shared_ptr<ShmSegment> segment_;
   char* base_;
@@ -53,6 +59,9 @@ class ShmPool {
   std::map<size_t, size_t> used_;  // offset -> length
   size_t committed_ = 0;           // bytes from base_ known to be backed
   size_t in_use_ = 0;
+  size_t peak_in_use_ = 0;
+  uint64_t allocs_ = 0;
+  uint64_t misses_ = 0;
 };
 
 }  // namespace rsdp

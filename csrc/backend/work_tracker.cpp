@@ -1,0 +1,120 @@
+#include "backend/work_tracker.h"
+
+#include <iostream>
+
+#include "backend/work_rsdp.h"
+#include "core/error.h"
+
+namespace rsdp {
+namespace {
+
+// What a failure says about the group. Bad arguments and mismatched calls
+// leave it usable, so they are not the group's error.
+c10d::ErrorType classify(const std::exception_ptr& err) {
+  try {
+    std::rethrow_exception(err);
+  } catch (const Error& e) {
+    switch (e.kind()) {
+      case ErrorKind::kValue:
+      case ErrorKind::kMismatch:
+        return c10d::ErrorType::SUCCESS;
+      case ErrorKind::kTimeout:
+        return c10d::ErrorType::TIMEOUT;
+      case ErrorKind::kPeer:
+        return c10d::ErrorType::REMOTE_ERROR;
+      case ErrorKind::kSystem:
+        return c10d::ErrorType::COMM_ERROR;
+    }
+  } catch (...) {
+  }
+  return c10d::ErrorType::COMM_ERROR;
+}
+
+}  // namespace
+
+void WorkTracker::issued(const c10::intrusive_ptr<WorkRSDP>& work) {
+  std::lock_guard<std::mutex> g(mu_);
+  pending_.emplace(work.get(), work);
+  if (coalescing_) coalesced_.push_back(work);
+}
+
+void WorkTracker::completed(WorkRSDP& work, std::exception_ptr err) {
+  const auto now = std::chrono::steady_clock::now();
+  c10::intrusive_ptr<WorkRSDP> keep;  // `work` may be held only by pending_
+  Hook hook;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    auto it = pending_.find(&work);
+    if (it != pending_.end()) {
+      keep = std::move(it->second);
+      pending_.erase(it);
+    }
+    hook = hook_;
+  }
+  if (err) {
+    auto kind = classify(err);
+    auto none = c10d::ErrorType::SUCCESS;
+    if (kind != none) error_.compare_exchange_strong(none, kind);  // the first one stays
+  }
+  if (!hook) return;
+  // activeDuration is the time the op ran (not queued); torch's contract
+  // gives it only with timing enabled, as NCCL does.
+  std::chrono::duration<float> active{0};
+  if (timing_) active = now - work.running_since();
+  try {
+    hook(std::make_shared<c10d::WorkInfo>(work.retrieveOpType(), work.getSequencenumber(),
+                                          work.issued_at(), now, active));
+  } catch (const std::exception& e) {
+    // The op itself succeeded or failed already; a broken hook must not
+    // take the worker thread down with it.
+    std::cerr << "torch_rsdp: the on-completion hook raised: " << e.what() << std::endl;
+  }
+}
+
+void WorkTracker::wait_pending() {
+  std::vector<c10::intrusive_ptr<WorkRSDP>> works;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    for (auto& kv : pending_) works.push_back(kv.second);
+  }
+  for (auto& w : works) w->wait();
+}
+
+size_t WorkTracker::pending() const {
+  std::lock_guard<std::mutex> g(mu_);
+  return pending_.size();
+}
+
+bool WorkTracker::set_hook(Hook hook) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (hook_) return false;
+  hook_ = std::move(hook);
+  return true;
+}
+
+bool WorkTracker::start_coalescing() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (coalescing_) return false;
+  coalescing_ = true;
+  coalesced_.clear();
+  return true;
+}
+
+bool WorkTracker::end_coalescing(std::vector<c10::intrusive_ptr<WorkRSDP>>& works) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!coalescing_) return false;
+  coalescing_ = false;
+  works = std::move(coalesced_);
+  coalesced_.clear();
+  return true;
+}
+
+void WorkTracker::clear() {
+  std::unordered_map<const WorkRSDP*, c10::intrusive_ptr<WorkRSDP>> gone;
+  std::lock_guard<std::mutex> g(mu_);
+  gone.swap(pending_);
+  coalesced_.clear();
+  coalescing_ = false;
+}
+
+}  // namespace rsdp
