@@ -6,6 +6,7 @@
 Importing the package registers the backend (idempotently) for CPU tensors,
 and for CUDA tensors in a build with CUDA (see :mod:`torch_rsdp.cuda`).
 """
+from . import _shrink_world
 from ._registration import BACKEND_NAME, register
 from .comm_memory import comm_empty, comm_memory_in_use
 from .cuda import build_info, cuda_available, cuda_built, cuda_paths
@@ -16,6 +17,7 @@ from .topology import comm_stats, reset_comm_stats, topology
 __version__ = "0.1.0"
 
 register()
+_shrink_world.install()
 
 __all__ = [
     "BACKEND_NAME",
