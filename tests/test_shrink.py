@@ -136,7 +136,7 @@ def test_survivors_shrink_and_stay_exact(W, victim, flags, during, node_of):
             assert names_rank(o["seen"], victim), f"rank {r}'s error does not name rank {victim}: {o['seen']}"
         assert o["error"] == "ErrorType.REMOTE_ERROR", f"rank {r}: group_error {o['error']}"
         assert o["size"] == W - 1
-        print(f"rank {r}: shrink {o['shrink_s'] * 1000:.0f} ms; failure to a checked group "
+        print(f"rank {r}: shrink {o['shrink_s'] * 1000:.0f} ms; kill to shrunk group "
               f"{o['recovered_s']:.2f} s; saw: {o['seen'][:160]}")
     nodes = res[0 if victim else 1]["topology"]
     if node_of is None:
