@@ -52,6 +52,16 @@ learning-rate schedule, step and RNG state) and, at start, resumes from the newe
 in DIR, under any strategy and world size (examples/training_checkpoints.py). A job restarted
 by ``torchrun --max-restarts`` or a Slurm requeue therefore ends with the weights of one that
 never stopped; ``--fail-at-step N`` kills rank 1 after step N on the first attempt to show it.
+
+``--on-failure shrink`` (with ``--checkpoint-dir``) goes on without a restart instead: the
+survivors of a lost rank agree on who is gone, call ``dist.shrink_group``, rebuild the model on
+the smaller group, load the newest checkpoint onto it and raise gradient accumulation so the
+global batch stays the same (examples/training_recovery.py); the time from the failure to the
+next completed step is printed. With ``--nproc`` the launcher then lets the survivors finish
+(and hosts the store, so any rank may be the one lost)::
+
+    python examples/finetune_chess.py --nproc 3 --steps 40 --gradient-accumulation-steps 2 \
+        --checkpoint-dir /tmp/ckpt --checkpoint-every 5 --on-failure shrink --fail-at-step 12
 """
 from __future__ import annotations
 
@@ -62,6 +72,7 @@ import gc
 import json
 import math
 import os
+import signal
 import sys
 import time
 import warnings
@@ -125,8 +136,15 @@ def build_parser():
                         "and resume from the newest complete checkpoint found there")
     p.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints")
     p.add_argument("--fail-at-step", type=int, default=None,
-                   help="fault injection: rank 1 kills itself (SIGKILL) after this step, on "
-                        "the first attempt only (TORCHELASTIC_RESTART_COUNT unset or 0)")
+                   help="fault injection: --fail-rank kills itself (SIGKILL) after this step, "
+                        "on the first attempt only (TORCHELASTIC_RESTART_COUNT unset or 0)")
+    p.add_argument("--fail-rank", type=int, default=1, help="the rank --fail-at-step kills")
+    p.add_argument("--on-failure", choices=("raise", "shrink"), default="raise",
+                   help="raise: a lost rank ends the job (for torchrun --max-restarts or a "
+                        "requeue to restart it); shrink: the survivors go on in process")
+    p.add_argument("--failure-window", type=float, default=3.0,
+                   help="--on-failure shrink: seconds the survivors wait for each other "
+                        "before deciding who is gone")
     p.add_argument("--log-every", type=int, default=25)
     p.add_argument("--skip-steps", type=int, default=3, help="warm-up steps not timed")
     p.add_argument("--eval-prompts", type=int, default=64, help="legal-move prompts per rank")
@@ -181,9 +199,10 @@ def logits_of(out):
 class Run:
     """One strategy on one process group: model, optimizer, data, training, evaluation."""
 
-    def __init__(self, args, strategy, backend, group, device, data):
+    def __init__(self, args, strategy, backend, group, device, data, recovery=None):
         self.args, self.strategy, self.backend = args, strategy, backend
         self.group, self.device, self.data = group, device, data
+        self.recovery = recovery  # --on-failure shrink: training_recovery.ShrinkOnFailure
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.log = print if dist.get_rank() == 0 else (lambda *a, **k: None)
 
@@ -273,11 +292,13 @@ class Run:
         a = self.args
         accum, B = a.gradient_accumulation_steps, a.batch_size_per_device
         tokens_per_step = self.world * B * accum * a.seq_len
-        ckpt, start = None, 0
+        ckpt, start, load_s = None, 0, 0.0
         if a.checkpoint_dir:
             from training_checkpoints import TrainingCheckpoints
             ckpt = TrainingCheckpoints(a.checkpoint_dir, a.checkpoint_every, log=self.log)
+            t_load = time.perf_counter()
             start = ckpt.resume(self.model, self.opt, self.sched)
+            load_s = time.perf_counter() - t_load
         self.data.prefetch(i for s in range(start, a.steps) for m in range(accum)
                            for i in self.indices(s, m))
         times, losses, mem = [], [], None
@@ -303,14 +324,24 @@ class Run:
                 self.sched.step()
                 self.opt.zero_grad(set_to_none=True)
             dt = time.perf_counter() - t0
+            rec = self.recovery
+            if rec is not None and rec.failed_at is not None and not hasattr(self, "recovery_s"):
+                # the first step completed after a failure: what going on in process cost
+                after = time.perf_counter() - rec.failed_at
+                self.recovery_s = dict(rec.timings, load_s=load_s, failure_to_step_s=after,
+                                       resumed_step=start, world_size=self.world)
+                self.log(f"recovery: step {step + 1} completed {after:.2f} s after the failure "
+                         f"(agreeing {rec.timings['agree_s']:.2f} s, shrinking "
+                         f"{rec.timings['shrink_s']:.2f} s, loading step {start} "
+                         f"{load_s:.2f} s; the rest is rebuilding the model and the step "
+                         f"itself)", flush=True)
             if tracker is not None:
                 mem = tracker
             elif step - start >= skip:
                 times.append(dt)
             if ckpt is not None:
                 ckpt.maybe_save(step + 1, self.model, self.opt, self.sched)
-            if (a.fail_at_step == step + 1 and self.rank == 1
-                    and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"):
+            if self.fail_here(step + 1):
                 os.kill(os.getpid(), 9)  # --fail-at-step: as a node failure would
             if step % a.log_every == 0 or last:
                 mean_loss = self.mean(step_loss)
@@ -347,6 +378,8 @@ class Run:
             "losses": [{"step": s, "loss": v, "elapsed_s": e} for s, v, e in losses],
             "final_loss": losses[-1][1], "elapsed_s": elapsed,
         }
+        if hasattr(self, "recovery_s"):
+            self.result["recovery"] = self.recovery_s
         pred = getattr(self, "prediction", None)
         if pred is not None:
             # the planner prices one micro-batch's forward, backward and step: one step here
@@ -355,6 +388,14 @@ class Run:
             self.result.update(predicted_step_s=pred.step_time_s * a.gradient_accumulation_steps,
                                predicted_peak_bytes=pred.peak_bytes,
                                memory_budget_bytes=pred.budget_bytes)
+
+    def fail_here(self, step: int) -> bool:
+        """--fail-at-step: this rank dies after ``step``, on the first attempt only (neither
+        restarted by torchrun nor recovered in process)."""
+        a = self.args
+        return (a.fail_at_step == step and self.rank == a.fail_rank
+                and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+                and (self.recovery is None or self.recovery.failures == 0))
 
     def no_sync(self):
         if self.strategy.startswith("plan"):
@@ -457,7 +498,15 @@ def process_main(args) -> int:
     dist.init_process_group(main_backend, timeout=datetime.timedelta(seconds=args.timeout),
                             device_id=device if device.type == "cuda" else None)
     rank, world = dist.get_rank(), dist.get_world_size()
-    log = print if rank == 0 else (lambda *a, **k: None)
+
+    def log(*a, **k):  # rank 0's, whoever that is after a shrink
+        if dist.get_rank() == 0:
+            print(*a, **k)
+
+    recovery = None
+    if args.on_failure == "shrink":
+        from training_recovery import ShrinkOnFailure
+        recovery = ShrinkOnFailure(args.failure_window)
     if args.total_batch_size:
         per = args.batch_size_per_device * world
         if args.total_batch_size % per:
@@ -489,11 +538,23 @@ def process_main(args) -> int:
             results.append({"strategy": strategy, "backend": backend, "error": why})
             continue
         tm.reset_peak_rss()
-        run = Run(args, strategy, backend, groups[backend], device, data)
-        run.build()
-        log(f"=== {strategy}:{backend}: {run.n_params / 1e6:.2f} M parameters"
-            + (", activation checkpointing" if args.checkpoint_activations else ""), flush=True)
-        run.train()
+        while True:
+            run = Run(args, strategy, backend, groups[backend], device, data, recovery)
+            run.build()
+            log(f"=== {strategy}:{backend}: {run.n_params / 1e6:.2f} M parameters"
+                + (", activation checkpointing" if args.checkpoint_activations else ""),
+                flush=True)
+            try:
+                run.train()
+                break
+            except RuntimeError as e:  # a collective failed: a rank (or node) was lost
+                if recovery is None:
+                    raise
+                old_world = dist.get_world_size()
+                del run
+                gc.collect()
+                recovery.recover(e)
+                keep_global_batch(args, old_world, log)
         run.evaluate()
         if args.save and not args.compare:
             run.save(args.save)
@@ -513,6 +574,7 @@ def process_main(args) -> int:
         del run
         gc.collect()
         dist.barrier()
+    rank, world = dist.get_rank(), dist.get_world_size()  # smaller after a shrink
     log("\n" + chess_report.table(results))
     for r in results:
         if "predicted_step_s" in r:
@@ -538,6 +600,47 @@ def process_main(args) -> int:
     return 0 if any("error" not in r for r in results) else 2
 
 
+def keep_global_batch(args, old_world: int, log) -> None:
+    """After a shrink: the same sequences per step, by more micro-batches per rank."""
+    B, world = args.batch_size_per_device, dist.get_world_size()
+    total = old_world * B * args.gradient_accumulation_steps
+    accum, rest = divmod(total, world * B)
+    if rest:
+        accum = max(1, round(total / (world * B)))
+        log(f"recovery: {total} sequences per step do not split over {world} ranks x {B}; "
+            f"now {world * B * accum} per step (from here the run differs from one that never "
+            f"failed)", flush=True)
+    else:
+        log(f"recovery: gradient accumulation {args.gradient_accumulation_steps} -> {accum}: "
+            f"still {total} sequences per step on {world} ranks", flush=True)
+    args.gradient_accumulation_steps = accum
+
+
+def spawn_tolerant(args) -> int:
+    """``--nproc`` with ``--on-failure shrink``: the survivors of a killed rank finish
+    (torch.multiprocessing would stop them all), and this process hosts the store, so the
+    rank lost may be rank 0."""
+    port = tm.free_port()
+    store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    os.environ["TORCHELASTIC_USE_AGENT_STORE"] = "True"  # every rank a client of this store
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=spawned, args=(i, args, port)) for i in range(args.nproc)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    del store
+    codes = [p.exitcode for p in procs]
+    lost = [r for r, c in enumerate(codes) if c == -signal.SIGKILL]
+    failed = [r for r, c in enumerate(codes) if c not in (0, -signal.SIGKILL)]
+    if lost:
+        print(f"launcher: rank(s) {lost} were killed; {len(codes) - len(lost)} went on", flush=True)
+    if failed:
+        print(f"launcher: rank(s) {failed} failed (exit codes {[codes[r] for r in failed]})",
+              flush=True)
+    return 1 if failed or len(lost) == len(codes) else 0
+
+
 def spawned(local_rank, args, port):
     os.environ.update(RANK=str(local_rank), LOCAL_RANK=str(local_rank),
                       WORLD_SIZE=str(args.nproc), LOCAL_WORLD_SIZE=str(args.nproc),
@@ -559,6 +662,10 @@ def main(argv=None) -> int:
     args.runs = runs
     if args.checkpoint_dir and args.compare:
         raise SystemExit("--checkpoint-dir trains one run: not with --compare")
+    if args.on_failure == "shrink" and not args.checkpoint_dir:
+        raise SystemExit("--on-failure shrink reloads the newest checkpoint: give --checkpoint-dir")
+    if args.nproc and "RANK" not in os.environ and args.on_failure == "shrink":
+        return spawn_tolerant(args)
     if args.nproc and "RANK" not in os.environ:
         try:
             mp.start_processes(spawned, args=(args, tm.free_port()), nprocs=args.nproc,

@@ -126,8 +126,9 @@ class TrainingCheckpoints:
         if path is None:
             return 0
         reader = plan.CheckpointReader(path)
-        # this rank's RNG state comes back when the job had this rank (same world size)
-        same_world = f"rng.rank{self.rank}" in reader.read_metadata().state_dict_metadata
+        # the RNG states come back when the job had as many ranks (one state per rank)
+        saved = reader.read_metadata().state_dict_metadata
+        same_world = sum(k.startswith("rng.rank") for k in saved) == self.world
         state = self._state(model, opt, sched, 0, rng=same_world)
         dcp.load(state, storage_reader=reader)
         set_state_dict(model, opt, model_state_dict=state["model"],
