@@ -80,8 +80,8 @@ def _kill_self(ctx):
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _survive(ctx, victim: int, flags: int, during: str):
-    """Runs until `victim` dies (mid all_reduce or mid training), then shrinks and checks."""
+def _survive(ctx, victims: list, flags: int, during: str):
+    """Runs until the victims die (mid all_reduce or mid training), then shrinks and checks."""
     import torch_rsdp
     import torch_rsdp.plan as plan
     r, W = ctx.rank, ctx.world_size
@@ -89,7 +89,7 @@ def _survive(ctx, victim: int, flags: int, during: str):
         if during == "collective":
             t = torch.empty(1 << 21)  # 8 MiB: a kill lands inside the transfer
             for i in range(1000):
-                if r == victim and i == 3:
+                if r in victims and i == 3:
                     _kill_self(ctx)
                 t.fill_(1.0)
                 dist.all_reduce(t)
@@ -97,7 +97,7 @@ def _survive(ctx, victim: int, flags: int, during: str):
             model = plan.apply(pc.make_net(), pc.MIX)
             opt = pc.plan_optim(model, "adamw")
             for step in range(100):
-                if r == victim and step == 2:
+                if r in victims and step == 2:
                     _kill_self(ctx)
                 pc.train(model, opt, r, W, 1, start=step)
         return {"outcome": "no failure seen"}
@@ -105,11 +105,11 @@ def _survive(ctx, victim: int, flags: int, during: str):
         seen = str(e)
     error = str(torch_rsdp.group_error())
     t0 = time.monotonic()
-    new = dist.shrink_group([victim], shrink_flags=flags)
+    new = dist.shrink_group(list(victims), shrink_flags=flags)
     shrink_s = time.monotonic() - t0
     assert new is dist.group.WORLD, "the shrunk default group must become the default group"
-    assert dist.get_world_size() == W - 1
-    assert dist.get_rank() == (r if r < victim else r - 1), f"rank {r} -> {dist.get_rank()}"
+    assert dist.get_world_size() == W - len(victims)
+    assert dist.get_rank() == r - sum(v < r for v in victims), f"rank {r} -> {dist.get_rank()}"
     after_kill = time.time() - float(ctx.store.get("killed_at"))
     seen_coll = _exact_collectives(f"rank {r}")
     _train_exact(f"rank {r}")
@@ -118,31 +118,32 @@ def _survive(ctx, victim: int, flags: int, during: str):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("W,victim,flags,during,node_of", [
-    (4, 1, SHRINK_DEFAULT, "collective", None),
-    (4, 2, SHRINK_ABORT, "training", [0, 0, 1, 1]),  # node 1 loses its leader
-], ids=["one-node-mid-collective", "two-nodes-leader-mid-training"])
-def test_survivors_shrink_and_stay_exact(W, victim, flags, during, node_of):
-    res = launch(_survive, W, (victim, flags, during), pg_timeout=15, deadline=300,
-                 expect_killed=[victim], node_of=node_of)
+@pytest.mark.parametrize("W,victims,flags,during,node_of,nodes_after", [
+    (4, [1], SHRINK_DEFAULT, "collective", None, [[0, 1, 2]]),
+    # node 1 loses its leader, and keeps one rank
+    (4, [2], SHRINK_ABORT, "training", [0, 0, 1, 1], [[0, 1], [2]]),
+    # a whole node is lost: the survivors are one node (shared memory only)
+    (4, [2, 3], SHRINK_DEFAULT, "collective", [0, 0, 1, 1], [[0, 1]]),
+], ids=["one-node-mid-collective", "two-nodes-leader-mid-training",
+        "two-nodes-node-lost-mid-collective"])
+def test_survivors_shrink_and_stay_exact(W, victims, flags, during, node_of, nodes_after):
+    res = launch(_survive, W, (victims, flags, during), pg_timeout=15, deadline=300,
+                 expect_killed=victims, node_of=node_of)
     for r in range(W):
-        if r == victim:
+        if r in victims:
             continue
         o = res[r]
         assert o["outcome"] == "shrunk", f"rank {r}: {o}"
         # Across nodes a survivor may first hear of it from a peer that gave up (and name
         # that peer); on the victim's node the dead rank itself is named.
-        if node_of is None or node_of[r] == node_of[victim]:
-            assert names_rank(o["seen"], victim), f"rank {r}'s error does not name rank {victim}: {o['seen']}"
+        if node_of is None or node_of[r] in {node_of[v] for v in victims}:
+            assert any(names_rank(o["seen"], v) for v in victims), (
+                f"rank {r}'s error names none of {victims}: {o['seen']}")
         assert o["error"] == "ErrorType.REMOTE_ERROR", f"rank {r}: group_error {o['error']}"
-        assert o["size"] == W - 1
+        assert o["size"] == W - len(victims)
+        assert o["topology"] == nodes_after, f"rank {r}: topology not recomputed: {o['topology']}"
         print(f"rank {r}: shrink {o['shrink_s'] * 1000:.0f} ms; kill to shrunk group "
               f"{o['recovered_s']:.2f} s; saw: {o['seen'][:160]}")
-    nodes = res[0 if victim else 1]["topology"]
-    if node_of is None:
-        assert nodes == [[0, 1, 2]], nodes
-    else:
-        assert nodes == [[0, 1], [2]], f"topology not recomputed: {nodes}"
 
 
 def _frozen(ctx, victim: int):

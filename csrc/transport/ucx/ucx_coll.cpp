@@ -378,7 +378,7 @@ void UcxCollectives::abort(const std::string& why) {
   worker_.signal();
 }
 
-void UcxCollectives::fail(ErrorKind kind, const std::string& msg) {
+void UcxCollectives::fail(ErrorKind kind, std::string msg) {
   broken_ = msg;
   begun_ = false;
   release_requests();

@@ -61,7 +61,8 @@ class UcxCollectives {
   std::string outstanding(bool only_failed_peers) const;
   void release_requests();
   void check_usable(const char* what) const;
-  [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
+  // msg by value: callers pass members (peer_error_, mismatch_) that fail() clears.
+  [[noreturn]] void fail(ErrorKind kind, std::string msg);
 
   const Group& group_;
   UcxWorker& worker_;
