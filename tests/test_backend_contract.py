@@ -3,15 +3,14 @@
 Each through the Python API torch offers for it: ``ProcessGroup.set_timeout``, ``get_error``
 (torch binds it for NCCL only; here ``torch_rsdp.group_error``), coalescing
 (``batch_isend_irecv`` and ``_coalescing_manager``, as FSDP2 and DTensor issue them),
-``_wait_for_pending_works``, ``_register_on_completion_hook`` with
-``_enable_collectives_timing``, ``Backend.memory_stats`` of the communication memory pool, and
+``_wait_for_pending_works``, ``_register_on_completion_hook`` (case by case as torch's
+``WorkHookTest`` checks ProcessGroupNCCL's), ``Backend.memory_stats`` of the communication memory pool, and
 ``torch_rsdp.monitored_barrier`` (torch's Python refuses ``dist.monitored_barrier`` for any
 backend not named "gloo").
 """
 from __future__ import annotations
 
 import datetime
-import threading
 import time
 
 import pytest
@@ -29,7 +28,7 @@ def _backend():
     return dist.group.WORLD._get_backend(torch.device("cpu"))
 
 
-def _coalescing_hooks_pending(ctx):
+def _coalescing_pending(ctx):
     import torch_rsdp
     r, W = ctx.rank, ctx.world_size
     pg = dist.group.WORLD
@@ -72,32 +71,6 @@ def _coalescing_hooks_pending(ctx):
     pg._wait_for_pending_works()
     out["pending_done"] = [w.is_completed() for w in ws]
 
-    # The completion hook, with durations once timing is on.
-    infos, threads = [], set()
-
-    def hook(info):
-        threads.add(threading.get_ident())
-        infos.append((str(info.op_type), info.seq, info.time_started, info.time_finished,
-                      info.active_duration))
-
-    pg._register_on_completion_hook(hook)
-    pg._enable_collectives_timing()
-    dist.all_reduce(torch.ones(1 << 20))
-    dist.broadcast(torch.ones(10), src=0)
-    w = dist.all_gather_into_tensor(torch.empty(W * 8), torch.ones(8), async_op=True)
-    w.wait()
-    dist.barrier()
-    deadline = time.monotonic() + 5
-    while len(infos) < 4 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    out["hook"] = [(op, seq, (fin - st).total_seconds() >= 0, act.total_seconds())
-                   for op, seq, st, fin, act in infos]
-    try:
-        pg._register_on_completion_hook(hook)
-        out["second_hook"] = "no error"
-    except Exception as e:  # noqa: BLE001
-        out["second_hook"] = f"{type(e).__name__}: {e}"
-
     # The pool's statistics move with communication memory handed out and freed.
     before = _backend().memory_stats()
     t = torch_rsdp.comm_empty(1 << 20)
@@ -110,21 +83,13 @@ def _coalescing_hooks_pending(ctx):
 
 
 @pytest.mark.slow
-def test_coalescing_pending_works_hook_and_memory_stats():
-    res = launch(_coalescing_hooks_pending, 3, deadline=180)
+def test_coalescing_pending_works_and_memory_stats():
+    res = launch(_coalescing_pending, 3, deadline=180)
     for r in range(3):
         o = res[r]
         assert o["supports"] is True
         assert o["batch_works"] == 1, f"rank {r}: batch_isend_irecv gave {o['batch_works']} Works"
         assert all(o["pending_done"]), f"rank {r}: pending after wait: {o['pending_done']}"
-        ops = [h[0] for h in o["hook"]]
-        assert ops == ["OpType.ALLREDUCE", "OpType.BROADCAST", "OpType._ALLGATHER_BASE",
-                       "OpType.BARRIER"], f"rank {r}: hook saw {o['hook']}"
-        seqs = [h[1] for h in o["hook"]]
-        assert seqs == sorted(seqs) and len(set(seqs)) == 4, f"rank {r}: sequence numbers {seqs}"
-        assert all(h[2] for h in o["hook"]), "a Work finished before it started"
-        assert o["hook"][0][3] > 0, f"rank {r}: no active duration with timing on: {o['hook']}"
-        assert "already has a hook" in o["second_hook"], o["second_hook"]
         before, during, after = o["stats"]
         assert during["pool_in_use_bytes"] >= before["pool_in_use_bytes"] + 4 * (1 << 20)
         assert after["pool_in_use_bytes"] == before["pool_in_use_bytes"]
@@ -132,6 +97,104 @@ def test_coalescing_pending_works_hook_and_memory_stats():
         assert during["pool_allocations"] == before["pool_allocations"] + 1
         assert before["pool_capacity_bytes"] > 0
         assert o["error"] == "ErrorType.SUCCESS"
+
+
+def _hooks(ctx):
+    """torch's WorkHookTest (test_c10d_nccl.py), case by case, on rsdp: every Work fires the
+    hook once, with its op type, its sequence number and a positive duration, before
+    destroy_process_group (or _wait_for_pending_works) returns."""
+    from torch._C._distributed_c10d import OpType
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    r, W = ctx.rank, ctx.world_size
+    out = {}
+
+    def recorder():
+        fired = []
+
+        def hook(info):
+            fired.append((info.op_type, info.seq, info.active_duration.total_seconds(),
+                          (info.time_finished - info.time_started).total_seconds()))
+        return fired, hook
+
+    # test_on_completion_hook_broadcast / _seq
+    ctx.init_pg(tag="broadcast")
+    pg = dist.distributed_c10d._get_default_group()
+    fired, hook = recorder()
+    pg._register_on_completion_hook(hook)
+    pg._enable_collectives_timing()
+    tensor = torch.ones(2, 3) * r
+    for _ in range(3):
+        pg.broadcast([tensor]).wait()
+    try:
+        pg._register_on_completion_hook(hook)
+        out["second_hook"] = "no error"
+    except Exception as e:  # noqa: BLE001
+        out["second_hook"] = f"{type(e).__name__}: {e}"
+    dist.destroy_process_group()
+    out["broadcast"] = fired
+    out["broadcast_value"] = tensor.tolist()
+
+    # test_on_completion_hook_mixed_ops: async ops, destroy waits for them and their hooks
+    ctx.init_pg(tag="mixed")
+    pg = dist.distributed_c10d._get_default_group()
+    fired, hook = recorder()
+    pg._register_on_completion_hook(hook)
+    tensor = torch.ones(2, 3)
+    tensor_list = [torch.empty_like(tensor) for _ in range(W)]
+    pg.allreduce(tensor)
+    pg.allgather([tensor_list], [tensor])
+    pg.allreduce(tensor)
+    dist.destroy_process_group()
+    out["mixed"] = fired
+    out["mixed_values"] = (tensor.tolist(), [t.tolist() for t in tensor_list])
+
+    # test_on_completion_hook_with_ddp: _wait_for_pending_works after DDP's constructor
+    ctx.init_pg(tag="ddp")
+    pg = dist.distributed_c10d._get_default_group()
+    fired, hook = recorder()
+    pg._register_on_completion_hook(hook)
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Sequential(*[torch.nn.Linear(64, 64, bias=False) for _ in range(4)]),
+              process_group=pg, bucket_cap_mb=0.01)
+    pg._wait_for_pending_works()
+    out["ddp_ctor"] = sorted({str(f[0]) for f in fired})
+    n_ctor = sum(f[0] == OpType.ALLREDUCE for f in fired)
+    ddp(torch.zeros(2, 64)).sum().backward()
+    dist.destroy_process_group()
+    out["ddp_allreduces"] = sum(f[0] == OpType.ALLREDUCE for f in fired) - n_ctor
+    out["ddp_durations"] = [f[2] for f in fired]
+
+    # test_on_completion_hook_all_gather_object
+    ctx.init_pg(tag="objects")
+    pg = dist.distributed_c10d._get_default_group()
+    fired, hook = recorder()
+    pg._register_on_completion_hook(hook)
+    objs = [None] * W
+    dist.all_gather_object(objs, {"rank": r})
+    dist.destroy_process_group()
+    out["objects"] = ([o["rank"] for o in objs], [str(f[0]) for f in fired])
+    return out
+
+
+@pytest.mark.slow
+def test_on_completion_hook_as_torch_tests_it():
+    from torch._C._distributed_c10d import OpType
+    res = launch(_hooks, 2, init=False, deadline=180)
+    for r in range(2):
+        o = res[r]
+        seqs = [f[1] for f in o["broadcast"]]
+        assert [f[0] for f in o["broadcast"]] == [OpType.BROADCAST] * 3, o["broadcast"]
+        assert seqs == [1, 2, 3], f"rank {r}: sequence numbers {seqs}"
+        assert all(f[2] > 0 and f[3] >= f[2] for f in o["broadcast"]), o["broadcast"]
+        assert o["broadcast_value"] == [[0.0] * 3] * 2
+        assert "already has a hook" in o["second_hook"], o["second_hook"]
+        assert [f[0] for f in o["mixed"]] == [OpType.ALLREDUCE, OpType.ALLGATHER,
+                                              OpType.ALLREDUCE], o["mixed"]
+        assert all(f[2] > 0 for f in o["mixed"]), o["mixed"]
+        assert o["mixed_values"] == ([[4.0] * 3] * 2, [[[2.0] * 3] * 2] * 2), o["mixed_values"]
+        assert "OpType.BROADCAST" in o["ddp_ctor"], o["ddp_ctor"]
+        assert o["ddp_allreduces"] > 0 and all(d > 0 for d in o["ddp_durations"]), o
+        assert o["objects"] == ([0, 1], ["OpType.ALLGATHER", "OpType.ALLGATHER"]), o["objects"]
 
 
 def _timeout_and_errors(ctx):

@@ -40,8 +40,32 @@ void WorkTracker::issued(const c10::intrusive_ptr<WorkRSDP>& work) {
 
 void WorkTracker::completed(WorkRSDP& work, std::exception_ptr err) {
   const auto now = std::chrono::steady_clock::now();
-  c10::intrusive_ptr<WorkRSDP> keep;  // `work` may be held only by pending_
+  if (err) {
+    auto kind = classify(err);
+    auto none = c10d::ErrorType::SUCCESS;
+    if (kind != none) error_.compare_exchange_strong(none, kind);  // the first one stays
+  }
   Hook hook;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    hook = hook_;
+  }
+  if (hook) {
+    // activeDuration: the time the op ran, not the time it queued. Measured
+    // always (a clock read; NCCL needs CUDA events, hence its opt-in).
+    const std::chrono::duration<float> active = now - work.running_since();
+    try {
+      hook(std::make_shared<c10d::WorkInfo>(work.retrieveOpType(), work.getSequencenumber(),
+                                            work.issued_at(), now, active));
+    } catch (const std::exception& e) {
+      // The op itself succeeded or failed already; a broken hook must not
+      // take the worker thread down with it.
+      std::cerr << "torch_rsdp: the on-completion hook raised: " << e.what() << std::endl;
+    }
+  }
+  // Pending until its hook has run: waitForPendingWorks then means "and
+  // every hook fired", which is what torch's tests of it check.
+  c10::intrusive_ptr<WorkRSDP> keep;  // `work` may be held only by pending_
   {
     std::lock_guard<std::mutex> g(mu_);
     auto it = pending_.find(&work);
@@ -49,35 +73,20 @@ void WorkTracker::completed(WorkRSDP& work, std::exception_ptr err) {
       keep = std::move(it->second);
       pending_.erase(it);
     }
-    hook = hook_;
   }
-  if (err) {
-    auto kind = classify(err);
-    auto none = c10d::ErrorType::SUCCESS;
-    if (kind != none) error_.compare_exchange_strong(none, kind);  // the first one stays
-  }
-  if (!hook) return;
-  // activeDuration is the time the op ran (not queued); torch's contract
-  // gives it only with timing enabled, as NCCL does.
-  std::chrono::duration<float> active{0};
-  if (timing_) active = now - work.running_since();
-  try {
-    hook(std::make_shared<c10d::WorkInfo>(work.retrieveOpType(), work.getSequencenumber(),
-                                          work.issued_at(), now, active));
-  } catch (const std::exception& e) {
-    // The op itself succeeded or failed already; a broken hook must not
-    // take the worker thread down with it.
-    std::cerr << "torch_rsdp: the on-completion hook raised: " << e.what() << std::endl;
-  }
+  done_.notify_all();
 }
 
 void WorkTracker::wait_pending() {
-  std::vector<c10::intrusive_ptr<WorkRSDP>> works;
-  {
-    std::lock_guard<std::mutex> g(mu_);
-    for (auto& kv : pending_) works.push_back(kv.second);
-  }
-  for (auto& w : works) w->wait();
+  std::unique_lock<std::mutex> g(mu_);
+  std::vector<const WorkRSDP*> mine;
+  for (auto& kv : pending_) mine.push_back(kv.first);
+  // Every op has a deadline, so each of these completes (or fails) in time.
+  done_.wait(g, [&] {
+    for (auto* w : mine)
+      if (pending_.count(w)) return false;
+    return true;
+  });
 }
 
 size_t WorkTracker::pending() const {
@@ -111,10 +120,13 @@ bool WorkTracker::end_coalescing(std::vector<c10::intrusive_ptr<WorkRSDP>>& work
 
 void WorkTracker::clear() {
   std::unordered_map<const WorkRSDP*, c10::intrusive_ptr<WorkRSDP>> gone;
-  std::lock_guard<std::mutex> g(mu_);
-  gone.swap(pending_);
-  coalesced_.clear();
-  coalescing_ = false;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    gone.swap(pending_);
+    coalesced_.clear();
+    coalescing_ = false;
+  }
+  done_.notify_all();
 }
 
 }  // namespace rsdp

@@ -2,8 +2,8 @@
 // parts of c10d::Backend's contract that look across Works:
 //   waitForPendingWorks  - the Works issued and not yet complete;
 //   getError             - the first failure that broke the group;
-//   registerOnCompletionHook / enableCollectivesTiming - a hook called with
-//                          each Work's WorkInfo as it completes;
+//   registerOnCompletionHook - a hook called with each Work's WorkInfo as it
+//                          completes (durations always: a clock read on CPU);
 //   startCoalescing / endCoalescing - the Works issued in between, which
 //                          endCoalescing turns into one Work.
 // Works hold it by shared_ptr: a Work may outlive its backend.
@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include <atomic>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -31,7 +32,8 @@ class WorkTracker {
   // From WorkRSDP::complete, after waiters were woken; err as the op threw it.
   void completed(WorkRSDP& work, std::exception_ptr err);
 
-  // Waits for every Work issued so far; rethrows the first failure.
+  // Waits until every Work issued so far completed (failed ones too: their
+  // Work reports that) and its hook ran.
   void wait_pending();
   size_t pending() const;
 
@@ -39,8 +41,6 @@ class WorkTracker {
 
   // One hook per group, as ProcessGroupNCCL; false if one is set already.
   bool set_hook(Hook hook);
-  void enable_timing() { timing_ = true; }
-  bool timing() const { return timing_; }
 
   bool start_coalescing();  // false if a block is already open
   // Closes the block: `works` gets those issued since start_coalescing, in
@@ -52,10 +52,10 @@ class WorkTracker {
 
  private:
   mutable std::mutex mu_;
+  std::condition_variable done_;
   std::unordered_map<const WorkRSDP*, c10::intrusive_ptr<WorkRSDP>> pending_;
   std::atomic<c10d::ErrorType> error_{c10d::ErrorType::SUCCESS};
   Hook hook_;
-  std::atomic<bool> timing_{false};
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<WorkRSDP>> coalesced_;
 };
