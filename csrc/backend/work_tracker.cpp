@@ -1,5 +1,6 @@
 #include "backend/work_tracker.h"
 
+#include <algorithm>
 #include <iostream>
 
 #include "backend/work_rsdp.h"
@@ -53,7 +54,12 @@ void WorkTracker::completed(WorkRSDP& work, std::exception_ptr err) {
   if (hook) {
     // activeDuration: the time the op ran, not the time it queued. Measured
     // always (a clock read; NCCL needs CUDA events, hence its opt-in).
-    const std::chrono::duration<float> active = now - work.running_since();
+    // Rounded up to Python's timedelta resolution (1 us): a small op on
+    // shared memory can finish within a fraction of it, and an op that ran
+    // must not read as one that took no time.
+    const std::chrono::duration<float> active =
+        std::max<std::chrono::duration<float>>(now - work.running_since(),
+                                               std::chrono::microseconds(1));
     try {
       hook(std::make_shared<c10d::WorkInfo>(work.retrieveOpType(), work.getSequencenumber(),
                                             work.issued_at(), now, active));
