@@ -52,7 +52,7 @@ fi
 missing=$($PY - <<'PY'
 import importlib.util, shutil, sys
 mods = {"pytest": "pytest", "numpy": "numpy", "matplotlib": "matplotlib", "ninja": "ninja",
-        "transformers": "transformers"}
+        "transformers": "transformers", "hypothesis": "hypothesis"}
 if shutil.which("mpicc"):
     mods["mpi4py"] = "mpi4py"
 elif importlib.util.find_spec("mpi4py") is None:

@@ -9,6 +9,7 @@ and for CUDA tensors in a build with CUDA (see :mod:`torch_rsdp.cuda`).
 from . import _shrink_world
 from ._registration import BACKEND_NAME, register
 from .comm_memory import comm_empty, comm_memory_in_use
+from .compression import get_compression, set_compression
 from .cuda import build_info, cuda_available, cuda_built, cuda_paths
 from .health import group_error, monitored_barrier
 from .ring import ring_neighbours, ring_shift, ring_shift_reduce
@@ -28,6 +29,8 @@ __all__ = [
     "cuda_built",
     "cuda_paths",
     "comm_stats",
+    "get_compression",
+    "set_compression",
     "group_error",
     "monitored_barrier",
     "reset_comm_stats",

@@ -7,6 +7,10 @@
 // A flat ring over all N ranks would push (N-1) blocks through each node's
 // boundary rank instead.
 //
+// Compressed (bits): the rail stage sends block-quantised blocks and every
+// rank writes the dequantised values, its own block's included, before the
+// node stage copies them exactly: all ranks end with identical outputs.
+//
 // Blocks are cut into segments of net::kPieceBytes; the rail stage of
 // segment k runs on the network helper thread while this thread does the
 // node stage of segment k-1 (see pipeline.h).
@@ -23,7 +27,7 @@ namespace rsdp {
 namespace hier {
 
 void allgather(GroupComm& g, const void* in, void* const* outs, const uint64_t* counts, DType dt,
-               Millis timeout, uint32_t& step) {
+               Millis timeout, uint32_t& step, QuantBits bits) {
   const Topology& t = g.topo;
   const int me = t.local_rank();
   const std::vector<int> rail = t.rail(me);
@@ -46,7 +50,11 @@ void allgather(GroupComm& g, const void* in, void* const* outs, const uint64_t* 
       o.push_back(at(r, k));
       c.push_back(len(r, k));
     }
-    net::allgather_ring(*g.net, rail, at(g.rank(), k), o.data(), c.data(), dt, step);
+    if (bits == QuantBits::kNone)
+      net::allgather_ring(*g.net, rail, at(g.rank(), k), o.data(), c.data(), dt, step);
+    else  // this rank's own block too becomes its dequantised value
+      net::allgather_quantized(*g.net, rail, at(g.rank(), k), o.data(), c.data(), dt, bits,
+                               g.compression.block, step);
   };
   auto node_stage = [&](size_t k) {
     for (const auto& node : t.nodes) {

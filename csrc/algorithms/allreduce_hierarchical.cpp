@@ -9,6 +9,9 @@
 // its L rails -- against 2(N-1)/N for a flat ring over all N = M*L ranks,
 // and the network stage runs on L rails at once.
 //
+// Compressed (bits): step 2 is a quantised all-to-all reduce-scatter and
+// all-gather on the rail (net_compressed.cpp); every rank ends identical.
+//
 // The stages are pipelined by segment: while the network works on segment
 // k (on a helper thread, the only user of the network comm meanwhile), this
 // thread all-gathers segment k-1 and reduce-scatters segment k+1 through
@@ -36,7 +39,7 @@ struct Segment {
 }  // namespace
 
 void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout,
-               uint32_t& step) {
+               uint32_t& step, QuantBits bits) {
   const Topology& t = g.topo;
   const int l_size = t.local_size(), me = t.local_rank();
   const std::vector<int> rail = t.rail(me);
@@ -59,8 +62,14 @@ void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis
     }
     return s;
   };
-  auto net_stage = [&g, &rail, dt, op, &step](void* p, uint64_t n) {
-    net::allreduce_ring(*g.net, rail, p, n, dt, op, g.size(), step);
+  // Compressed: int4 serves the reduction only; the sums travel back as int8.
+  const QuantBits bits_ag = bits == QuantBits::kInt4 ? QuantBits::kInt8 : bits;
+  auto net_stage = [&g, &rail, dt, op, &step, bits, bits_ag](void* p, uint64_t n) {
+    if (bits == QuantBits::kNone)
+      net::allreduce_ring(*g.net, rail, p, n, dt, op, g.size(), step);
+    else
+      net::allreduce_quantized(*g.net, rail, p, n, dt, op, g.size(), bits, bits_ag,
+                               g.compression.block, step);
   };
 
   if (nseg == 1) {  // nothing to overlap with

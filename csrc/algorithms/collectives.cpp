@@ -24,7 +24,7 @@ namespace {
 // The descriptor every rank must agree on; the algorithm is part of it
 // because RSDP_ALGO_* is a per-rank setting.
 OpDesc desc(OpKind kind, DType dt, uint64_t count, Algo a, RedOp op = RedOp::kSum,
-            int root = -1, uint64_t aux = 0) {
+            int root = -1, uint64_t aux = 0, QuantBits bits = QuantBits::kNone) {
   OpDesc d;
   d.kind = kind;
   d.dtype = dt;
@@ -32,11 +32,28 @@ OpDesc desc(OpKind kind, DType dt, uint64_t count, Algo a, RedOp op = RedOp::kSu
   d.redop = op;
   d.root = root;
   d.aux = aux * 31 + static_cast<uint64_t>(a);
+  d.wire_bits = static_cast<uint8_t>(bits);
   return d;
 }
 
 Algo pick(GroupComm& g, OpKind op, size_t bytes) {
   return select_algo(op, bytes, g.topo, g.opts, g.shm->half_bytes());
+}
+
+// How an op crosses nodes under the group's compression: quantised only
+// for float32/bf16/fp16, SUM/AVG reductions and nodes of equal size (the
+// hierarchical algorithms); everything else exactly.
+QuantBits wire_bits(const GroupComm& g, OpKind op, DType dt, RedOp rop) {
+  const Compression& c = g.compression;
+  if (!c.any() || !compressible(dt) || !g.topo.uniform()) return QuantBits::kNone;
+  const bool reduces = op == OpKind::kAllreduce || op == OpKind::kReduceScatter;
+  if (reduces && rop != RedOp::kSum && rop != RedOp::kAvg) return QuantBits::kNone;
+  switch (op) {
+    case OpKind::kAllgather: return c.all_gather;
+    case OpKind::kReduceScatter: return c.reduce_scatter;
+    case OpKind::kAllreduce: return c.all_reduce;
+    default: return QuantBits::kNone;
+  }
 }
 
 // Reorders a per-group-rank array into ring positions.
@@ -70,15 +87,20 @@ void broadcast(GroupComm& g, void* buf, size_t count, DType dt, int root, Millis
 void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout) {
   if (g.device_op) return g.device->allreduce(buf, count, dt, op, timeout);
   const size_t bytes = count * dtype_size(dt);
-  const Algo a = pick(g, OpKind::kAllreduce, bytes);
+  Algo a = pick(g, OpKind::kAllreduce, bytes);
   if (!g.multi_node()) {
     // algo::allreduce picks by threshold: 0 forces rs_ag, max forces one-shot.
     const size_t threshold = a == Algo::kOneshot ? SIZE_MAX : 0;
     return algo::allreduce(*g.shm, buf, count, dt, op, threshold, timeout);
   }
-  g.begin_net(desc(OpKind::kAllreduce, dt, count, a, op), timeout);
+  // Compressed: the hierarchical algorithm (small messages stay exact on
+  // the leaders' path, where rounds cost more than bytes).
+  QuantBits bits = a == Algo::kLeaders ? QuantBits::kNone
+                                       : wire_bits(g, OpKind::kAllreduce, dt, op);
+  if (bits != QuantBits::kNone) a = Algo::kHier;
+  g.begin_net(desc(OpKind::kAllreduce, dt, count, a, op, -1, 0, bits), timeout);
   uint32_t step = 0;
-  if (a == Algo::kHier) return hier::allreduce(g, buf, count, dt, op, timeout, step);
+  if (a == Algo::kHier) return hier::allreduce(g, buf, count, dt, op, timeout, step, bits);
   if (a == Algo::kLeaders) return hier::allreduce_leaders(g, buf, count, dt, op, timeout, step);
   const auto ring = g.topo.node_major_order();
   if (a == Algo::kRd)
@@ -104,11 +126,13 @@ void allgather(GroupComm& g, const void* in, void* const* outs, const uint64_t* 
   if (!g.multi_node()) return algo::allgather(*g.shm, in, outs, counts, dt, timeout);
   const int n = g.size();
   const uint64_t all = total(counts, n);
-  const Algo a = pick(g, OpKind::kAllgather, all * dtype_size(dt));
-  g.begin_net(desc(OpKind::kAllgather, dt, all, a, RedOp::kSum, -1, hash_sizes(counts, n)),
+  Algo a = pick(g, OpKind::kAllgather, all * dtype_size(dt));
+  const QuantBits bits = wire_bits(g, OpKind::kAllgather, dt, RedOp::kSum);
+  if (bits != QuantBits::kNone) a = Algo::kHier;
+  g.begin_net(desc(OpKind::kAllgather, dt, all, a, RedOp::kSum, -1, hash_sizes(counts, n), bits),
               timeout);
   uint32_t step = 0;
-  if (a == Algo::kHier) return hier::allgather(g, in, outs, counts, dt, timeout, step);
+  if (a == Algo::kHier) return hier::allgather(g, in, outs, counts, dt, timeout, step, bits);
   const auto ring = g.topo.node_major_order();
   auto ring_outs = in_ring_order(ring, outs);
   auto ring_counts = in_ring_order(ring, counts);
@@ -147,10 +171,14 @@ void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint6
   if (!g.multi_node()) return algo::reduce_scatter(*g.shm, ins, out, counts, dt, op, timeout);
   const int n = g.size();
   const uint64_t all = total(counts, n);
-  const Algo a = pick(g, OpKind::kReduceScatter, all * dtype_size(dt));
-  g.begin_net(desc(OpKind::kReduceScatter, dt, all, a, op, -1, hash_sizes(counts, n)), timeout);
+  Algo a = pick(g, OpKind::kReduceScatter, all * dtype_size(dt));
+  const QuantBits bits = wire_bits(g, OpKind::kReduceScatter, dt, op);
+  if (bits != QuantBits::kNone) a = Algo::kHier;
+  g.begin_net(desc(OpKind::kReduceScatter, dt, all, a, op, -1, hash_sizes(counts, n), bits),
+              timeout);
   uint32_t step = 0;
-  if (a == Algo::kHier) return hier::reduce_scatter(g, ins, out, counts, dt, op, timeout, step);
+  if (a == Algo::kHier)
+    return hier::reduce_scatter(g, ins, out, counts, dt, op, timeout, step, bits);
   const auto ring = g.topo.node_major_order();
   auto ring_ins = in_ring_order(ring, ins);
   auto ring_counts = in_ring_order(ring, counts);

@@ -12,6 +12,7 @@
 
 #include "algorithms/device_collectives.h"
 #include "core/bootstrap.h"
+#include "core/compression.h"
 #include "core/group.h"
 #include "core/options.h"
 #include "core/topology.h"
@@ -29,6 +30,9 @@ struct GroupComm {
   Topology topo;
   Options opts;
   Traffic traffic;
+  // What crosses nodes block-quantised (off by default). Changed only on
+  // the worker, between ops (BackendRSDP::set_compression).
+  Compression compression;
   std::unique_ptr<ShmComm> shm;  // this node's ranks
   std::unique_ptr<NetComm> net;  // null on one node
   // GPU collectives of the group, made by the first op on device tensors;

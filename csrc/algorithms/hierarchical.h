@@ -21,17 +21,21 @@ namespace hier {
 
 using Millis = std::chrono::milliseconds;
 
+// bits != kNone: the network stage sends block-quantised values
+// (net_compressed.cpp; g.compression.block elements per scale), the node
+// stages stay exact.
 void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout,
-               uint32_t& step);
+               uint32_t& step, QuantBits bits = QuantBits::kNone);
 // For small messages, on any topology: node allreduce, recursive doubling
 // between the leaders, node broadcast.
 void allreduce_leaders(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout,
                        uint32_t& step);
 // outs and counts are indexed by group rank.
 void allgather(GroupComm& g, const void* in, void* const* outs, const uint64_t* counts, DType dt,
-               Millis timeout, uint32_t& step);
+               Millis timeout, uint32_t& step, QuantBits bits = QuantBits::kNone);
 void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint64_t* counts,
-                    DType dt, RedOp op, Millis timeout, uint32_t& step);
+                    DType dt, RedOp op, Millis timeout, uint32_t& step,
+                    QuantBits bits = QuantBits::kNone);
 void broadcast(GroupComm& g, void* buf, size_t count, DType dt, int root, Millis timeout,
                uint32_t& step);
 void reduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, int root, Millis timeout,

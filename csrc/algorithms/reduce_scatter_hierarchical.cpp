@@ -7,6 +7,10 @@
 //      delivers each rank its complete block.
 // Each node link carries (M-1)*L blocks, as for the hierarchical all-gather.
 //
+// Compressed (bits): the rail stage is one all-to-all of block-quantised
+// partial sums instead of a ring, so each value is quantised once; sums are
+// taken after dequantising.
+//
 // Blocks are cut into segments of net::kPieceBytes; the rail stage of
 // segment k runs on the network helper thread while this thread does the
 // node stage of segment k+1 into the other of two partial-sum buffers (see
@@ -24,7 +28,7 @@ namespace rsdp {
 namespace hier {
 
 void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint64_t* counts,
-                    DType dt, RedOp op, Millis timeout, uint32_t& step) {
+                    DType dt, RedOp op, Millis timeout, uint32_t& step, QuantBits bits) {
   const Topology& t = g.topo;
   const int me = t.local_rank(), nodes = t.num_nodes();
   const std::vector<int> rail = t.rail(me);
@@ -58,8 +62,12 @@ void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint6
       i.push_back(partial[k % 2][m].data());
       c.push_back(len(rail[m], k));
     }
-    net::reduce_scatter_ring(*g.net, rail, i.data(), static_cast<char*>(out) + k * piece * es,
-                             c.data(), dt, op, g.size(), step);
+    char* o = static_cast<char*>(out) + k * piece * es;
+    if (bits == QuantBits::kNone)
+      net::reduce_scatter_ring(*g.net, rail, i.data(), o, c.data(), dt, op, g.size(), step);
+    else
+      net::reduce_scatter_quantized(*g.net, rail, i.data(), o, c.data(), dt, op, g.size(), bits,
+                                    g.compression.block, step);
   };
 
   NetStage stage;

@@ -18,6 +18,7 @@
 #include "backend/tensor_args.h"
 #include "backend/work_rsdp.h"
 #include "backend/work_tracker.h"
+#include "core/compression.h"
 #include "core/error.h"
 #include "core/options.h"
 
@@ -108,6 +109,16 @@ class BackendRSDP : public c10d::Backend {
 
   const rsdp::Options& options() const { return opts_; }
 
+  // Compressed inter-node traffic (backend_compression.cpp): "none", "int8"
+  // or "int4" (reductions only) per collective, `block` elements per scale.
+  // Applies to ops issued after the call (it is queued like one); every rank
+  // of the group must make the same call at the same point, or the next
+  // compressed op raises a mismatch on all of them.
+  void set_compression(const std::string& all_gather, const std::string& reduce_scatter,
+                       const std::string& all_reduce, int64_t block);
+  // {"all_gather", "reduce_scatter", "all_reduce", "block"} as last set.
+  std::unordered_map<std::string, std::string> compression() const;
+
   // --- The rest of c10d::Backend's contract ---------------------------------
   // Recovery (backend_shrink.cpp): a new backend over the ranks not excluded,
   // built from scratch (fresh shared memory, endpoints, topology); this one
@@ -196,6 +207,8 @@ class BackendRSDP : public c10d::Backend {
   std::string group_name_;
   uint64_t monitored_barriers_ = 0;  // numbers each call (all ranks count alike)
   std::shared_ptr<WorkTracker> tracker_ = std::make_shared<WorkTracker>();
+  mutable std::mutex compression_mu_;
+  Compression compression_;  // as last set from the caller's side
   std::vector<int> ring_order_;  // group ranks, node-adjacent
   std::unique_ptr<StoreBootstrap> boot_;  // kept: device comms rendezvous lazily
   std::unique_ptr<GroupComm> comm_;

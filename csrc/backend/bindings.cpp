@@ -7,6 +7,7 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/backend_rsdp.h"
+#include "core/quantize.h"
 #include "core/topology.h"
 #include "core/traffic.h"
 #ifdef RSDP_WITH_CUDA
@@ -77,12 +78,67 @@ PYBIND11_MODULE(_C, m) {
       .def("reset_comm_stats", [](const rsdp::BackendRSDP& b) { b.traffic().reset(); })
       .def_property_readonly("pool_bytes_in_use", &rsdp::BackendRSDP::pool_bytes_in_use,
                              "Bytes of communication memory (allocate_tensor) now handed out.")
+      .def("set_compression", &rsdp::BackendRSDP::set_compression, py::arg("all_gather"),
+           py::arg("reduce_scatter"), py::arg("all_reduce"), py::arg("block"),
+           py::call_guard<py::gil_scoped_release>(),
+           "Which collectives cross nodes block-quantised (torch_rsdp.set_compression).")
+      .def("compression", &rsdp::BackendRSDP::compression)
       // torch binds get_error on ProcessGroupNCCL only.
       .def("get_error", &rsdp::BackendRSDP::getError,
            "The first failure that broke the group (torch's ErrorType): SUCCESS, TIMEOUT, "
            "REMOTE_ERROR (a peer died) or COMM_ERROR.")
       .def("cuda_paths", &rsdp::BackendRSDP::cuda_paths,
            "Which transports serve the group's CUDA ops ('' before the first one).");
+
+  // The quantisation kernels alone, for property tests and their speed
+  // (torch_rsdp.compression.quantize_roundtrip / quant_speed).
+  m.def(
+      "_quantize_roundtrip",
+      [](const at::Tensor& x, const std::string& bits, int64_t block) {
+        TORCH_CHECK(x.is_cpu() && x.is_contiguous(), "a contiguous CPU tensor");
+        const auto st = x.scalar_type();
+        rsdp::DType dt = st == at::kFloat      ? rsdp::DType::kFloat32
+                         : st == at::kBFloat16 ? rsdp::DType::kBFloat16
+                         : st == at::kHalf     ? rsdp::DType::kFloat16
+                                               : rsdp::DType::kFloat64;
+        TORCH_CHECK(rsdp::compressible(dt), "float32, bfloat16 or float16, got ", st);
+        TORCH_CHECK(bits == "int8" || bits == "int4", "bits: int8 or int4");
+        TORCH_CHECK(block >= 2 && block % 2 == 0, "block: even, >= 2");
+        const auto b = bits == "int8" ? rsdp::QuantBits::kInt8 : rsdp::QuantBits::kInt4;
+        const size_t n = x.numel();
+        std::vector<uint8_t> q(rsdp::quant_bytes(n, b, block));
+        at::Tensor y = at::empty_like(x);
+        {
+          py::gil_scoped_release nogil;
+          rsdp::quantize(x.data_ptr(), dt, n, b, block, q.data());
+          rsdp::dequantize(q.data(), n, b, block, dt, y.data_ptr());
+        }
+        return py::make_tuple(y, q.size());
+      },
+      py::arg("x"), py::arg("bits"), py::arg("block"));
+  m.def(
+      "_quant_speed",
+      [](int64_t n, const std::string& bits, int64_t block, int reps) {
+        const auto b = bits == "int8" ? rsdp::QuantBits::kInt8 : rsdp::QuantBits::kInt4;
+        std::vector<float> x(n), y(n);
+        for (int64_t i = 0; i < n; ++i) x[i] = static_cast<float>((i * 2654435761u) % 1000) - 500.f;
+        std::vector<uint8_t> q(rsdp::quant_bytes(n, b, block));
+        py::gil_scoped_release nogil;
+        using C = std::chrono::steady_clock;
+        double tq = 1e30, td = 1e30;
+        for (int r = 0; r < reps; ++r) {
+          auto t0 = C::now();
+          rsdp::quantize(x.data(), rsdp::DType::kFloat32, n, b, block, q.data());
+          auto t1 = C::now();
+          rsdp::dequantize(q.data(), n, b, block, rsdp::DType::kFloat32, y.data());
+          auto t2 = C::now();
+          tq = std::min(tq, std::chrono::duration<double>(t1 - t0).count());
+          td = std::min(td, std::chrono::duration<double>(t2 - t1).count());
+        }
+        py::gil_scoped_acquire gil;
+        return py::make_tuple(tq, td);
+      },
+      py::arg("n"), py::arg("bits"), py::arg("block"), py::arg("reps") = 5);
 
   m.def(
       "build_info",

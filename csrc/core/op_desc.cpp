@@ -35,6 +35,7 @@ std::string OpDesc::describe() const {
     else if (aux)
       os << ", per-rank sizes #" << std::hex << (aux & 0xffff) << std::dec;
     if (root >= 0) os << ", root " << root;
+    if (wire_bits) os << ", int" << int(wire_bits) << " across nodes";
   }
   os << ")" << (on_device ? " on GPU buffers" : "") << " as collective #" << seq;
   return os.str();

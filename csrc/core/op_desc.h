@@ -38,11 +38,14 @@ struct OpDesc {
   // The op runs on device (GPU) buffers; the node's host comm carries both
   // kinds, so a rank with CPU tensors facing one with CUDA tensors raises.
   bool on_device = false;
+  // Bits per value between nodes under the group's compression (0: exact);
+  // ranks that disagree would read each other's payloads wrongly.
+  uint8_t wire_bits = 0;
 
   bool operator==(const OpDesc& o) const {
     return seq == o.seq && count == o.count && aux == o.aux && root == o.root &&
            kind == o.kind && dtype == o.dtype && redop == o.redop && direction == o.direction &&
-           on_device == o.on_device;
+           on_device == o.on_device && wire_bits == o.wire_bits;
   }
   // e.g. "allreduce(float32 SUM, 1000 elements) as collective #5"
   std::string describe() const;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/quantize.h"
 #include "core/reduce_op.h"
 #include "transport/ucx/net_comm.h"
 
@@ -74,6 +75,32 @@ void scatter_linear(NetComm& c, const std::vector<int>& members, const void* con
 void alltoall_pairwise(NetComm& c, const std::vector<int>& members, const void* const* sends,
                        const uint64_t* send_bytes, void* const* recvs, const uint64_t* recv_bytes,
                        uint32_t& step);
+
+// ---- Compressed (net_compressed.cpp): block-quantised values on the wire,
+// float32/bfloat16/float16 only, SUM/AVG for the reductions; every sum is
+// taken after dequantising (in float32), never over codes.
+
+// All-gather of quantised blocks: outs[i] = dequantize(quantize(block of
+// member i)) on every member, this one's own block included, so all members
+// end bit-identical.
+void allgather_quantized(NetComm& c, const std::vector<int>& members, const void* in,
+                         void* const* outs, const uint64_t* counts, DType dt, QuantBits bits,
+                         size_t block, uint32_t& step);
+
+// Reduce-scatter by one all-to-all of quantised blocks: each member sends
+// every other member its (quantised) contribution to that member's block
+// and sums what it receives, dequantised, with its own (exact) in member
+// order. One quantisation per contribution: no error builds up along a ring.
+void reduce_scatter_quantized(NetComm& c, const std::vector<int>& members,
+                              const void* const* ins, void* out, const uint64_t* counts, DType dt,
+                              RedOp op, int divisor, QuantBits bits, size_t block,
+                              uint32_t& step);
+
+// reduce_scatter_quantized (bits_rs) of the buffer's chunks, then
+// allgather_quantized (bits_ag): every member ends with the same values.
+void allreduce_quantized(NetComm& c, const std::vector<int>& members, void* buf, size_t count,
+                         DType dt, RedOp op, int divisor, QuantBits bits_rs, QuantBits bits_ag,
+                         size_t block, uint32_t& step);
 
 // Position of group rank `rank` in `members`.
 int position(const std::vector<int>& members, int rank);

@@ -69,8 +69,10 @@ struct WireHeader {
   uint8_t dtype;
   uint8_t redop;
   int8_t direction;
+  uint8_t wire_bits;  // the compression the sender applies (0: exact)
+  uint8_t reserved[7];
 };
-static_assert(sizeof(WireHeader) == 48, "WireHeader must have no padding");
+static_assert(sizeof(WireHeader) == 56, "WireHeader must have no padding");
 constexpr uint32_t kMagic = 0x58435552;  // "RUCX"
 
 inline WireHeader make_header(const OpDesc& d, uint32_t step, uint64_t bytes) {
@@ -87,6 +89,7 @@ inline WireHeader make_header(const OpDesc& d, uint32_t step, uint64_t bytes) {
   h.dtype = static_cast<uint8_t>(d.dtype);
   h.redop = static_cast<uint8_t>(d.redop);
   h.direction = d.direction;
+  h.wire_bits = d.wire_bits;
   return h;
 }
 
@@ -100,6 +103,7 @@ inline OpDesc header_desc(const WireHeader& h) {
   d.dtype = static_cast<DType>(h.dtype);
   d.redop = static_cast<RedOp>(h.redop);
   d.direction = h.direction;
+  d.wire_bits = h.wire_bits;
   return d;
 }
 

@@ -1,0 +1,56 @@
+// BackendRSDP::set_compression: which collectives cross nodes block-
+// quantised (core/compression.h). The setting travels through the worker
+// queue, so it takes effect between ops, in issue order, like a collective.
+#include "algorithms/group_comm.h"
+#include "backend/backend_rsdp.h"
+#include "backend/op_queue.h"
+
+namespace rsdp {
+namespace {
+
+QuantBits parse_bits(const std::string& s, const char* what, bool int4_ok, int rank) {
+  if (s == "none" || s.empty()) return QuantBits::kNone;
+  if (s == "int8") return QuantBits::kInt8;
+  if (s == "int4" && int4_ok) return QuantBits::kInt4;
+  RSDP_FAIL(ErrorKind::kValue, "rsdp rank ", rank, ": set_compression: ", what, "='", s,
+            "' is not one of ", int4_ok ? "'none', 'int8', 'int4'" : "'none', 'int8'",
+            int4_ok ? "" : " (int4 is for reductions)");
+}
+
+}  // namespace
+
+void BackendRSDP::set_compression(const std::string& all_gather,
+                                  const std::string& reduce_scatter,
+                                  const std::string& all_reduce, int64_t block) {
+  translate_errors([&] {
+    Compression c;
+    c.all_gather = parse_bits(all_gather, "all_gather", false, global_rank_);
+    c.reduce_scatter = parse_bits(reduce_scatter, "reduce_scatter", true, global_rank_);
+    c.all_reduce = parse_bits(all_reduce, "all_reduce", true, global_rank_);
+    RSDP_CHECK(block >= 32 && block <= (1 << 20) && block % 2 == 0, "rsdp rank ", global_rank_,
+               ": set_compression: block=", block,
+               " must be an even number of elements in [32, 1048576]");
+    c.block = static_cast<size_t>(block);
+    RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_,
+               ": set_compression called after the process group was shut down");
+    {
+      std::lock_guard<std::mutex> g(compression_mu_);
+      compression_ = c;
+    }
+    GroupComm* comm = comm_.get();
+    OpQueue::Task task = [comm, c](bool run) {
+      if (run) comm->compression = c;
+    };
+    if (!queue_->run_inline_if_idle(task)) queue_->push(std::move(task));
+  });
+}
+
+std::unordered_map<std::string, std::string> BackendRSDP::compression() const {
+  std::lock_guard<std::mutex> g(compression_mu_);
+  return {{"all_gather", quant_name(compression_.all_gather)},
+          {"reduce_scatter", quant_name(compression_.reduce_scatter)},
+          {"all_reduce", quant_name(compression_.all_reduce)},
+          {"block", std::to_string(compression_.block)}};
+}
+
+}  // namespace rsdp

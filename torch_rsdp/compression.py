@@ -1,0 +1,61 @@
+"""Compressed traffic between nodes: block-quantised values on the inter-node stage.
+
+    torch_rsdp.set_compression(group, all_gather="int8", reduce_scatter="int8")
+
+After this call (on every rank of ``group``, at the same point of its work, like a
+collective) the group's hierarchical all-gather, reduce-scatter and all-reduce send what
+crosses nodes as symmetric block-quantised codes: one float32 scale per ``block`` elements
+(the block's largest finite magnitude / L) and one code per element (int8: L = 126; int4,
+for reductions only: L = 6, two per byte). Inside a node values stay full precision; every
+reduction is taken after dequantising, in float32, never over codes. NaN and ±Inf have codes
+of their own and arrive exactly.
+
+* all-gather: every rank ends with ``dequantize(quantize(x_r))`` for every rank's block,
+  its own included, so all ranks hold identical values (the inputs are not changed).
+* reduce-scatter: the node's partial sums go to the other nodes in one all-to-all,
+  quantised once each (not requantised hop by hop as a ring would); each rank adds its own
+  node's part exactly.
+* all-reduce: that reduce-scatter, then that all-gather among the nodes (int4 applies to the
+  reduction; the sums travel back as int8); small all-reduces (the leaders' path) stay exact.
+
+Exact, as without compression: single-node groups, nodes of unequal size, dtypes other than
+float32/bfloat16/float16, reductions other than SUM/AVG, and every other collective.
+Per element, ``|error| <= scale / 2`` for each quantisation a value went through.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from .ring import rsdp_backend
+
+__all__ = ["set_compression", "get_compression", "quantize_roundtrip", "LEVELS"]
+
+#: Largest code of each format (the scale is a block's largest finite magnitude over it).
+LEVELS = {"int8": 126, "int4": 6}
+
+
+def set_compression(group: Optional[dist.ProcessGroup] = None, *, all_gather: str = "none",
+                    reduce_scatter: str = "none", all_reduce: str = "none",
+                    block: int = 512) -> None:
+    """Sets what ``group``'s collectives send between nodes: ``"none"`` (exact, the
+    default), ``"int8"``, or for the reductions also ``"int4"``; ``block`` elements share a
+    scale (even, 32 to 1 048 576). Ops issued after the call use it. Every rank of the group
+    must call it alike; a rank that does not makes the next compressed op raise a mismatch on
+    every rank (never a wrong result). ``ValueError`` for an unknown format or block."""
+    rsdp_backend(group).set_compression(all_gather, reduce_scatter, all_reduce, int(block))
+
+
+def get_compression(group: Optional[dist.ProcessGroup] = None) -> Dict[str, str]:
+    """The setting last made on this rank: all_gather, reduce_scatter, all_reduce, block."""
+    return dict(rsdp_backend(group).compression())
+
+
+def quantize_roundtrip(x: torch.Tensor, bits: str = "int8", block: int = 512
+                       ) -> Tuple[torch.Tensor, int]:
+    """``dequantize(quantize(x))`` with the kernels the collectives use, and the bytes the
+    quantised form takes (for tests and for choosing a block size)."""
+    from . import _C
+    return _C._quantize_roundtrip(x.contiguous(), bits, int(block))
