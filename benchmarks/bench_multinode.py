@@ -19,8 +19,15 @@ the reduce-scatter input. For every point: the median time of --iters timed iter
 algorithm sends); "link efficiency" = link bytes / time / link rate; and the speed-up over
 gloo (gloo time / time). Each point's result is checked once (exact small integers).
 
+Compressed variants (``--variants hier,hier-int8,hier-int4``): ``hier`` after
+``torch_rsdp.set_compression`` (int8 everywhere; int4 for the reductions, the all-gather
+int8), block 512; their results are checked against the exact ones within half a
+quantisation step per quantisation, their link bytes are what they put on the wire, and ``x
+hier`` is the fp32 hier time / their time.
+
 Targets (printed with PASS/MISS): from 16 MiB up, hierarchical link efficiency >= 85 % and
-hierarchical allreduce >= 1.4x faster than gloo. The ceiling for link efficiency is TCP's
+hierarchical allreduce >= 1.4x faster than gloo; compressed all-gather and reduce-scatter
+>= 2.5x the fp32 hier time. The ceiling for link efficiency is TCP's
 goodput on a 1500-byte MTU, 1448/1514 = 95.6 % of the tc rate.
 
 Outputs in --out (default benchmarks/results/): bench_multinode.md, .json, .png.
@@ -28,6 +35,7 @@ Outputs in --out (default benchmarks/results/): bench_multinode.md, .json, .png.
     sudo python benchmarks/bench_multinode.py                     # 1, 4, 16, 64, 256 MiB at 1gbit
     python benchmarks/bench_multinode.py --rate 500mbit --sizes 16M,64M --iters 3
     python benchmarks/bench_multinode.py --quick                  # smoke test: small sizes, 1 iteration
+    python benchmarks/bench_multinode.py --rate 200mbit --sizes 16M --variants hier,hier-int8,hier-int4
 
 Only the standard library is imported at the top: worker processes import this file before
 they move into their node's namespace, and torch must not start threads before that.
@@ -58,8 +66,43 @@ VARIANTS = {
     "hier": ("rsdp", "hier"),
     "ring": ("rsdp", "ring"),
     "gloo": ("gloo", "ring"),  # (backend, traffic theory used for its link bytes)
+    # hier with torch_rsdp.set_compression: int8 everywhere; int4 for the reductions (the
+    # all-gather stays int8)
+    "hier-int8": ("rsdp", "hier"),
+    "hier-int4": ("rsdp", "hier"),
 }
-LABELS = {"hier": "rsdp hier", "ring": "rsdp ring", "gloo": "gloo"}
+LABELS = {"hier": "rsdp hier", "ring": "rsdp ring", "gloo": "gloo",
+          "hier-int8": "rsdp hier int8", "hier-int4": "rsdp hier int4"}
+COMPRESSION = {"hier-int8": dict(all_gather="int8", reduce_scatter="int8", all_reduce="int8"),
+               "hier-int4": dict(all_gather="int8", reduce_scatter="int4", all_reduce="int4")}
+BLOCK = 512
+TARGET_COMPRESSED = 2.5  # compressed all-gather / reduce-scatter vs fp32 hier, from 16 MiB
+
+
+def wire_fraction(variant: str, op: str) -> float:
+    """Bytes a variant puts on a node link per byte of float32 the algorithm moves."""
+    comp = COMPRESSION.get(variant)
+    if comp is None:
+        return 1.0
+
+    def frac(bits):
+        return ((1.0 if bits == "int8" else 0.5) + 4 / BLOCK) / 4
+    if op == "all_reduce":  # a reduce-scatter, then the sums back as int8
+        return (frac(comp["all_reduce"]) + frac("int8")) / 2
+    return frac(comp["all_gather" if op == "all_gather" else "reduce_scatter"])
+
+
+def tolerance(variant: str, op: str) -> float:
+    """Largest error allowed, relative to the largest expected magnitude: half a step per
+    quantisation (tests/test_compression.py checks the exact bounds)."""
+    comp = COMPRESSION.get(variant)
+    if comp is None:
+        return 0.0
+    levels = {"int8": 126, "int4": 6}
+    key = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
+           "all_reduce": "all_reduce"}[op]
+    t = 1 / (2 * levels[comp[key]])
+    return (t + 1 / (2 * 126) if op == "all_reduce" else t) * 1.01
 TARGET_MIN_BYTES = 16 << 20
 TARGET_EFFICIENCY = 0.85
 TARGET_SPEEDUP = 1.4
@@ -128,6 +171,10 @@ def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads):
     import torch.distributed as dist
 
     torch.set_num_threads(threads)
+    if variant in COMPRESSION:
+        import torch_rsdp
+        torch_rsdp.set_compression(**COMPRESSION[variant], block=BLOCK)
+    tol = {op: tolerance(variant, op) for op in ops}
     side = dist.new_group(backend="gloo")  # barriers and timing reductions
     W, r = ctx.world_size, ctx.rank
     rows = []
@@ -179,7 +226,9 @@ def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads):
             err = ""
             try:
                 run()
-                ok = bool(torch.equal(result, expected()))
+                want = expected()
+                ok = (bool(torch.equal(result, want)) if not tol[op] else
+                      bool(((result - want).abs() <= tol[op] * want.abs().max()).all()))
             except Exception as e:  # noqa: BLE001 - every rank raises alike; reported below
                 ok, err = False, f"{type(e).__name__}: {str(e)[:300]}"
             flags = torch.tensor([0.0 if ok else 1.0, 1.0 if err else 0.0])
@@ -245,15 +294,19 @@ def annotate(rows: list[dict], args, rate_bps) -> None:
     """Adds link bytes, link efficiency and the speed-up over gloo to every row."""
     W = args.nodes * args.ranks_per_node
     gloo = {(r["op"], r["bytes"]): r.get("time_s") for r in rows if r["variant"] == "gloo"}
+    hier = {(r["op"], r["bytes"]): r.get("time_s") for r in rows if r["variant"] == "hier"}
     for r in rows:
         nbytes = r["bytes"] if r["op"] == "all_reduce" else r["bytes"] // W
         r["link_bytes"] = inter_node_bytes_per_node(r["op"], VARIANTS[r["variant"]][1], nbytes,
-                                                    args.nodes, args.ranks_per_node)
+                                                    args.nodes, args.ranks_per_node
+                                                    ) * wire_fraction(r["variant"], r["op"])
         t = r.get("time_s")
         r["link_efficiency"] = (r["link_bytes"] / t / (rate_bps / 8)
                                 if t and rate_bps else None)
         g = gloo.get((r["op"], r["bytes"]))
         r["speedup_vs_gloo"] = g / t if (t and g and r["variant"] != "gloo") else None
+        h = hier.get((r["op"], r["bytes"]))
+        r["speedup_vs_hier"] = (h / t if (t and h and r["variant"] in COMPRESSION) else None)
 
 
 def targets(rows: list[dict]) -> list[dict]:
@@ -277,8 +330,26 @@ def targets(rows: list[dict]) -> list[dict]:
                         result="PASS" if v >= need else "MISS"))
 
     for op in OPS:
-        verdict(f"hier link efficiency >= {TARGET_EFFICIENCY:.0%} from 16 MiB", op,
-                "link_efficiency", TARGET_EFFICIENCY)
+        if any(r["variant"] == "hier" for r in rows):
+            verdict(f"hier link efficiency >= {TARGET_EFFICIENCY:.0%} from 16 MiB", op,
+                    "link_efficiency", TARGET_EFFICIENCY)
+    for v in COMPRESSION:
+        for op in ("all_gather", "reduce_scatter"):
+            pts = [r for r in rows if r["variant"] == v and r["op"] == op
+                   and r["bytes"] >= TARGET_MIN_BYTES]
+            if not pts:
+                continue
+            if any(r.get("speedup_vs_hier") is None or not r["correct"] for r in pts):
+                out.append(dict(target=f"{LABELS[v]} >= {TARGET_COMPRESSED}x fp32 hier", op=op,
+                                result="MISS", measured="missing/failed point"))
+                continue
+            worst = min(pts, key=lambda r: r["speedup_vs_hier"])
+            out.append(dict(target=f"{LABELS[v]} >= {TARGET_COMPRESSED}x fp32 hier from 16 MiB",
+                            op=op, value=worst["speedup_vs_hier"], at_bytes=worst["bytes"],
+                            measured=f"min {worst['speedup_vs_hier']:.2f}x at "
+                                     f"{bench_report.fmt_bytes(worst['bytes'])}",
+                            result="PASS" if worst["speedup_vs_hier"] >= TARGET_COMPRESSED
+                            else "MISS"))
     verdict(f"hier allreduce >= {TARGET_SPEEDUP}x faster than gloo from 16 MiB", "all_reduce",
             "speedup_vs_gloo", TARGET_SPEEDUP)
     return out
@@ -292,6 +363,8 @@ def markdown(rows, variants, info, tgts) -> str:
         head += [f"{LABELS[v]} ms", f"{LABELS[v]} link"]
         if v != "gloo" and "gloo" in variants:
             head.append(f"{LABELS[v]} x gloo")
+        if v in COMPRESSION and "hier" in variants:
+            head.append(f"{LABELS[v]} x hier")
     table = []
     by = {(r["variant"], r["op"], r["bytes"]): r for r in rows}
     points = sorted({(OPS.index(r["op"]), r["bytes"]) for r in rows})
@@ -305,6 +378,9 @@ def markdown(rows, variants, info, tgts) -> str:
                      pct(r.get("link_efficiency"))]
             if v != "gloo" and "gloo" in variants:
                 s = r.get("speedup_vs_gloo")
+                line.append("-" if s is None else f"{s:.2f}x")
+            if v in COMPRESSION and "hier" in variants:
+                s = r.get("speedup_vs_hier")
                 line.append("-" if s is None else f"{s:.2f}x")
         table.append(line)
     out = [f"# Multi-node collectives: {info['nodes']} nodes x {info['ranks_per_node']} ranks, "
