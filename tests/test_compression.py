@@ -210,22 +210,28 @@ def test_ranks_that_disagree_raise():
 
 def _fsdp2_losses(ctx, steps):
     """Plain FSDP2 on the rsdp backend: the same training exact and compressed (int8 weights
-    on the all-gather, int8 gradients on the reduce-scatter, no error feedback)."""
+    on the all-gather, int8 gradients on the reduce-scatter, also with error feedback through
+    FSDP2's custom reduce-scatter)."""
     import torch_rsdp
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
     import plan_cases as pc
     r, W = ctx.rank, ctx.world_size
+    from torch_rsdp.compression import FeedbackReduceScatter
     curves = {}
-    for mode in ("exact", "int8"):
-        torch_rsdp.set_compression(**({} if mode == "exact" else
-                                      dict(all_gather="int8", reduce_scatter="int8")))
+    settings = {"exact": {}, "int8": dict(all_gather="int8", reduce_scatter="int8"),
+                "int8+feedback": dict(all_gather="int8", reduce_scatter="int8")}
+    for mode, setting in settings.items():
+        torch_rsdp.set_compression(**setting)
         model = pc.make_net()
         mesh = init_device_mesh("cpu", (W,))
         for blk in model.blocks:
             fully_shard(blk, mesh=mesh)
         fully_shard(model, mesh=mesh)
+        if mode.endswith("feedback"):
+            for m in [*model.blocks, model]:
+                m.set_custom_reduce_scatter(FeedbackReduceScatter())
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         losses = []
         for step in range(steps):
@@ -245,9 +251,56 @@ def _fsdp2_losses(ctx, steps):
 @pytest.mark.slow
 def test_fsdp2_trains_alike_with_compression():
     res = launch(_fsdp2_losses, 4, (12,), node_of=NODES, deadline=300)
-    exact, comp = res[0]["exact"], res[0]["int8"]
+    exact = res[0]["exact"]
     assert exact[-1] < 0.8 * exact[0], f"the exact run did not learn: {exact[0]} -> {exact[-1]}"
-    worst = max(abs(a - b) / a for a, b in zip(exact, comp))
-    print(f"loss exact {exact[0]:.4f} -> {exact[-1]:.4f}, int8 -> {comp[-1]:.4f}; worst "
-          f"relative difference {worst:.4f}")
-    assert worst <= 0.03, f"int8 training left fp32's loss curve by {worst:.1%}"
+    worst = {m: max(abs(a - b) / a for a, b in zip(exact, res[0][m]))
+             for m in ("int8", "int8+feedback")}
+    print(f"loss exact {exact[0]:.4f} -> {exact[-1]:.4f}; "
+          + ", ".join(f"{m} -> {res[0][m][-1]:.4f} (worst {w:.2%} off)" for m, w in worst.items()))
+    assert worst["int8"] <= 0.03, f"int8 training left fp32's loss curve by {worst['int8']:.1%}"
+    assert worst["int8+feedback"] <= 0.03, (
+        f"int8 with error feedback left fp32's loss curve by {worst['int8+feedback']:.1%}")
+    assert res[0]["int8+feedback"] != res[0]["int8"], "error feedback changed nothing"
+
+
+def _feedback(ctx, steps):
+    """The same gradient reduce-scattered `steps` times with int4: without feedback every
+    step errs alike; with it, the errors cancel over steps."""
+    import torch_rsdp
+    from torch_rsdp.compression import reduce_scatter_feedback
+    r, W = ctx.rank, ctx.world_size
+    torch_rsdp.set_compression(reduce_scatter="int4")
+    n = 4099
+    x = _inputs(r, W * n, torch.float32, seed=4)
+    exact = sum(_inputs(q, W * n, torch.float32, seed=4) for q in range(W))[r * n:(r + 1) * n]
+    out = {}
+    for mode in ("plain", "feedback"):
+        residual = torch.zeros(W * n)
+        total = torch.zeros(n)
+        for _ in range(steps):
+            o = torch.empty(n)
+            if mode == "plain":
+                dist.reduce_scatter_tensor(o, x)
+            else:
+                reduce_scatter_feedback(o, x, residual)
+            total += o
+        out[mode] = ((total / steps - exact).abs().max().item(), residual.abs().max().item())
+    torch_rsdp.set_compression()  # off: the residual is left alone, the result exact
+    residual = torch.ones(W * n)
+    o = torch.empty(n)
+    reduce_scatter_feedback(o, x, residual)
+    out["off"] = (bool(torch.allclose(o, exact, rtol=1e-5, atol=1e-5)),
+                  bool((residual == 1).all()))
+    return out
+
+
+@pytest.mark.slow
+def test_error_feedback_carries_the_error_forward():
+    res = launch(_feedback, 4, (16,), node_of=NODES, deadline=120)
+    for r in range(4):
+        plain, fed = res[r]["plain"][0], res[r]["feedback"][0]
+        assert fed <= plain / 4, f"rank {r}: mean error with feedback {fed} vs without {plain}"
+        assert res[r]["feedback"][1] > 0, "no residual kept"
+        assert res[r]["off"] == (True, True), res[r]["off"]
+        print(f"rank {r}: mean error over 16 int4 steps: {plain:.4f} without feedback, "
+              f"{fed:.5f} with")

@@ -21,6 +21,10 @@ of their own and arrive exactly.
 Exact, as without compression: single-node groups, nodes of unequal size, dtypes other than
 float32/bfloat16/float16, reductions other than SUM/AVG, and every other collective.
 Per element, ``|error| <= scale / 2`` for each quantisation a value went through.
+
+Error feedback (gradients): :func:`reduce_scatter_feedback` and, for FSDP2 modules,
+:class:`FeedbackReduceScatter` keep what quantisation lost and add it to the next step's
+values, so the error is delayed rather than lost.
 """
 from __future__ import annotations
 
@@ -31,7 +35,8 @@ import torch.distributed as dist
 
 from .ring import rsdp_backend
 
-__all__ = ["set_compression", "get_compression", "quantize_roundtrip", "LEVELS"]
+__all__ = ["set_compression", "get_compression", "quantize_roundtrip", "LEVELS",
+           "reduce_scatter_feedback", "FeedbackReduceScatter"]
 
 #: Largest code of each format (the scale is a block's largest finite magnitude over it).
 LEVELS = {"int8": 126, "int4": 6}
@@ -59,3 +64,57 @@ def quantize_roundtrip(x: torch.Tensor, bits: str = "int8", block: int = 512
     quantised form takes (for tests and for choosing a block size)."""
     from . import _C
     return _C._quantize_roundtrip(x.contiguous(), bits, int(block))
+
+
+def reduce_scatter_feedback(output: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
+                            group: Optional[dist.ProcessGroup] = None, op=dist.ReduceOp.SUM,
+                            async_op: bool = False):
+    """``reduce_scatter_tensor`` with **error feedback** on its compressed stage.
+
+    ``residual`` is a float32 tensor of ``input``'s size that the caller keeps from one step
+    to the next (zeros at first; save it with the model to resume exactly). Before this rank
+    quantises its node's partial sums, what quantising them lost last time is added; what is
+    lost now is stored back. Quantisation error is then carried forward instead of dropped,
+    so over steps the sum of what arrives follows the sum of the exact gradients. Without
+    compression on the op's path it is a plain reduce-scatter and ``residual`` stays as it
+    is. ``op``: SUM or AVG."""
+    if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+        raise ValueError(f"reduce_scatter_feedback: op must be SUM or AVG, got {op}")
+    work = rsdp_backend(group).reduce_scatter_feedback(output, input, residual,
+                                                       average=op == dist.ReduceOp.AVG,
+                                                       async_op=async_op)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def _fsdp_reduce_scatter_base():
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
+    return ReduceScatter
+
+
+class FeedbackReduceScatter(_fsdp_reduce_scatter_base()):
+    """FSDP2's gradient reduce-scatter with error feedback, for one FSDP module::
+
+        module.set_custom_reduce_scatter(FeedbackReduceScatter())
+
+    Keeps the module's residual (float32, the size of its reduce-scatter input) between
+    steps. Under ``no_sync``-style accumulation FSDP2 reduce-scatters once per step, so the
+    residual is applied once per step too. Ops other than SUM/AVG go through the plain
+    reduce-scatter."""
+
+    def __init__(self) -> None:
+        self.residual: Optional[torch.Tensor] = None
+
+    def allocate(self, size, *, dtype, device):
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):
+        if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
+            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
+                                              async_op=async_op)
+        if self.residual is None or self.residual.numel() != input_tensor.numel():
+            self.residual = torch.zeros(input_tensor.numel(), dtype=torch.float32)
+        return reduce_scatter_feedback(output_tensor, input_tensor, self.residual, group, op,
+                                       async_op)

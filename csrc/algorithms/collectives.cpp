@@ -166,7 +166,7 @@ void scatter(GroupComm& g, const void* const* ins, void* out, size_t count, DTyp
 }
 
 void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint64_t* counts,
-                    DType dt, RedOp op, Millis timeout) {
+                    DType dt, RedOp op, Millis timeout, float* const* residual) {
   if (g.device_op) return g.device->reduce_scatter(ins, out, counts, dt, op, timeout);
   if (!g.multi_node()) return algo::reduce_scatter(*g.shm, ins, out, counts, dt, op, timeout);
   const int n = g.size();
@@ -178,7 +178,8 @@ void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint6
               timeout);
   uint32_t step = 0;
   if (a == Algo::kHier)
-    return hier::reduce_scatter(g, ins, out, counts, dt, op, timeout, step, bits);
+    return hier::reduce_scatter(g, ins, out, counts, dt, op, timeout, step, bits,
+                                bits == QuantBits::kNone ? nullptr : residual);
   const auto ring = g.topo.node_major_order();
   auto ring_ins = in_ring_order(ring, ins);
   auto ring_counts = in_ring_order(ring, counts);

@@ -25,8 +25,10 @@ void gather(GroupComm& g, const void* in, void* const* outs, size_t count, DType
             Millis timeout);
 void scatter(GroupComm& g, const void* const* ins, void* out, size_t count, DType dt, int root,
              Millis timeout);
+// residual: error feedback of a compressed reduce-scatter (hierarchical.h);
+// untouched when the op is not compressed.
 void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint64_t* counts,
-                    DType dt, RedOp op, Millis timeout);
+                    DType dt, RedOp op, Millis timeout, float* const* residual = nullptr);
 void alltoall(GroupComm& g, const void* const* sends, const uint64_t* send_bytes,
               void* const* recvs, const uint64_t* recv_bytes, DType dt, Millis timeout);
 void barrier(GroupComm& g, Millis timeout);

@@ -33,9 +33,11 @@ void allreduce_leaders(GroupComm& g, void* buf, size_t count, DType dt, RedOp op
 // outs and counts are indexed by group rank.
 void allgather(GroupComm& g, const void* in, void* const* outs, const uint64_t* counts, DType dt,
                Millis timeout, uint32_t& step, QuantBits bits = QuantBits::kNone);
+// residual (compressed only; may be null): error feedback, float32, laid
+// out as the input (per group rank r at residual[r], counts[r] elements).
 void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint64_t* counts,
                     DType dt, RedOp op, Millis timeout, uint32_t& step,
-                    QuantBits bits = QuantBits::kNone);
+                    QuantBits bits = QuantBits::kNone, float* const* residual = nullptr);
 void broadcast(GroupComm& g, void* buf, size_t count, DType dt, int root, Millis timeout,
                uint32_t& step);
 void reduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, int root, Millis timeout,

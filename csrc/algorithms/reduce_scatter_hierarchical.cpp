@@ -28,7 +28,8 @@ namespace rsdp {
 namespace hier {
 
 void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint64_t* counts,
-                    DType dt, RedOp op, Millis timeout, uint32_t& step, QuantBits bits) {
+                    DType dt, RedOp op, Millis timeout, uint32_t& step, QuantBits bits,
+                    float* const* residual) {
   const Topology& t = g.topo;
   const int me = t.local_rank(), nodes = t.num_nodes();
   const std::vector<int> rail = t.rail(me);
@@ -65,9 +66,17 @@ void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint6
     char* o = static_cast<char*>(out) + k * piece * es;
     if (bits == QuantBits::kNone)
       net::reduce_scatter_ring(*g.net, rail, i.data(), o, c.data(), dt, op, g.size(), step);
-    else
+    else if (!residual)
       net::reduce_scatter_quantized(*g.net, rail, i.data(), o, c.data(), dt, op, g.size(), bits,
                                     g.compression.block, step);
+    else {
+      // This rank quantises its node's partial sums of the blocks of its rail:
+      // it keeps their residuals, at those blocks' places.
+      std::vector<float*> res;
+      for (int m = 0; m < nodes; ++m) res.push_back(residual[rail[m]] + k * piece);
+      net::reduce_scatter_quantized(*g.net, rail, i.data(), o, c.data(), dt, op, g.size(), bits,
+                                    g.compression.block, step, res.data());
+    }
   };
 
   NetStage stage;

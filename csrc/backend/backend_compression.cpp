@@ -1,6 +1,7 @@
 // BackendRSDP::set_compression: which collectives cross nodes block-
 // quantised (core/compression.h). The setting travels through the worker
 // queue, so it takes effect between ops, in issue order, like a collective.
+#include "algorithms/collectives.h"
 #include "algorithms/group_comm.h"
 #include "backend/backend_rsdp.h"
 #include "backend/op_queue.h"
@@ -51,6 +52,55 @@ std::unordered_map<std::string, std::string> BackendRSDP::compression() const {
           {"reduce_scatter", quant_name(compression_.reduce_scatter)},
           {"all_reduce", quant_name(compression_.all_reduce)},
           {"block", std::to_string(compression_.block)}};
+}
+
+c10::intrusive_ptr<c10d::Work> BackendRSDP::reduce_scatter_feedback(const at::Tensor& output,
+                                                                   const at::Tensor& input,
+                                                                   const at::Tensor& residual,
+                                                                   bool average, bool async_op) {
+  return translate_errors([&] {
+    auto c = ctx("reduce_scatter_feedback");
+    check_tensor(c, output, "output");
+    check_same_dtype(c, output, {input}, "input");
+    const int n = getSize();
+    RSDP_CHECK(input.numel() == output.numel() * n, "rsdp rank ", global_rank_,
+               ": reduce_scatter_feedback: input ", describe(input), " must have world size (",
+               n, ") x output ", describe(output), " elements");
+    RSDP_CHECK(residual.defined() && residual.is_cpu() && residual.is_contiguous() &&
+                   residual.scalar_type() == at::kFloat && residual.numel() == input.numel(),
+               "rsdp rank ", global_rank_, ": reduce_scatter_feedback: residual ",
+               residual.defined() ? describe(residual) : std::string("undefined"),
+               " must be a contiguous float32 CPU tensor of the input's ", input.numel(),
+               " elements");
+    DType dt = to_dtype(c, output);
+    RSDP_CHECK(compressible(dt), "rsdp rank ", global_rank_,
+               ": reduce_scatter_feedback: dtype ", describe(output),
+               " is not float32, bfloat16 or float16");
+    const RedOp op = average ? RedOp::kAvg : RedOp::kSum;
+    at::Tensor out = output, dout = dense(output);
+    at::Tensor in =
+        input.is_contiguous() && !input.is_alias_of(output) ? input : input.contiguous().clone();
+    at::Tensor res = residual;
+    auto timeout = op_timeout(c10d::kUnsetTimeout);
+    return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, "rsdp:reduce_scatter_feedback", {output},
+                   [=](GroupComm& comm) {
+                     std::vector<const void*> ptrs;
+                     std::vector<float*> rptrs;
+                     std::vector<uint64_t> counts(n, out.numel());
+                     const char* base = static_cast<const char*>(in.numel() ? in.data_ptr()
+                                                                            : nullptr);
+                     float* rbase = res.numel() ? res.data_ptr<float>() : nullptr;
+                     for (int p = 0; p < n; ++p) {
+                       ptrs.push_back(base ? base + p * out.nbytes() : nullptr);
+                       rptrs.push_back(rbase ? rbase + p * out.numel() : nullptr);
+                     }
+                     coll::reduce_scatter(comm, ptrs.data(),
+                                          dout.numel() ? dout.data_ptr() : nullptr,
+                                          counts.data(), dt, op, timeout, rptrs.data());
+                     write_back(out, dout);
+                   },
+                   async_op, output.device());
+  });
 }
 
 }  // namespace rsdp

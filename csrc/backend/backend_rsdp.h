@@ -118,6 +118,15 @@ class BackendRSDP : public c10d::Backend {
                        const std::string& all_reduce, int64_t block);
   // {"all_gather", "reduce_scatter", "all_reduce", "block"} as last set.
   std::unordered_map<std::string, std::string> compression() const;
+  // reduce_scatter_tensor with error feedback: `residual` (float32, the
+  // input's size, owned by the caller and kept between steps) is added to
+  // what this rank quantises and receives what that loses. Without
+  // compression on the op's path it is a plain reduce-scatter and `residual`
+  // is left as it is. average: AVG, else SUM.
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_feedback(const at::Tensor& output,
+                                                         const at::Tensor& input,
+                                                         const at::Tensor& residual,
+                                                         bool average, bool async_op);
 
   // --- The rest of c10d::Backend's contract ---------------------------------
   // Recovery (backend_shrink.cpp): a new backend over the ranks not excluded,

@@ -83,6 +83,10 @@ PYBIND11_MODULE(_C, m) {
            py::call_guard<py::gil_scoped_release>(),
            "Which collectives cross nodes block-quantised (torch_rsdp.set_compression).")
       .def("compression", &rsdp::BackendRSDP::compression)
+      .def("reduce_scatter_feedback", &rsdp::BackendRSDP::reduce_scatter_feedback,
+           py::arg("output"), py::arg("input"), py::arg("residual"), py::arg("average") = false,
+           py::arg("async_op") = true, py::call_guard<py::gil_scoped_release>(),
+           "reduce_scatter_tensor with error feedback of its compressed stage.")
       // torch binds get_error on ProcessGroupNCCL only.
       .def("get_error", &rsdp::BackendRSDP::getError,
            "The first failure that broke the group (torch's ErrorType): SUCCESS, TIMEOUT, "

@@ -91,10 +91,14 @@ void allgather_quantized(NetComm& c, const std::vector<int>& members, const void
 // every other member its (quantised) contribution to that member's block
 // and sums what it receives, dequantised, with its own (exact) in member
 // order. One quantisation per contribution: no error builds up along a ring.
+// residuals (optional, one per member, float32, counts[i] elements; the
+// own member's unused): error feedback. What quantising member i's block
+// lost last time is added to it before quantising, and what is lost now is
+// stored back, so nothing is lost for good, only delayed.
 void reduce_scatter_quantized(NetComm& c, const std::vector<int>& members,
                               const void* const* ins, void* out, const uint64_t* counts, DType dt,
                               RedOp op, int divisor, QuantBits bits, size_t block,
-                              uint32_t& step);
+                              uint32_t& step, float* const* residuals = nullptr);
 
 // reduce_scatter_quantized (bits_rs) of the buffer's chunks, then
 // allgather_quantized (bits_ag): every member ends with the same values.

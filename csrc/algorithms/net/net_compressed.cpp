@@ -27,7 +27,7 @@ void allgather_quantized(NetComm& c, const std::vector<int>& members, const void
 void reduce_scatter_quantized(NetComm& c, const std::vector<int>& members,
                               const void* const* ins, void* out, const uint64_t* counts, DType dt,
                               RedOp op, int divisor, QuantBits bits, size_t block,
-                              uint32_t& step) {
+                              uint32_t& step, float* const* residuals) {
   const int k = static_cast<int>(members.size()), me = position(members, c.rank());
   const size_t mine = counts[me];
   std::vector<std::vector<uint8_t>> sendq(k), recvq(k);
@@ -37,7 +37,18 @@ void reduce_scatter_quantized(NetComm& c, const std::vector<int>& members,
   for (int i = 0; i < k; ++i) {
     if (i == me) continue;
     sendq[i].resize(quant_bytes(counts[i], bits, block));
-    quantize(ins[i], dt, counts[i], bits, block, sendq[i].data());
+    float* res = residuals ? residuals[i] : nullptr;
+    if (res) {
+      // x + residual, quantised; the new residual is what that loses.
+      std::vector<float> x(res, res + counts[i]);
+      add_widened(ins[i], dt, counts[i], x.data());
+      quantize(x.data(), DType::kFloat32, counts[i], bits, block, sendq[i].data());
+      std::fill(res, res + counts[i], 0.f);
+      dequantize_add(sendq[i].data(), counts[i], bits, block, res);
+      for (size_t j = 0; j < counts[i]; ++j) res[j] = x[j] - res[j];
+    } else {
+      quantize(ins[i], dt, counts[i], bits, block, sendq[i].data());
+    }
     sends[i] = sendq[i].data();
     send_bytes[i] = sendq[i].size();
     recvq[i].resize(quant_bytes(mine, bits, block));
