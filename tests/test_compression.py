@@ -304,3 +304,45 @@ def test_error_feedback_carries_the_error_forward():
         assert res[r]["off"] == (True, True), res[r]["off"]
         print(f"rank {r}: mean error over 16 int4 steps: {plain:.4f} without feedback, "
               f"{fed:.5f} with")
+
+
+def _plan(ctx):
+    """plan.apply(compression="int8") on the seven-strategy mix: the groups compress, the
+    FSDP units reduce-scatter with error feedback, and training stays near one process."""
+    import torch_rsdp
+    import torch_rsdp.plan as plan
+    from torch_rsdp.compression import FeedbackReduceScatter
+
+    import plan_cases as pc
+    r, W = ctx.rank, ctx.world_size
+    mix = {k: ("full_shard" if v == "hybrid_shard" else v) for k, v in pc.MIX.items()}
+    out = {}
+    for name, p in (("mix", mix), ("hybrid", "hybrid_shard")):
+        want = pc.reference(pc.make_net(), "adamw", W, 3)
+        model = plan.apply(pc.make_net(), p, compression="int8")
+        fed = [u.name for u in model._rsdp_plan.units.values()
+               if isinstance(getattr(u.module, "_get_fsdp_state", None) and
+                             u.module._get_fsdp_state()._fsdp_param_groups[0]._reduce_scatter_comm
+                             if u.strategy.handler.fsdp and u.params else None,
+                             FeedbackReduceScatter)]
+        pc.train(model, pc.plan_optim(model, "adamw"), r, W, 3)
+        got = plan.full_state_dict(model, rank0_only=False)
+        out[name] = (max((got[k] - want[k]).abs().max().item() for k in want), sorted(fed),
+                     torch_rsdp.get_compression())
+        torch_rsdp.set_compression()
+    with pytest.raises(ValueError, match="grads"):
+        plan.apply(pc.make_net(), "full_shard", compression={"grads": "fp8"})
+    return out
+
+
+@pytest.mark.slow
+def test_plan_apply_with_compression():
+    res = launch(_plan, 4, node_of=NODES, deadline=300)
+    for r in range(4):
+        diff, fed, comp = res[r]["mix"]
+        assert comp["all_gather"] == "int8" and comp["reduce_scatter"] == "int8", comp
+        assert "blocks.0" in fed and "blocks.1" in fed, f"units with error feedback: {fed}"
+        assert diff <= 0.05, f"rank {r}: the mix differs from one process by {diff}"
+        hdiff, hfed, _ = res[r]["hybrid"]
+        assert hdiff <= 0.05, f"rank {r}: hybrid_shard differs from one process by {hdiff}"
+        print(f"rank {r}: int8 mix off one process by {diff:.2e}, hybrid_shard {hdiff:.2e}")

@@ -38,6 +38,7 @@ from .._grad_sync import DEFAULT_BUCKET_BYTES, GradSync
 from .._utils import broadcast_module_states
 from .. import _checkpoint_hooks
 from .mesh import Meshes
+from . import compression as compression_spec
 from .mixed_precision import as_policy
 from .spec import Plan, Resolution, resolve
 from .strategies import ApplyContext
@@ -76,7 +77,7 @@ def plan_state(model: nn.Module) -> PlanState:
 def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
           group: Optional[dist.ProcessGroup] = None, default: Optional[str] = None,
           mp_policy=None, strict: bool = True, sync_module_states: bool = True,
-          bucket_bytes: int = DEFAULT_BUCKET_BYTES) -> nn.Module:
+          bucket_bytes: int = DEFAULT_BUCKET_BYTES, compression=None) -> nn.Module:
     """Applies ``plan`` to ``model`` in place over ``group`` (default: world); returns it.
     Collective.
 
@@ -92,10 +93,14 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
         strict: a key matching no module is an error.
         sync_module_states: broadcast parameters and buffers from group rank 0 first.
         bucket_bytes: the gradient bucket of the replicated parameters.
+        compression: what crosses nodes quantised (:mod:`torch_rsdp.plan.compression`):
+            ``"int8"`` or ``"int4"`` gradients with int8 weights and error feedback, or a
+            dict; ``None`` (default) keeps everything exact.
     """
     if getattr(model, "_rsdp_plan", None) is not None:
         raise ValueError("torch_rsdp.plan: apply() was already called on this module")
     mp = as_policy(mp_policy)
+    comp = compression_spec.parse(compression)
     error, res, plan_obj = None, None, None
     try:
         plan_obj = Plan.of(plan, default, model)
@@ -111,7 +116,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
 
     units = build_units(model, res)
     meshes = Meshes(group)
-    ctx = ApplyContext(group, meshes, mp, [])
+    ctx = ApplyContext(group, meshes, mp, [], comp)
     replicated: List[nn.Parameter] = []
     for unit in sorted(units.values(), key=lambda u: -depth(u.name)):
         if unit.params:
@@ -127,6 +132,8 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
                                    unit_of=unit_of)
     model._rsdp_plan = state
     _install_checkpoint_hooks(model, units, meshes)
+    if comp is not None:
+        compression_spec.install(comp, group, meshes)
     return model
 
 

@@ -51,6 +51,9 @@ class ApplyContext:
     mp: Optional[MixedPrecisionPolicy]
     #: Parameters whose optimizer state ``make_optimizer`` shards (ZeRO-1); handlers add to it.
     optim_sharded: List[nn.Parameter]
+    #: ``plan.apply(compression=)`` parsed (:func:`~torch_rsdp.plan.compression.parse`), or
+    #: None: the handlers that reduce-scatter gradients add error feedback when it asks.
+    compression: Optional[dict] = None
 
 
 @dataclass

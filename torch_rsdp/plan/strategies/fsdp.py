@@ -40,6 +40,10 @@ class _FSDP(StrategyHandler):
         # which rsdp reads in one copy (torch_rsdp.comm_memory); other backends give
         # torch.empty.
         unit.module.set_allocate_memory_from_process_group_for_comm(True)
+        if ctx.compression and ctx.compression["error_feedback"]:
+            # Gradients cross nodes quantised: keep what that loses for the next step.
+            from ...compression import FeedbackReduceScatter
+            unit.module.set_custom_reduce_scatter(FeedbackReduceScatter())
         # fully_shard replaced the parameters by DTensors: refresh the unit's view of them.
         unit.params = {n: p for n, p in qualified_params(unit).items()
                        if not any(p is q for q in ignored)}
