@@ -13,6 +13,11 @@ given) with Adam over the rsdp backend and reports:
 * bytes this rank sent across its node link during that step (``torch_rsdp.comm_stats`` over
   every process group the plan uses; mean over ranks) and inside the node.
 
+A plan spec may end in ``+int8``, ``+int4`` (gradients; weights int8; error feedback) or
+``+int8-noef`` / ``+int4-noef`` (without error feedback): ``plan.apply(compression=...)``. On
+2x2 each is checked against the same plan in fp32: >= 1.6x its tokens/s behind the limited
+link, and its loss curve (every step, warm-up included) within 3 %.
+
 Settings: ``1x4`` (4 ranks on this machine) and ``2x2`` (2 emulated nodes x 2 ranks, network
 namespaces joined by a link limited with ``tc`` to ``--rate`` per direction; on the loopback
 with RSDP_NODE_ID where namespaces cannot be made, which then emulates no link). Checks
@@ -23,6 +28,8 @@ than full_shard and is faster behind the limited link.
     python benchmarks/bench_strategies.py --settings 2x2 --plans full_shard,hybrid_shard
     python benchmarks/bench_strategies.py --plans my_plan.json  # any plan.Plan JSON file
     python benchmarks/bench_strategies.py --quick               # smoke test
+    python benchmarks/bench_strategies.py --settings 2x2 --plans full_shard,full_shard+int8 \
+        --steps 58 --warmup 2 --repeat-batches 4 --lr 3e-3      # a 60-step loss curve
 
 Outputs in --out (default benchmarks/results/): strategies.md, .json, .png.
 Only the standard library is imported at the top: worker processes import this file before
@@ -53,8 +60,28 @@ SMALL = dict(vocab=2048, d_model=256, ffn=512, heads=4, layers=4, seq=32, batch=
 CATS = ("params", "grads", "optim", "buffers", "activations")
 
 
+#: ``PLAN+SUFFIX``: the plan with ``plan.apply(compression=...)``
+COMPRESSION = {"int8": {"grads": "int8"}, "int4": {"grads": "int4"},
+               "int8-noef": {"grads": "int8", "error_feedback": False},
+               "int4-noef": {"grads": "int4", "error_feedback": False},
+               # one side only, and a finer block
+               "w8": {"weights": "int8", "grads": "none"},
+               "g8": {"weights": "none", "grads": "int8"},
+               "int8-b64": {"grads": "int8", "block": 64}}
+
+
+def compression_of(spec: str):
+    """(plan spec, compression) of ``full_shard+int8`` and the like."""
+    base, _, suffix = spec.partition("+")
+    if suffix and suffix not in COMPRESSION:
+        raise SystemExit(f"unknown compression suffix {suffix!r} in {spec!r}; choose from "
+                         f"{list(COMPRESSION)}")
+    return base, COMPRESSION.get(suffix)
+
+
 def plan_of(spec: str):
     """(label, plan) for a strategy name, ``mixed``, or a JSON file."""
+    spec, _ = compression_of(spec)
     if spec == "mixed":
         return "mixed", {"mapping": MIXED, "default": "no_shard"}
     if spec.endswith(".json"):
@@ -63,7 +90,8 @@ def plan_of(spec: str):
     return spec, spec
 
 
-def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr):
+def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=None,
+                 repeat=0):
     """One plan on every rank; returns rank 0's summary (other ranks: None)."""
     import torch
     import torch.distributed as dist
@@ -79,7 +107,7 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr):
                              cfg["layers"], cfg["seq"])
     spec = plan_json if isinstance(plan_json, str) else plan.Plan(plan_json["mapping"],
                                                                   plan_json["default"])
-    model = plan.apply(model, spec)
+    model = plan.apply(model, spec, compression=compression)
     opt = tm.make_optimizer(model, lr)
     meshes = plan.plan_state(model).meshes
     groups = [None]
@@ -87,7 +115,9 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr):
         groups += [meshes._hybrid.get_group("shard"), meshes._hybrid.get_group("replicate")]
 
     def batch(step):
-        g = torch.Generator().manual_seed(step)
+        # repeat > 0: the same `repeat` batches in turn, which the model can learn (a loss
+        # curve that falls); else fresh random tokens every step
+        g = torch.Generator().manual_seed(step % repeat if repeat else step)
         toks = torch.randint(0, cfg["vocab"], (W * cfg["batch"], cfg["seq"] + 1), generator=g)
         return toks[r * cfg["batch"]:(r + 1) * cfg["batch"]]
 
@@ -99,13 +129,14 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr):
         opt.zero_grad(set_to_none=True)
         return loss.item()
 
-    times = []
+    times, losses = [], []
     for i in range(warmup + steps):
         dist.barrier()
         t0 = time.perf_counter()
         loss = step(i)
         if i >= warmup:
             times.append(time.perf_counter() - t0)
+        losses.append(loss)
     for g in groups:
         torch_rsdp.reset_comm_stats(g)
     tracker = tm.ParamMemoryTracker(model, opt)
@@ -126,6 +157,7 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr):
     step_s = max(e["step_s"] for e in every)
     tokens = W * cfg["batch"] * cfg["seq"]
     return {"step_s": step_s, "tokens_per_s": tokens / step_s, "loss": every[0]["loss"],
+            "losses": losses,
             "mem_peak_bytes": peak["mem"], "mem_breakdown_bytes": peak["mem_breakdown"],
             "param_mem_peak_bytes": max(e["param_mem"] for e in every),
             "inter_node_bytes": sum(e["inter_node_bytes"] for e in every) / W,
@@ -136,11 +168,14 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr):
 def run(setting, spec, args, nodes):
     from harness import LaunchError, launch
     label, p = plan_of(spec)
+    comp = compression_of(spec)[1]
+    label += spec[len(spec.partition("+")[0]):]
     node_of = SETTINGS[setting]
     t0 = time.perf_counter()
     try:
         res = launch(bench_worker, len(node_of),
-                     (p, args.config, args.steps, args.warmup, args.threads, 1e-4),
+                     (p, args.config, args.steps, args.warmup, args.threads, args.lr, comp,
+                      args.repeat_batches),
                      node_of=node_of if setting != "1x4" else None,
                      netns=nodes if setting != "1x4" else None,
                      env={"OMP_NUM_THREADS": str(args.threads), "RSDP_SPIN_US": "0"},
@@ -170,7 +205,22 @@ def checks(rows):
         speed = h["tokens_per_s"] / f["tokens_per_s"]
         out.append({"check": "2x2: hybrid_shard faster than full_shard behind the limited link",
                     "ratio": speed, "ok": speed > 1})
+    # compressed variants against their plan in fp32, on 2x2
+    for r in rows:
+        base = by.get((r["setting"], r["plan"].partition("+")[0]))
+        if "+" not in r["plan"] or "error" in r or base is None or r["setting"] != "2x2":
+            continue
+        speed = r["tokens_per_s"] / base["tokens_per_s"]
+        out.append({"check": f"2x2: {r['plan']} >= {TARGET_COMPRESSED_SPEEDUP}x the tokens/s of "
+                             f"{base['plan']} (fp32) behind the limited link", "ratio": speed,
+                    "ok": speed >= TARGET_COMPRESSED_SPEEDUP})
+        drift = max(abs(a - b) / abs(b) for a, b in zip(r["losses"], base["losses"]))
+        out.append({"check": f"2x2: {r['plan']}'s loss curve ({len(r['losses'])} steps) within "
+                             f"3% of {base['plan']}'s", "ratio": drift, "ok": drift <= 0.03})
     return out
+
+
+TARGET_COMPRESSED_SPEEDUP = 1.6
 
 
 def markdown(rows, info, chk):
@@ -247,6 +297,10 @@ def main(argv=None) -> int:
     p.add_argument("--layers", type=int, default=SMALL["layers"])
     p.add_argument("--d-model", type=int, default=SMALL["d_model"])
     p.add_argument("--deadline", type=float, default=600)
+    p.add_argument("--lr", type=float, default=1e-4, help="Adam's learning rate")
+    p.add_argument("--repeat-batches", type=int, default=0,
+                   help="train on this many batches in turn (0: fresh random tokens each "
+                        "step); with a higher --lr the loss then falls, for the loss curves")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 2x2, full_shard and hybrid_shard, 1 step, 2 layers")
     p.add_argument("--out", default=os.path.join(HERE, "results"))

@@ -13,13 +13,7 @@
 #include <limits>
 
 #include "core/half_convert.h"
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define RSDP_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define RSDP_CLONES
-#endif
-#define RSDP_AI inline __attribute__((always_inline))
+#include "core/target_clones.h"
 
 namespace rsdp {
 namespace {

@@ -24,17 +24,7 @@
 #include <type_traits>
 
 #include "core/half_convert.h"
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-// x86-64-v4 (AVX-512 F/BW/DQ/VL) rather than plain "avx512f": VL gives the
-// 256-bit code 32 registers, mask blends and vpternlog, which makes the
-// branch-free fp16/bf16 conversions much cheaper. Every AVX-512 x86 CPU except
-// Xeon Phi has it; the others fall back to the AVX2 clone.
-#define RSDP_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
-#else
-#define RSDP_CLONES
-#endif
-#define RSDP_AI inline __attribute__((always_inline))
+#include "core/target_clones.h"
 
 namespace rsdp {
 namespace {
