@@ -32,6 +32,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from .ring import rsdp_backend
 
@@ -89,12 +90,7 @@ def reduce_scatter_feedback(output: torch.Tensor, input: torch.Tensor, residual:
     return None
 
 
-def _fsdp_reduce_scatter_base():
-    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
-    return ReduceScatter
-
-
-class FeedbackReduceScatter(_fsdp_reduce_scatter_base()):
+class FeedbackReduceScatter(ReduceScatter):
     """FSDP2's gradient reduce-scatter with error feedback, for one FSDP module::
 
         module.set_custom_reduce_scatter(FeedbackReduceScatter())
@@ -108,6 +104,8 @@ class FeedbackReduceScatter(_fsdp_reduce_scatter_base()):
         self.residual: Optional[torch.Tensor] = None
 
     def allocate(self, size, *, dtype, device):
+        # Ordinary memory: the groups whose traffic is compressed span nodes, and only
+        # single-node groups have a communication memory pool.
         return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor, input_tensor, group, op, async_op: bool = False):

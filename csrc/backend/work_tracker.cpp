@@ -47,7 +47,7 @@ void WorkTracker::completed(WorkRSDP& work, std::exception_ptr err) {
     if (kind != none) error_.compare_exchange_strong(none, kind);  // the first one stays
   }
   Hook hook;
-  {
+  if (has_hook_.load(std::memory_order_acquire)) {  // no copy per op without a hook
     std::lock_guard<std::mutex> g(mu_);
     hook = hook_;
   }
@@ -104,6 +104,7 @@ bool WorkTracker::set_hook(Hook hook) {
   std::lock_guard<std::mutex> g(mu_);
   if (hook_) return false;
   hook_ = std::move(hook);
+  has_hook_.store(true, std::memory_order_release);
   return true;
 }
 

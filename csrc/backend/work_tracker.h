@@ -56,6 +56,7 @@ class WorkTracker {
   std::unordered_map<const WorkRSDP*, c10::intrusive_ptr<WorkRSDP>> pending_;
   std::atomic<c10d::ErrorType> error_{c10d::ErrorType::SUCCESS};
   Hook hook_;
+  std::atomic<bool> has_hook_{false};
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<WorkRSDP>> coalesced_;
 };
