@@ -275,7 +275,7 @@ def _feedback(ctx, steps):
     exact = sum(_inputs(q, W * n, torch.float32, seed=4) for q in range(W))[r * n:(r + 1) * n]
     out = {}
     for mode in ("plain", "feedback"):
-        residual = torch.zeros(W * n)
+        residual = torch.zeros(2 * n)  # 2 nodes
         total = torch.zeros(n)
         for _ in range(steps):
             o = torch.empty(n)
@@ -286,7 +286,7 @@ def _feedback(ctx, steps):
             total += o
         out[mode] = ((total / steps - exact).abs().max().item(), residual.abs().max().item())
     torch_rsdp.set_compression()  # off: the residual is left alone, the result exact
-    residual = torch.ones(W * n)
+    residual = torch.ones(2 * n)
     o = torch.empty(n)
     reduce_scatter_feedback(o, x, residual)
     out["off"] = (bool(torch.allclose(o, exact, rtol=1e-5, atol=1e-5)),
@@ -307,29 +307,46 @@ def test_error_feedback_carries_the_error_forward():
 
 
 def _plan(ctx):
-    """plan.apply(compression="int8") on the seven-strategy mix: the groups compress, the
-    FSDP units reduce-scatter with error feedback, and training stays near one process."""
+    """plan.apply(compression="int8") on the seven-strategy mix, a plan naming compression
+    per unit, and hybrid_shard: the right units compress (on groups of their own; the
+    plan's group stays exact), gradients keep error feedback, training stays near one
+    process."""
     import torch_rsdp
     import torch_rsdp.plan as plan
-    from torch_rsdp.compression import FeedbackReduceScatter
+    from torch_rsdp.compression import FeedbackAllReduce, FeedbackReduceScatter
 
     import plan_cases as pc
     r, W = ctx.rank, ctx.world_size
     mix = {k: ("full_shard" if v == "hybrid_shard" else v) for k, v in pc.MIX.items()}
+    per_unit = {"blocks.*": "full_shard", "blocks.0": "full_shard+int8",
+                "blocks.1": "shard_grad_op+int4", "blocks.4": "shard_optim+int8",
+                "head": "no_shard+int4", "emb": "rotate"}
     out = {}
-    for name, p in (("mix", mix), ("hybrid", "hybrid_shard")):
+    for name, p, comp in (("mix", mix, "int8"), ("per_unit", per_unit, None),
+                          ("hybrid", "hybrid_shard", "int8")):
         want = pc.reference(pc.make_net(), "adamw", W, 3)
-        model = plan.apply(pc.make_net(), p, compression="int8")
-        fed = [u.name for u in model._rsdp_plan.units.values()
-               if isinstance(getattr(u.module, "_get_fsdp_state", None) and
-                             u.module._get_fsdp_state()._fsdp_param_groups[0]._reduce_scatter_comm
-                             if u.strategy.handler.fsdp and u.params else None,
-                             FeedbackReduceScatter)]
+        model = plan.apply(pc.make_net(), p, compression=comp)
+        st = model._rsdp_plan
+        units = {u.name: u for u in st.units.values() if u.params}
+        compressed = {n: u.compression["grads"] for n, u in units.items() if u.compression}
+        fed = sorted(n for n, u in units.items() if isinstance(u.feedback, FeedbackReduceScatter))
+        groups = {n: torch_rsdp.get_compression(st.meshes.group_for(u.compression))
+                  for n, u in units.items() if u.compression and not u.strategy.handler.fsdp}
         pc.train(model, pc.plan_optim(model, "adamw"), r, W, 3)
         got = plan.full_state_dict(model, rank0_only=False)
-        out[name] = (max((got[k] - want[k]).abs().max().item() for k in want), sorted(fed),
-                     torch_rsdp.get_compression())
-        torch_rsdp.set_compression()
+        buckets = [b for b in st.grad_sync.buckets if b.comp is not None] if st.grad_sync else []
+        out[name] = {"diff": max((got[k] - want[k]).abs().max().item() for k in want),
+                     "compressed": compressed, "fed": fed, "groups": groups,
+                     "world": torch_rsdp.get_compression(),
+                     "rails": [torch_rsdp.get_compression(
+                         st.meshes.hybrid(u.compression).get_group("replicate"))["all_reduce"]
+                         for u in units.values()
+                         if u.compression and u.strategy.kind == "hybrid_shard"],
+                     "bucket_residual": [float(b.feedback.residual.abs().max())
+                                         for b in buckets
+                                         if isinstance(b.feedback, FeedbackAllReduce)],
+                     "unit_residual": {n: float(units[n].feedback.residual.abs().max())
+                                       for n in fed}}
     with pytest.raises(ValueError, match="grads"):
         plan.apply(pc.make_net(), "full_shard", compression={"grads": "fp8"})
     return out
@@ -339,10 +356,43 @@ def _plan(ctx):
 def test_plan_apply_with_compression():
     res = launch(_plan, 4, node_of=NODES, deadline=300)
     for r in range(4):
-        diff, fed, comp = res[r]["mix"]
-        assert comp["all_gather"] == "int8" and comp["reduce_scatter"] == "int8", comp
-        assert "blocks.0" in fed and "blocks.1" in fed, f"units with error feedback: {fed}"
-        assert diff <= 0.05, f"rank {r}: the mix differs from one process by {diff}"
-        hdiff, hfed, _ = res[r]["hybrid"]
-        assert hdiff <= 0.05, f"rank {r}: hybrid_shard differs from one process by {hdiff}"
-        print(f"rank {r}: int8 mix off one process by {diff:.2e}, hybrid_shard {hdiff:.2e}")
+        mix, pu, hy = res[r]["mix"], res[r]["per_unit"], res[r]["hybrid"]
+        for case in (mix, pu, hy):
+            assert case["world"]["all_gather"] == "none", "the plan's own group was changed"
+        # whole model: every unit of a strategy that can compress, no rotate or split
+        assert set(mix["compressed"]) == {"", "blocks.0", "blocks.1", "blocks.2", "blocks.4",
+                                          "head"}, mix["compressed"]  # "": the default no_shard
+        assert {"blocks.0", "blocks.1", "blocks.2"} <= set(mix["fed"]), mix["fed"]
+        assert mix["diff"] <= 0.05, f"rank {r}: the mix differs from one process by {mix['diff']}"
+        # per unit: exactly the units named with +int8 / +int4
+        assert pu["compressed"] == {"blocks.0": "int8", "blocks.1": "int4", "blocks.4": "int8",
+                                    "head": "int4"}, pu["compressed"]
+        assert pu["fed"] == ["blocks.0", "blocks.1"], pu["fed"]
+        assert pu["groups"]["head"]["reduce_scatter"] == "int4", pu["groups"]
+        assert pu["groups"]["blocks.4"]["reduce_scatter"] == "int8", pu["groups"]
+        assert len(pu["bucket_residual"]) >= 2 and all(v > 0 for v in pu["bucket_residual"]), (
+            f"replicated units kept no residual: {pu['bucket_residual']}")
+        assert all(v > 0 for v in pu["unit_residual"].values()), pu["unit_residual"]
+        assert pu["diff"] <= 0.05, f"rank {r}: per-unit plan off one process by {pu['diff']}"
+        assert hy["rails"] and set(hy["rails"]) == {"int8"}, hy["rails"]  # the rails compress
+        assert hy["diff"] <= 0.05, f"rank {r}: hybrid_shard differs from one process by " \
+                                   f"{hy['diff']}"
+        print(f"rank {r}: off one process: int8 mix {mix['diff']:.2e}, per-unit "
+              f"{pu['diff']:.2e}, hybrid_shard {hy['diff']:.2e}")
+
+
+def test_strategy_suffix_parses_and_rejects():
+    """``+int8`` / ``+int4`` round-trip through a Plan; strategies that cannot compress, and
+    unknown formats, are refused with the reason."""
+    import torch_rsdp.plan as plan
+    p = plan.Plan({"a": "full_shard+int8", "b": "no_shard+int4"}, default="shard_optim+int8")
+    assert plan.Plan.from_json(p.to_json()) == p
+    assert str(p.mapping["a"]) == "full_shard+int8" and p.mapping["a"].exact.kind == "full_shard"
+    assert p.digest() != plan.Plan({"a": "full_shard", "b": "no_shard+int4"},
+                                   default="shard_optim+int8").digest()
+    with pytest.raises(ValueError, match="point to point"):
+        plan.Plan({"a": "rotate+int8"})
+    with pytest.raises(ValueError, match="split"):
+        plan.Plan({"a": "split:2+int4"})
+    with pytest.raises(ValueError, match="unknown compression 'fp8'"):
+        plan.Plan({"a": "full_shard+fp8"})

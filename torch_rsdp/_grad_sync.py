@@ -40,12 +40,20 @@ Each bucket carries one extra element per parameter saying "this rank had a grad
 parameter unused on every rank keeps ``grad=None`` (the optimizer then skips it) while one used
 on some ranks gets the average over all ranks (the others contributing zeros), like DDP.
 
+[Note: compressed buckets]
+A unit whose gradients cross nodes compressed (``compressed``: unit name -> (group, error
+feedback), :mod:`torch_rsdp.plan.compression`) all-reduces its buckets' gradients on that
+unit's compressing group, with :class:`torch_rsdp.compression.FeedbackAllReduce` when it keeps
+error feedback (its residuals stay with the bucket from step to step); the "had a gradient"
+flags go on an exact all-reduce of their own, as a quantised block mixing counts with gradients
+would lose the gradients.
+
 Contract: every rank runs the same number of backward passes through these parameters (with
 ``root``: through the root's outputs).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -59,9 +67,10 @@ DEFAULT_BUCKET_BYTES = 25 << 20
 
 
 class _Bucket:
-    __slots__ = ("params", "index", "offsets", "ready", "work", "flat", "dtype")
+    __slots__ = ("params", "index", "offsets", "ready", "work", "flat", "dtype", "comp",
+                 "flags_work", "feedback")
 
-    def __init__(self, params, index, dtype):
+    def __init__(self, params, index, dtype, comp=None):
         self.params: List[nn.Parameter] = params
         self.index = {id(p): i for i, p in enumerate(params)}
         self.offsets, off = [], 0
@@ -72,6 +81,9 @@ class _Bucket:
         self.work = None
         self.flat: Optional[torch.Tensor] = None
         self.dtype = dtype
+        self.comp: Optional[Tuple[dist.ProcessGroup, bool]] = comp  # [Note: compressed buckets]
+        self.flags_work = None
+        self.feedback = None  # FeedbackAllReduce, kept across steps
 
 
 def pack_buckets(params: List[nn.Parameter], bucket_bytes: int,
@@ -96,7 +108,8 @@ class GradSync:
     def __init__(self, params: List[nn.Parameter], group: Optional[dist.ProcessGroup] = None, *,
                  reduce_dtype: Optional[torch.dtype] = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 unit_of: Optional[Dict[int, str]] = None, root: Optional[nn.Module] = None):
+                 unit_of: Optional[Dict[int, str]] = None, root: Optional[nn.Module] = None,
+                 compressed: Optional[Dict[str, Tuple[dist.ProcessGroup, bool]]] = None):
         """
         Args:
             params: the parameters to average (those not requiring a gradient are skipped).
@@ -107,6 +120,8 @@ class GradSync:
                 ([Note: buckets per unit]).
             root: synchronise at the end of every backward through ``root``'s outputs instead
                 of overlapped with it ([Note: syncing at the end of backward]).
+            compressed: unit name -> (its compressing group, error feedback) for the units
+                whose gradients cross nodes quantised ([Note: compressed buckets]).
         """
         self.group = group
         self.world = dist.get_world_size(group)
@@ -114,10 +129,11 @@ class GradSync:
         self.params = [p for p in params if p.requires_grad]
         self.buckets: List[_Bucket] = []
         self._bucket_of = {}
-        unit_of = unit_of or {}
+        unit_of, compressed = unit_of or {}, compressed or {}
         for ps in pack_buckets(list(reversed(self.params)), bucket_bytes,
                                key=lambda p: (reduce_dtype or p.dtype, unit_of.get(id(p)))):
-            self._add_bucket(ps, reduce_dtype or ps[0].dtype)
+            self._add_bucket(ps, reduce_dtype or ps[0].dtype,
+                             compressed.get(unit_of.get(id(ps[0]))))
         self._next = 0
         self._queued = False
         self._seen = set()
@@ -129,8 +145,8 @@ class GradSync:
         elif self.params:
             self._handles = [root.register_forward_hook(self._on_root_forward)]
 
-    def _add_bucket(self, params, dtype) -> None:
-        b = _Bucket(params, len(self.buckets), dtype)
+    def _add_bucket(self, params, dtype, comp=None) -> None:
+        b = _Bucket(params, len(self.buckets), dtype, comp)
         for p in params:
             self._bucket_of[id(p)] = b
         self.buckets.append(b)
@@ -193,9 +209,22 @@ class GradSync:
         if b.flat is None:  # no parameter of the bucket had a gradient on this rank
             n = sum(q.numel() for q in b.params)
             b.flat = torch.zeros(n + len(b.params), dtype=b.dtype, device=b.params[0].device)
-        if self.world > 1:
-            with record_function("RSDP::plan::grad_all_reduce"):
+        if self.world == 1:
+            return
+        with record_function("RSDP::plan::grad_all_reduce"):
+            if b.comp is None:
                 b.work = dist.all_reduce(b.flat, group=self.group, async_op=True)
+                return
+            group, feedback = b.comp
+            n = b.flat.numel() - len(b.params)
+            b.flags_work = dist.all_reduce(b.flat[n:], group=self.group, async_op=True)
+            if feedback:
+                if b.feedback is None:
+                    from .compression import FeedbackAllReduce
+                    b.feedback = FeedbackAllReduce(group)
+                b.work = b.feedback.start(b.flat[:n])
+            else:
+                b.work = dist.all_reduce(b.flat[:n], group=group, async_op=True)
 
     @torch.no_grad()
     def _finish(self) -> None:
@@ -211,11 +240,12 @@ class GradSync:
             self._next += 1
         self._next = 0
         for b in self.buckets:
-            if b.work is not None:
-                with record_function("RSDP::plan::grad_all_reduce::wait"):
-                    b.work.wait()
+            with record_function("RSDP::plan::grad_all_reduce::wait"):
+                for w in (b.work, b.flags_work):
+                    if w is not None:
+                        w.wait()
             self._write_back(b)
-            b.work, b.flat, b.ready = None, None, 0
+            b.work, b.flags_work, b.flat, b.ready = None, None, None, 0
 
     def _write_back(self, b: _Bucket) -> None:
         n = b.flat.numel() - len(b.params)

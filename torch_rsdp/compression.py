@@ -37,7 +37,8 @@ from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 from .ring import rsdp_backend
 
 __all__ = ["set_compression", "get_compression", "quantize_roundtrip", "LEVELS",
-           "reduce_scatter_feedback", "FeedbackReduceScatter"]
+           "reduce_scatter_feedback", "residual_numel", "FeedbackReduceScatter",
+           "FeedbackAllReduce"]
 
 #: Largest code of each format (the scale is a block's largest finite magnitude over it).
 LEVELS = {"int8": 126, "int4": 6}
@@ -67,18 +68,25 @@ def quantize_roundtrip(x: torch.Tensor, bits: str = "int8", block: int = 512
     return _C._quantize_roundtrip(x.contiguous(), bits, int(block))
 
 
+def residual_numel(output_numel: int, group: Optional[dist.ProcessGroup] = None) -> int:
+    """The size of :func:`reduce_scatter_feedback`'s residual for an output of
+    ``output_numel`` elements: one region of the output's size per node of ``group``."""
+    return int(output_numel) * int(rsdp_backend(group).topology()["num_nodes"])
+
+
 def reduce_scatter_feedback(output: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
                             group: Optional[dist.ProcessGroup] = None, op=dist.ReduceOp.SUM,
                             async_op: bool = False):
     """``reduce_scatter_tensor`` with **error feedback** on its compressed stage.
 
-    ``residual`` is a float32 tensor of ``input``'s size that the caller keeps from one step
-    to the next (zeros at first; save it with the model to resume exactly). Before this rank
-    quantises its node's partial sums, what quantising them lost last time is added; what is
-    lost now is stored back. Quantisation error is then carried forward instead of dropped,
-    so over steps the sum of what arrives follows the sum of the exact gradients. Without
-    compression on the op's path it is a plain reduce-scatter and ``residual`` stays as it
-    is. ``op``: SUM or AVG."""
+    ``residual`` is a float32 tensor of :func:`residual_numel` elements (nodes x the output's
+    size) that the caller keeps from one step to the next (zeros at first; save it with the
+    model to resume exactly). This rank quantises its node's partial sums of the regions of
+    its rail (one rank per node): region ``m`` of the residual belongs to the one on node
+    ``m``. Before quantising, what quantising lost last time is added; what is lost now is
+    stored back, so the error is carried forward instead of dropped, and over steps the sum
+    of what arrives follows the sum of the exact gradients. Without compression on the op's
+    path it is a plain reduce-scatter and ``residual`` stays as it is. ``op``: SUM or AVG."""
     if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
         raise ValueError(f"reduce_scatter_feedback: op must be SUM or AVG, got {op}")
     work = rsdp_backend(group).reduce_scatter_feedback(output, input, residual,
@@ -95,7 +103,7 @@ class FeedbackReduceScatter(ReduceScatter):
 
         module.set_custom_reduce_scatter(FeedbackReduceScatter())
 
-    Keeps the module's residual (float32, the size of its reduce-scatter input) between
+    Keeps the module's residual (float32, :func:`residual_numel` of the output) between
     steps. Under ``no_sync``-style accumulation FSDP2 reduce-scatters once per step, so the
     residual is applied once per step too. Ops other than SUM/AVG go through the plain
     reduce-scatter."""
@@ -112,7 +120,62 @@ class FeedbackReduceScatter(ReduceScatter):
         if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
             return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
                                               async_op=async_op)
-        if self.residual is None or self.residual.numel() != input_tensor.numel():
-            self.residual = torch.zeros(input_tensor.numel(), dtype=torch.float32)
+        n = residual_numel(output_tensor.numel(), group)
+        if self.residual is None or self.residual.numel() != n:
+            self.residual = torch.zeros(n, dtype=torch.float32)
         return reduce_scatter_feedback(output_tensor, input_tensor, self.residual, group, op,
                                        async_op)
+
+
+class FeedbackAllReduce:
+    """A SUM all-reduce of one flat float tensor with error feedback at both of its
+    compressed stages, for gradients that every rank keeps whole (``no_shard`` and
+    ``shard_optim`` units):
+
+    1. :func:`reduce_scatter_feedback`: the node partial sums cross nodes quantised, each
+       rank keeping what its quantising lost (``residual``);
+    2. an all-gather of the reduced shards, int8 across nodes; before it, each rank adds to
+       its shard what the last all-gather lost of it (``owner_residual``: the rank itself
+       receives ``dequantize(quantize(shard))`` like every other, so it knows the loss).
+
+    The group must compress both stages (``set_compression(group, all_gather=...,
+    reduce_scatter=...)``). The tensor is padded to a multiple of the group size; the
+    residuals (float32, kept between steps, part of the training state) follow its size."""
+
+    def __init__(self, group: Optional[dist.ProcessGroup] = None):
+        self.group = group
+        self.world = dist.get_world_size(group)
+        self.rank = dist.get_rank(group)
+        self.residual: Optional[torch.Tensor] = None
+        self.owner_residual: Optional[torch.Tensor] = None
+        self._pending = None
+
+    def __call__(self, flat: torch.Tensor) -> None:
+        self.start(flat).wait()
+
+    def start(self, flat: torch.Tensor) -> "FeedbackAllReduce":
+        """Issues the reduce-scatter; :meth:`wait` finishes the all-reduce into ``flat``."""
+        n = flat.numel()
+        shard = -(-n // self.world)
+        if self.residual is None or self.owner_residual.numel() != shard:
+            self.residual = torch.zeros(residual_numel(shard, self.group))
+            self.owner_residual = torch.zeros(shard)
+        padded = flat if n == shard * self.world else torch.cat(
+            [flat, flat.new_zeros(shard * self.world - n)])
+        mine = torch.empty(shard, dtype=flat.dtype, device=flat.device)
+        work = reduce_scatter_feedback(mine, padded, self.residual, self.group, async_op=True)
+        self._pending = (flat, padded, mine, work)
+        return self
+
+    def wait(self) -> None:
+        flat, padded, mine, work = self._pending
+        self._pending = None
+        work.wait()
+        shard = mine.numel()
+        x = mine.float() + self.owner_residual
+        mine.copy_(x)
+        dist.all_gather_into_tensor(padded, mine, group=self.group)  # input consumed
+        own = padded[self.rank * shard:(self.rank + 1) * shard]
+        torch.sub(x, own.float(), out=self.owner_residual)
+        if padded is not flat:
+            flat.copy_(padded[:flat.numel()])

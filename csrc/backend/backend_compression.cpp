@@ -66,12 +66,16 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::reduce_scatter_feedback(const at::Te
     RSDP_CHECK(input.numel() == output.numel() * n, "rsdp rank ", global_rank_,
                ": reduce_scatter_feedback: input ", describe(input), " must have world size (",
                n, ") x output ", describe(output), " elements");
+    // The residual holds one region of the output's size per node: the partial sums this
+    // rank quantises are those of its rail (one rank per node), so that is all it can lose.
+    const int nodes = topology().num_nodes();
     RSDP_CHECK(residual.defined() && residual.is_cpu() && residual.is_contiguous() &&
-                   residual.scalar_type() == at::kFloat && residual.numel() == input.numel(),
+                   residual.scalar_type() == at::kFloat &&
+                   residual.numel() == output.numel() * nodes,
                "rsdp rank ", global_rank_, ": reduce_scatter_feedback: residual ",
                residual.defined() ? describe(residual) : std::string("undefined"),
-               " must be a contiguous float32 CPU tensor of the input's ", input.numel(),
-               " elements");
+               " must be a contiguous float32 CPU tensor of nodes (", nodes, ") x output (",
+               output.numel(), ") elements");
     DType dt = to_dtype(c, output);
     RSDP_CHECK(compressible(dt), "rsdp rank ", global_rank_,
                ": reduce_scatter_feedback: dtype ", describe(output),
@@ -90,9 +94,14 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::reduce_scatter_feedback(const at::Te
                      const char* base = static_cast<const char*>(in.numel() ? in.data_ptr()
                                                                             : nullptr);
                      float* rbase = res.numel() ? res.data_ptr<float>() : nullptr;
-                     for (int p = 0; p < n; ++p) {
+                     for (int p = 0; p < n; ++p)
                        ptrs.push_back(base ? base + p * out.nbytes() : nullptr);
-                       rptrs.push_back(rbase ? rbase + p * out.numel() : nullptr);
+                     // Region m of the residual belongs to the rail member on node m.
+                     rptrs.assign(n, nullptr);
+                     if (rbase) {
+                       const Topology& t = comm.topo;
+                       for (int p : t.rail(t.local_rank()))
+                         rptrs[p] = rbase + t.node_of[p] * out.numel();
                      }
                      coll::reduce_scatter(comm, ptrs.data(),
                                           dout.numel() ? dout.data_ptr() : nullptr,

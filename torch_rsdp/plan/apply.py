@@ -93,9 +93,11 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
         strict: a key matching no module is an error.
         sync_module_states: broadcast parameters and buffers from group rank 0 first.
         bucket_bytes: the gradient bucket of the replicated parameters.
-        compression: what crosses nodes quantised (:mod:`torch_rsdp.plan.compression`):
-            ``"int8"`` or ``"int4"`` gradients with int8 weights and error feedback, or a
-            dict; ``None`` (default) keeps everything exact.
+        compression: what crosses nodes quantised in the units of the strategies that can
+            compress and name no ``+int8`` / ``+int4`` of their own
+            (:mod:`torch_rsdp.plan.compression`): ``"int8"`` or ``"int4"`` gradients with
+            int8 weights and error feedback, or a dict; ``None`` (default): only the units
+            whose strategy says so.
     """
     if getattr(model, "_rsdp_plan", None) is not None:
         raise ValueError("torch_rsdp.plan: apply() was already called on this module")
@@ -127,13 +129,14 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
     replicated.sort(key=lambda p: order.get(id(p), len(order)))
     if replicated:
         unit_of = {id(p): u.name for u in units.values() for p in u.params.values()}
+        compressed = {u.name: (meshes.group_for(u.compression), u.compression["error_feedback"])
+                      for u in units.values()
+                      if u.compression is not None and not u.strategy.handler.fsdp}
         state.grad_sync = GradSync(replicated, group, bucket_bytes=bucket_bytes,
                                    reduce_dtype=mp.reduce_dtype if mp else None,
-                                   unit_of=unit_of)
+                                   unit_of=unit_of, compressed=compressed)
     model._rsdp_plan = state
     _install_checkpoint_hooks(model, units, meshes)
-    if comp is not None:
-        compression_spec.install(comp, group, meshes)
     return model
 
 

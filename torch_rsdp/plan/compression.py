@@ -1,21 +1,35 @@
-"""``plan.apply(model, plan, compression=...)``: what a planned model sends between nodes.
+"""What a planned model sends between nodes quantised: per unit, or for the whole model.
 
-Weights travel as int8 on the all-gathers (each rank's own shard stays full precision);
-gradients as int8 or int4 on the reduce-scatters and all-reduces, with error feedback on the
-FSDP units' reduce-scatters (:class:`torch_rsdp.compression.FeedbackReduceScatter`). It is the
-backend's compression (:func:`torch_rsdp.set_compression`) set on the plan's groups: the flat
-group of the plan, and for ``hybrid_shard`` the rail groups that all-reduce across nodes.
-Inside a node everything stays exact, and so does ``rotate``'s ring (point-to-point).
+Per unit, in the plan: ``"full_shard+int8"`` (weights int8 on the all-gathers, gradients
+int8 on the reduce-scatters), ``"full_shard+int4"`` (gradients int4), likewise for
+``shard_grad_op``, ``hybrid_shard``, ``no_shard`` and ``shard_optim``. For the whole model:
+``plan.apply(model, plan, compression="int8" | "int4" | {...})`` gives every unit of those
+strategies without a suffix of its own that setting.
+
+Each distinct setting gets its own process group over the plan's ranks
+(:meth:`..mesh.Meshes.group_for`) with the backend's compression set on it
+(:func:`torch_rsdp.set_compression`), so a unit's collectives are compressed and no other
+unit's, nor anything else the user sends on the plan's group, are. Inside a node everything
+stays exact. Gradients keep **error feedback** (what quantising lost is added to the next
+step's): FSDP units through :class:`torch_rsdp.compression.FeedbackReduceScatter`, the
+replicated units' buckets through :class:`torch_rsdp.compression.FeedbackAllReduce`. Not
+compressed: ``rotate`` and ``split:k`` (point-to-point ring shifts and the slices' own
+collectives), and ``hybrid_shard``'s cross-node all-reduce keeps no feedback (FSDP2 issues it
+itself, with no way to add a residual before it).
 """
 from __future__ import annotations
 
-from typing import Optional, Union
+from typing import TYPE_CHECKING, Optional, Tuple, Union
 
-import torch.distributed as dist
+if TYPE_CHECKING:
+    from .spec import Strategy
 
-__all__ = ["parse", "install"]
+__all__ = ["parse", "for_unit", "key", "WIRE_RATIO"]
 
 GRADS = ("int8", "int4")
+
+#: Bytes on the wire per float32 byte, with one float32 scale per 512 elements.
+WIRE_RATIO = {"int8": (512 + 4) / 2048, "int4": (256 + 4) / 2048, "none": 1.0}
 
 
 def parse(spec: Union[None, str, dict]) -> Optional[dict]:
@@ -47,19 +61,18 @@ def parse(spec: Union[None, str, dict]) -> Optional[dict]:
     return out
 
 
-def install(c: dict, group: Optional[dist.ProcessGroup], meshes) -> None:
-    """Sets the backend's compression on the groups whose traffic crosses nodes."""
-    from ..compression import set_compression
-    from ..ring import rsdp_backend
-    try:
-        rsdp_backend(group)
-    except TypeError as e:
-        raise ValueError(f"torch_rsdp.plan: compression needs a group on the rsdp backend "
-                         f"({e})") from None
-    set_compression(group, all_gather=c["weights"], reduce_scatter=c["grads"],
-                    all_reduce=c["grads"], block=c["block"])
-    hybrid = getattr(meshes, "_hybrid", None)
-    if hybrid is not None and hybrid is not getattr(meshes, "_flat", None):
-        # HSDP all-reduces each shard's gradients across nodes on its rail group
-        set_compression(hybrid.get_group("replicate"), reduce_scatter=c["grads"],
-                        all_reduce=c["grads"], block=c["block"])
+def for_unit(strategy: "Strategy", default: Optional[dict]) -> Optional[dict]:
+    """A unit's setting: its strategy's ``+`` suffix (with the whole model's block and
+    feedback choice, if one was given), else the whole model's ``default`` where the
+    strategy can compress, else None."""
+    if strategy.compress:
+        c = parse(strategy.compress)
+        if default is not None:
+            c.update(block=default["block"], error_feedback=default["error_feedback"])
+        return c
+    return default if strategy.handler.compressible else None
+
+
+def key(c: dict) -> Tuple:
+    """What tells two settings apart (one process group per distinct key)."""
+    return (c["weights"], c["grads"], c["block"])

@@ -13,7 +13,7 @@ their own members take part, so ``apply`` on a sub-group never waits for ranks o
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
@@ -36,7 +36,8 @@ def node_ranks(group: Optional[dist.ProcessGroup]) -> List[List[int]]:
 
 
 class Meshes:
-    """Lazily built meshes of one ``group`` on ``device_type``."""
+    """Lazily built meshes of one ``group`` on ``device_type``, exact or, for a compression
+    setting (:mod:`.compression`), over groups of the same ranks that compress."""
 
     def __init__(self, group: Optional[dist.ProcessGroup], device_type: str = "cpu"):
         self.group = group if group is not None else dist.group.WORLD
@@ -44,6 +45,32 @@ class Meshes:
         self._flat: Optional[DeviceMesh] = None
         self._hybrid: Optional[DeviceMesh] = None
         self._nodes: Optional[List[List[int]]] = None
+        self._compressed: Dict[tuple, dict] = {}  # setting -> {"group", "flat", "hybrid"}
+
+    def compresses(self, c: Optional[dict]) -> bool:
+        """Whether setting ``c`` changes anything here (only traffic across nodes is
+        compressed: on one node every group is exact)."""
+        return c is not None and len(self.nodes()) > 1
+
+    def _slot(self, c: dict) -> dict:
+        from .compression import key
+        return self._compressed.setdefault(key(c), {})
+
+    def group_for(self, c: Optional[dict] = None) -> dist.ProcessGroup:
+        """The group of the plan's ranks whose collectives send setting ``c`` across nodes
+        (one per distinct setting; the plan's own group when ``c`` changes nothing)."""
+        if not self.compresses(c):
+            return self.group
+        slot = self._slot(c)
+        if "group" not in slot:
+            from ..compression import set_compression
+            ranks = [dist.get_global_rank(self.group, r)
+                     for r in range(dist.get_world_size(self.group))]
+            g = dist.new_group(ranks, use_local_synchronization=True)
+            set_compression(g, all_gather=c["weights"], reduce_scatter=c["grads"],
+                            all_reduce=c["grads"], block=c["block"])
+            slot["group"] = g
+        return slot["group"]
 
     def nodes(self) -> List[List[int]]:
         """The group ranks of every node."""
@@ -51,18 +78,32 @@ class Meshes:
             self._nodes = node_ranks(self.group)
         return self._nodes
 
-    def flat(self) -> DeviceMesh:
+    def flat(self, c: Optional[dict] = None) -> DeviceMesh:
+        if self.compresses(c):
+            slot = self._slot(c)
+            if "flat" not in slot:
+                slot["flat"] = DeviceMesh.from_group(self.group_for(c), self.device_type)
+            return slot["flat"]
         if self._flat is None:
             self._flat = DeviceMesh.from_group(self.group, self.device_type)
         return self._flat
 
-    def hybrid(self) -> DeviceMesh:
-        if self._hybrid is not None:
-            return self._hybrid
+    def hybrid(self, c: Optional[dict] = None) -> DeviceMesh:
+        if self.compresses(c):
+            slot = self._slot(c)
+            if "hybrid" not in slot:
+                slot["hybrid"] = self._hybrid_mesh(c)
+            return slot["hybrid"]
+        if self._hybrid is None:
+            self._hybrid = self._hybrid_mesh(None)
+        return self._hybrid
+
+    def _hybrid_mesh(self, c: Optional[dict]) -> DeviceMesh:
+        """(replicate = nodes, shard = a node's ranks); with ``c`` the rails (which carry
+        all of HSDP's cross-node traffic, an all-reduce) compress the gradients."""
         nodes = self.nodes()
         if len(nodes) == 1:
-            self._hybrid = self.flat()
-            return self._hybrid
+            return self.flat()
         sizes = {len(n) for n in nodes}
         if len(sizes) != 1:
             raise ValueError(
@@ -74,8 +115,15 @@ class Meshes:
         col = glob[mine].index(me)
         # Every rank makes its node group, then its rail group: the members of each group
         # create it in the same order, which is all local synchronisation needs.
-        shard_pg = dist.new_group(glob[mine], use_local_synchronization=True)
+        if c is not None:  # the node groups are exact: share the exact mesh's
+            exact = self.hybrid()
+            shard_pg = exact.get_group("shard")
+        else:
+            shard_pg = dist.new_group(glob[mine], use_local_synchronization=True)
         rail_pg = dist.new_group([node[col] for node in glob], use_local_synchronization=True)
-        self._hybrid = DeviceMesh.from_group([rail_pg, shard_pg], self.device_type, mesh=glob,
-                                             mesh_dim_names=("replicate", "shard"))
-        return self._hybrid
+        if c is not None:
+            from ..compression import set_compression
+            set_compression(rail_pg, reduce_scatter=c["grads"], all_reduce=c["grads"],
+                            block=c["block"])
+        return DeviceMesh.from_group([rail_pg, shard_pg], self.device_type, mesh=glob,
+                                     mesh_dim_names=("replicate", "shard"))

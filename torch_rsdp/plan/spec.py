@@ -25,7 +25,7 @@ import torch.nn as nn
 
 from .strategies import families, handler_for
 
-__all__ = ["Strategy", "Plan", "STRATEGIES", "parse_strategy", "resolve", "Resolution",
+__all__ = ["Strategy", "Plan", "STRATEGIES", "COMPRESSIONS", "parse_strategy", "resolve", "Resolution",
            "block_patterns"]
 
 #: Every strategy name, with ``split:k`` standing for the whole family (from the registry of
@@ -35,15 +35,29 @@ STRATEGIES = tuple(f"{kind}:k" if takes_k else kind for kind, takes_k in familie
 _WITH_K = re.compile(r"^(\w+):(-?\d+)$")
 
 
+#: What a strategy's ``+`` suffix may ask to send across nodes quantised (the gradients'
+#: format; weights travel int8): :mod:`.compression`.
+COMPRESSIONS = ("int8", "int4")
+
+
 @dataclass(frozen=True)
 class Strategy:
-    """One strategy: a name and, for ``split``, the number of slices ``k``."""
+    """One strategy: a name, for ``split`` the number of slices ``k``, and optionally what
+    its cross-node traffic is compressed to (``"full_shard+int8"``: int8 weights and
+    gradients; ``+int4``: int4 gradients)."""
 
     kind: str
     k: int = 0
+    compress: str = ""
 
     def __str__(self) -> str:
-        return f"{self.kind}:{self.k}" if self.handler.takes_k else self.kind
+        base = f"{self.kind}:{self.k}" if self.handler.takes_k else self.kind
+        return f"{base}+{self.compress}" if self.compress else base
+
+    @property
+    def exact(self) -> "Strategy":
+        """The same strategy without compression."""
+        return Strategy(self.kind, self.k) if self.compress else self
 
     @property
     def handler(self):
@@ -63,7 +77,20 @@ def parse_strategy(name: Union[str, Strategy], where: str = "") -> Strategy:
     at = f" (for {where!r})" if where else ""
     if not isinstance(name, str):
         raise TypeError(f"torch_rsdp.plan: a strategy is a string, got {type(name).__name__}{at}")
-    s = name.strip()
+    s, _, compress = name.strip().partition("+")
+    s, compress = s.strip(), compress.strip()
+    if compress or name.strip().endswith("+"):
+        base = parse_strategy(s, where)
+        if compress not in COMPRESSIONS:
+            raise ValueError(f"torch_rsdp.plan: {name!r}{at}: unknown compression "
+                             f"{compress!r}; '+int8' (weights and gradients int8 across "
+                             f"nodes) or '+int4' (gradients int4)")
+        if not base.handler.compressible:
+            able = [k for k in families() if handler_for(Strategy(k, 1)).compressible]
+            raise ValueError(f"torch_rsdp.plan: {name!r}{at}: {base.kind} cannot compress "
+                             f"its traffic ({base.handler.exact_why}); compression applies "
+                             f"to {', '.join(able)}")
+        return Strategy(base.kind, base.k, compress)
     takes_k = families()
     if takes_k.get(s) is False:
         return Strategy(s)
@@ -75,7 +102,8 @@ def parse_strategy(name: Union[str, Strategy], where: str = "") -> Strategy:
                              f"slices")
         return Strategy(m.group(1), k)
     raise ValueError(f"torch_rsdp.plan: unknown strategy {name!r}{at}; expected one of "
-                     f"{', '.join(STRATEGIES)} (k a positive integer)")
+                     f"{', '.join(STRATEGIES)} (k a positive integer), optionally with "
+                     f"'+int8' or '+int4'")
 
 
 class Plan:

@@ -7,7 +7,7 @@ one strategy shards or synchronises it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List
+from typing import TYPE_CHECKING, Dict, List, Optional
 
 import torch.nn as nn
 
@@ -27,6 +27,11 @@ class Unit:
     params: Dict[str, nn.Parameter] = field(default_factory=dict)  # qualified name -> param
     left_whole: Dict[str, str] = field(default_factory=dict)       # name -> why (split/rotate)
     numel: int = 0                  # elements of the owned parameters in the unwrapped model
+    #: What the unit's traffic across nodes is compressed to (:mod:`.compression`), or None.
+    compression: Optional[dict] = None
+    #: The error feedback keeping the residual of the unit's compressed gradients, if any
+    #: (a :class:`torch_rsdp.compression.FeedbackReduceScatter` for FSDP units).
+    feedback: Optional[object] = None
 
     def relative(self, qualified: str) -> str:
         """``qualified`` (a name in the whole model) relative to the unit's module."""

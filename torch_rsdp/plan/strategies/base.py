@@ -52,8 +52,16 @@ class ApplyContext:
     #: Parameters whose optimizer state ``make_optimizer`` shards (ZeRO-1); handlers add to it.
     optim_sharded: List[nn.Parameter]
     #: ``plan.apply(compression=)`` parsed (:func:`~torch_rsdp.plan.compression.parse`), or
-    #: None: the handlers that reduce-scatter gradients add error feedback when it asks.
+    #: None: the setting of the compressible units without a ``+`` suffix of their own.
     compression: Optional[dict] = None
+
+    def unit_compression(self, unit: Unit) -> Optional[dict]:
+        """The unit's compression where it changes anything (its traffic crosses nodes),
+        recorded on the unit; else None."""
+        from ..compression import for_unit
+        c = for_unit(unit.strategy, self.compression)
+        unit.compression = c if self.meshes.compresses(c) else None
+        return unit.compression
 
 
 @dataclass
@@ -84,6 +92,10 @@ class StrategyHandler(abc.ABC):
     kind: ClassVar[str] = ""
     takes_k: ClassVar[bool] = False
     fsdp: ClassVar[bool] = False
+    #: Whether ``<kind>+int8`` / ``+int4`` may compress the strategy's cross-node
+    #: collectives (:mod:`..compression`); if not, ``exact_why`` says why.
+    compressible: ClassVar[bool] = False
+    exact_why: ClassVar[str] = "it sends nothing across nodes that a collective could compress"
 
     def __init__(self, strategy: "Strategy"):
         self.strategy = strategy

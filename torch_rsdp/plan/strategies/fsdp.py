@@ -24,26 +24,31 @@ __all__ = ["FullShard", "ShardGradOp", "HybridShard"]
 
 class _FSDP(StrategyHandler):
     fsdp = True
+    compressible = True
     reshard_after_forward = True
+    #: Whether the reduce-scatter crosses nodes (error feedback belongs there).
+    scatters_across_nodes = True
 
-    def mesh(self, ctx: ApplyContext):
-        return ctx.meshes.flat()
+    def mesh(self, ctx: ApplyContext, compression=None):
+        return ctx.meshes.flat(compression)
 
     def apply(self, unit: Unit, ctx: ApplyContext) -> List[nn.Parameter]:
         own = {id(p) for p in unit.params.values()}
         ignored = {p for p in unit.module.parameters() if id(p) not in own}
         kwargs = {"mp_policy": ctx.mp} if ctx.mp is not None else {}
-        fully_shard(unit.module, mesh=self.mesh(ctx),
+        comp = ctx.unit_compression(unit)
+        fully_shard(unit.module, mesh=self.mesh(ctx, comp),
                     reshard_after_forward=self.reshard_after_forward,
                     ignored_params=ignored or None, **kwargs)
         # All-gather and reduce-scatter buffers from the backend's communication memory,
         # which rsdp reads in one copy (torch_rsdp.comm_memory); other backends give
         # torch.empty.
         unit.module.set_allocate_memory_from_process_group_for_comm(True)
-        if ctx.compression and ctx.compression["error_feedback"]:
+        if comp and comp["error_feedback"] and self.scatters_across_nodes:
             # Gradients cross nodes quantised: keep what that loses for the next step.
             from ...compression import FeedbackReduceScatter
-            unit.module.set_custom_reduce_scatter(FeedbackReduceScatter())
+            unit.feedback = FeedbackReduceScatter()
+            unit.module.set_custom_reduce_scatter(unit.feedback)
         # fully_shard replaced the parameters by DTensors: refresh the unit's view of them.
         unit.params = {n: p for n, p in qualified_params(unit).items()
                        if not any(p is q for q in ignored)}
@@ -95,8 +100,11 @@ class ShardGradOp(_FSDP):
 class HybridShard(_FSDP):
     kind = "hybrid_shard"
 
-    def mesh(self, ctx: ApplyContext):
-        return ctx.meshes.hybrid()
+    scatters_across_nodes = False  # its reduce-scatter stays in the node; the rails
+    # all-reduce, compressed without feedback (FSDP2 issues that all-reduce itself)
+
+    def mesh(self, ctx: ApplyContext, compression=None):
+        return ctx.meshes.hybrid(compression)
 
     def applicable(self, u, links) -> bool:
         return u.param_bytes > 0 and links.nodes > 1

@@ -20,10 +20,12 @@ __all__ = ["NoShard", "ShardOptim"]
 @register
 class NoShard(StrategyHandler):
     kind = "no_shard"
+    compressible = True
 
     def apply(self, unit: Unit, ctx: ApplyContext) -> List[nn.Parameter]:
         params = list(unit.params.values())
         cast_unit(unit, params, ctx.mp)
+        ctx.unit_compression(unit)  # the plan's gradient sync reads unit.compression
         return params
 
     def applicable(self, u, links) -> bool:

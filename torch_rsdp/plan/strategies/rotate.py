@@ -25,6 +25,8 @@ __all__ = ["Rotate"]
 @register
 class Rotate(StrategyHandler):
     kind = "rotate"
+    exact_why = ("its weights and gradients travel point to point around the ring, which the "
+                 "backend sends exact")
 
     def apply(self, unit: Unit, ctx: ApplyContext) -> List[nn.Parameter]:
         own = {id(p) for p in unit.params.values()}

@@ -32,6 +32,7 @@ def _split_module(unit: Unit, key: str):
 @register
 class Split(StrategyHandler):
     kind = "split"
+    exact_why = "its slices are gathered and reduced by the split layers' own collectives"
     takes_k = True
 
     def check(self, model, unit_name, modules) -> None:
