@@ -9,7 +9,9 @@
 Each checkpoint is ``torch.distributed.checkpoint``'s, taken with ``get_state_dict`` (every
 rank writes its own shards; a planned model's, an ``rsdp.shard`` model's, FSDP2's or DDP's)
 in ``DIR/step-000010/``, with the optimizer, the learning-rate schedule, the step (the data
-position: the examples' batches are a function of the step) and every rank's RNG state.
+position: the examples' batches are a function of the step), every rank's RNG state and, for
+a planned model whose gradients cross nodes compressed, every rank's error-feedback residuals
+(:func:`torch_rsdp.plan.feedback_state_dict`).
 
 [Note: complete checkpoints]
 A job may die while it writes a checkpoint. DCP writes ``.metadata`` last, once every rank's
@@ -61,6 +63,9 @@ class TrainingCheckpoints:
                  "train": {"step": step, "world": self.world, "sched": sched.state_dict()}}
         if rng:
             state["rng"] = {f"rank{self.rank}": torch.get_rng_state()}
+        if getattr(model, "_rsdp_plan", None) is not None:  # compressed units' residuals
+            import torch_rsdp.plan as plan
+            state["feedback"] = plan.feedback_state_dict(model)
         return state
 
     def maybe_save(self, step: int, model, opt, sched) -> None:
@@ -130,9 +135,16 @@ class TrainingCheckpoints:
         saved = reader.read_metadata().state_dict_metadata
         same_world = sum(k.startswith("rng.rank") for k in saved) == self.world
         state = self._state(model, opt, sched, 0, rng=same_world)
+        if "feedback" in state:  # this layout's residuals, if the checkpoint has them
+            state["feedback"] = plan.feedback_state_dict(model, reader.read_metadata(),
+                                                         "feedback")
         dcp.load(state, storage_reader=reader)
         set_state_dict(model, opt, model_state_dict=state["model"],
                        optim_state_dict=state["optim"])
+        if "feedback" in state:
+            note = plan.set_feedback_state_dict(model, state["feedback"])
+            if note:
+                self.log(note, flush=True)
         sched.load_state_dict(state["train"]["sched"])
         if same_world:
             torch.set_rng_state(state["rng"][f"rank{self.rank}"])

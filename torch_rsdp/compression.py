@@ -157,7 +157,8 @@ class FeedbackAllReduce:
         """Issues the reduce-scatter; :meth:`wait` finishes the all-reduce into ``flat``."""
         n = flat.numel()
         shard = -(-n // self.world)
-        if self.residual is None or self.owner_residual.numel() != shard:
+        if (self.residual is None or self.owner_residual is None
+                or self.owner_residual.numel() != shard):
             self.residual = torch.zeros(residual_numel(shard, self.group))
             self.owner_residual = torch.zeros(shard)
         padded = flat if n == shard * self.world else torch.cat(

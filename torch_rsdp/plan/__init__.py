@@ -25,7 +25,9 @@ Strategies (names follow FSDP's ``ShardingStrategy``, lower case):
 ``dcp.load``) saves each rank's shards and reshards them on load under any plan and world size
 (:mod:`torch_rsdp._checkpoint_hooks`; :class:`CheckpointReader` checks a checkpoint's files
 first);
-:func:`report` shows what each unit costs on this rank.
+:func:`report` shows what each unit costs on this rank. A unit may send its cross-node
+traffic quantised (``"full_shard+int8"``; ``apply(..., compression=)`` for the whole model,
+:mod:`.compression`); :func:`feedback_state_dict` checkpoints its error feedback.
 
 :func:`auto` chooses the strategies itself: the fastest plan whose predicted peak memory per
 rank fits a budget, from costs measured here (or for a :class:`Cluster` we do not have).
@@ -47,6 +49,7 @@ from .accumulate import no_sync, set_gradient_sync
 from .apply import PlanState, apply, plan_state
 from .checkpoint import full_state_dict, load_full_state_dict
 from .checkpoint_reader import CheckpointReader, check_checkpoint_files
+from .feedback_state import feedback_state_dict, set_feedback_state_dict
 from .optim import OptimizerSharding, make_optimizer, optimizer_sharding
 from .planner import (AutoPlan, BudgetError, Cluster, auto, default_units, parse_budget,
                       plan_profile, predict)
@@ -77,6 +80,8 @@ __all__ = [
     "load_full_state_dict",
     "CheckpointReader",
     "check_checkpoint_files",
+    "feedback_state_dict",
+    "set_feedback_state_dict",
     "report",
     "PlanReport",
     "PlanState",
