@@ -165,6 +165,29 @@ def fam_auto(ctx, rec):
             assert big.prediction.peak_bytes <= e.smallest_feasible_bytes
         else:
             raise AssertionError("a 64-byte budget was accepted")
+    with rec.case("compression chosen where it pays"):
+        slow = plan.Cluster(nodes=64, ranks_per_node=8, intra_node_GBps=100,
+                            inter_node_GBps=0.5, quantize_GBps=100, dequantize_GBps=200)
+        fast = plan.Cluster(nodes=64, ranks_per_node=8, intra_node_GBps=100,
+                            inter_node_GBps=400)  # this machine's CPU kernels
+        exact = auto(model, _inputs(r), memory_budget="1GiB", topology=slow)
+        q = auto(model, _inputs(r), memory_budget="1GiB", topology=slow, allow_compression=True)
+        picked = {str(v) for v in q.mapping.values()} | {str(q.default)}
+        assert any("+int" in s for s in picked), q.explain()
+        assert not any("+" in str(v) for v in exact.mapping.values()), exact.explain()
+        assert q.prediction.step_time_s < exact.prediction.step_time_s, (q.explain(),
+                                                                          exact.explain())
+        assert "compression across nodes" in q.explain() and "saves" in q.explain()
+        f = auto(model, _inputs(r), memory_budget="1GiB", topology=fast, allow_compression=True)
+        assert not any("+" in str(v) for v in f.mapping.values()), f.explain()
+        assert "no faster" in f.explain(), f.explain()
+        # predicted for a compressed plan against the exact one, at 64 x 8
+        gain = (plan.predict(model, _inputs(r), "full_shard", topology=slow).step_time_s
+                / plan.predict(model, _inputs(r), "full_shard+int8", topology=slow).step_time_s)
+        assert gain > 1.0, gain  # a tiny model: compute is most of its step
+        # one node: nothing to compress, the candidates are the exact ones
+        here = auto(model, _inputs(r), memory_budget=budget, verify=0, allow_compression=True)
+        assert not any("+" in str(v) for v in here.mapping.values()), here.explain()
     with rec.case("bad input"):
         for kw, words in ((dict(optimizer="lion"), "optimizer rule"),
                           (dict(strategies=["zero3"]), "unknown strategy"),

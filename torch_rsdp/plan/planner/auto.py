@@ -27,7 +27,7 @@ from ..spec import Plan, block_patterns, parse_strategy, resolve
 from ..strategies.split_linear import is_splittable
 from ..units import build_units
 from .cluster import Cluster
-from .cost import DEFAULT_STRATEGIES, Links, applicable, unit_choices
+from .cost import DEFAULT_STRATEGIES, Links, applicable, unit_choices, with_compression
 from .explain import Prediction, UnitPrediction, explain
 from .profile import OPTIMIZER_STATE_FACTOR, UnitProfile, profile_model
 from .search import (BudgetError, Solution, peak_bytes, runner_up,
@@ -132,8 +132,8 @@ def _candidates(strategies) -> List[str]:
 
 
 def _costs(model, example_inputs, group, optimizer, strategies, units, topology, use_cache,
-           accumulation=1):
-    """(profile, links, [choices per unit]) for this model. Collective."""
+           accumulation=1, allow_compression=False):
+    """(profile, links, [choices per unit], candidates) for this model. Collective."""
     if optimizer not in OPTIMIZER_STATE_FACTOR:
         raise ValueError(f"torch_rsdp.plan.auto: unknown optimizer rule {optimizer!r}; "
                          f"one of {sorted(OPTIMIZER_STATE_FACTOR)}")
@@ -142,17 +142,20 @@ def _costs(model, example_inputs, group, optimizer, strategies, units, topology,
     names = _select_units(model, units)
     owned = _unit_bytes(model, names)
     here = Links(dist.get_world_size(group), len(meshes.nodes()), {})
-    timed = (lambda u: [str(s) for s in map(parse_strategy, cands)
-                        if applicable(u, s, here)])
+    # timed as the exact strategies: compression is priced from the links and kernels
+    timed = (lambda u: list(dict.fromkeys(str(s.exact) for s in map(parse_strategy, cands)
+                                          if applicable(u, s.exact, here))))
     prof = profile_model(model, example_inputs, owned, group=group, optimizer=optimizer,
                          meshes=meshes, use_cache=use_cache, strategies=timed)
     links = topology.links() if topology is not None else Links.measured(prof)
+    if allow_compression:
+        cands = with_compression(cands, links)
     if accumulation < 1:
         raise ValueError(f"torch_rsdp.plan.auto: accumulation must be >= 1, got {accumulation}")
     choices = [unit_choices(u, cands, links, optimizer, prof.optim_s_per_byte,
                             measured_ok=topology is None, accumulation=accumulation)
                for u in prof.units]
-    return prof, links, choices
+    return prof, links, choices, cands
 
 
 def _prediction(units, links, choices, picks, budget, topology, from_cache,
@@ -167,8 +170,21 @@ def _prediction(units, links, choices, picks, budget, topology, from_cache,
         pred.units.append(UnitPrediction(
             u.name, u.numel, c.strategy, c.resident_bytes + c.live_bytes, c.transient_bytes,
             c.time_s, *(None, None, None) if up is None else
-            (choices[i][up[0]].strategy, up[1], up[2])))
+            (choices[i][up[0]].strategy, up[1], up[2]), note=_compression_note(choices[i], c)))
     return pred
+
+
+def _compression_note(cs, c) -> str:
+    """Why the unit's traffic is, or is not, compressed (empty if it was no candidate)."""
+    if c.note:
+        return c.note
+    alts = [a for a in cs if a.strategy.startswith(f"{c.strategy}+")]
+    if not alts:
+        return ""
+    best = min(alts, key=lambda a: a.time_s)
+    why = ("no faster" if best.time_s >= c.time_s else
+           "faster, but it does not fit with the other units' choices")
+    return f"exact: {best.note} ({best.strategy} {why})"
 
 
 GRID_POINTS = 24
@@ -209,7 +225,7 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
          units: Union[None, Sequence[str], Callable[[str, nn.Module], bool]] = None,
          topology: Optional[Cluster] = None, use_cache: bool = True,
          headroom: float = 0.05, accumulation: int = 1, verify: int = 2,
-         verify_steps: int = 4) -> AutoPlan:
+         verify_steps: int = 4, allow_compression: bool = False) -> AutoPlan:
     """The fastest plan whose predicted peak per rank fits ``memory_budget``. Collective.
 
     Args:
@@ -234,6 +250,11 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
             ``explain()`` shows predicted against measured. 0: trust the cost model. Not
             done with ``topology`` (there is nothing to measure on).
         verify_steps: timed steps per candidate (over two rounds, plus a warm-up step each).
+        allow_compression: also consider, per unit, sending its cross-node traffic quantised
+            (``full_shard+int8``, ``no_shard+int4``, ...: :mod:`torch_rsdp.plan.compression`),
+            priced from the links' fits and the quantisation kernels' speed, residuals
+            counted as memory; ``explain()`` says where it was chosen and what it saves.
+            Only with more than one node; off by default, as it changes the numbers.
 
     Raises:
         BudgetError: (a ``ValueError``) no plan fits; it names the smallest budget that fits.
@@ -248,9 +269,9 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
                          f"{verify_steps!r}")
     local = (len(Meshes(group).nodes()[0]) if topology is None else topology.ranks_per_node)
     budget = parse_budget(memory_budget, local)
-    prof, links, choices = _costs(model, example_inputs, group, optimizer, strategies, units,
-                                  topology, use_cache, accumulation)
-    cands = _candidates(strategies)
+    prof, links, choices, cands = _costs(model, example_inputs, group, optimizer, strategies,
+                                         units, topology, use_cache, accumulation,
+                                         allow_compression)
     usable = int(budget * (1 - headroom))
     result: list = [None]
     if dist.get_rank(group) == 0:  # rank 0 decides; every rank applies the same plan
@@ -350,7 +371,7 @@ def predict(model: nn.Module, example_inputs, plan, *, group=None, optimizer: st
     example, that unit gathers all three at once, and its transient memory is priced so (its
     time is the sum of theirs, each timed alone)."""
     p = Plan.of(plan, model=model)
-    prof, links, _ = _costs(model, example_inputs, group, optimizer, None, units, topology,
+    prof, links, _, _ = _costs(model, example_inputs, group, optimizer, None, units, topology,
                             use_cache)
     merged, choices, picks = _price(model, prof, links, p, optimizer, topology)
     return _prediction(merged, links, choices, picks, 0, topology, prof.from_cache)
@@ -372,7 +393,7 @@ def _price(model, prof, links, p: Plan, optimizer, topology, accumulation=1):
                           measured_ok=topology is None, accumulation=accumulation)
         names = [c.strategy for c in cs]
         if want not in names:  # what apply does with a strategy the unit cannot use
-            want = s.handler.fallback(links)
+            want = str(s.exact) if str(s.exact) in names else s.handler.fallback(links)
         choices.append(cs)
         picks.append(names.index(want))
     return merged, choices, picks

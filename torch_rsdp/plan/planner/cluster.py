@@ -10,6 +10,9 @@ quote a prediction):
 
 * every rank computes as fast as a rank measured here (the per-unit forward/backward times and
   the optimizer's cost per byte are this machine's, at the example micro-batch);
+* compressed candidates (``allow_compression=True``) quantise at ``quantize_GBps`` and
+  dequantise at ``dequantize_GBps`` per rank (default: this machine's CPU kernels, far below
+  a GPU's, so the gain predicted for a GPU cluster is then a lower bound);
 * ``intra_node_GBps`` is what one rank moves to its node peers per second; ``inter_node_GBps``
   is one node's link per direction, shared by its ranks; ``latency_us`` is paid per
   sequential step of an algorithm;
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict
+from typing import Dict, Optional
 
 from .cost import Links
 from .profile import Fit
@@ -46,6 +49,10 @@ class Cluster:
     intra_node_GBps: float
     inter_node_GBps: float
     latency_us: float = 10.0
+    #: Quantisation kernels (float32 GB/s per rank) for compressed candidates
+    #: (``allow_compression``); None: as measured on this machine's CPU cores.
+    quantize_GBps: Optional[float] = None
+    dequantize_GBps: Optional[float] = None
 
     def __post_init__(self):
         for k in ("nodes", "ranks_per_node"):
@@ -54,6 +61,10 @@ class Cluster:
         for k in ("intra_node_GBps", "inter_node_GBps"):
             if not getattr(self, k) > 0:
                 raise ValueError(f"Cluster.{k} must be > 0, got {getattr(self, k)}")
+        for k in ("quantize_GBps", "dequantize_GBps"):
+            v = getattr(self, k)
+            if v is not None and not v > 0:
+                raise ValueError(f"Cluster.{k} must be > 0 (or None: measured here), got {v}")
 
     @property
     def world(self) -> int:
@@ -83,4 +94,6 @@ class Cluster:
             fits["all_gather@inter"] = _fit(lat * (N - 1), rail)
             fits["reduce_scatter@inter"] = fits["all_gather@inter"]
             fits["all_reduce@inter"] = _fit(2 * lat * (N - 1), 2 * rail)
-        return Links(self.world, N, fits)
+        q = 1 / (self.quantize_GBps * 1e9) if self.quantize_GBps else None
+        d = 1 / (self.dequantize_GBps * 1e9) if self.dequantize_GBps else None
+        return Links(self.world, N, fits, q, d)

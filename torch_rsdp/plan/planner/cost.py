@@ -55,18 +55,30 @@ added from its fit). For a :class:`~torch_rsdp.plan.Cluster` it is modelled: pla
 * rotate: 3 (W - 1) ring shifts of Pr / W (forward; backward weights and gradients) and an
   all-reduce of what stays replicated;
 * split:k: 2k all-gathers and k reduce-scatters of Pl / k, and an all-reduce of the rest.
+
+Compression (``full_shard+int8`` and the like, :mod:`..compression`; candidates only with
+``plan.auto(allow_compression=True)`` and more than one node) changes only what crosses
+nodes: each handler lists those collectives (``cross_node``: the rail's share ``P / L`` of
+every all-gather of weights, reduce-scatter or all-reduce of gradients) and
+:func:`compression_gain` prices each by its rail fit at the exact size and at the quantised
+one (int8: 0.252 of float32 with the scales; int4: 0.127; an all-reduce sends int8 back),
+less the quantisation kernels' time (measured here, or given to a ``Cluster``). The
+measured or modelled step time of the exact strategy minus that gain is the compressed
+strategy's; its error-feedback residuals (``feedback_bytes``: ``N`` regions of ``P / W`` for
+a sharded unit, one more for a replicated one) count as resident memory.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 from ..._grad_sync import DEFAULT_BUCKET_BYTES
 from ..spec import Strategy, parse_strategy
 from .profile import OPTIMIZER_STATE_FACTOR, Fit, Profile, UnitProfile
 from .search import Choice
 
-__all__ = ["Links", "unit_choices", "DEFAULT_STRATEGIES", "applicable"]
+__all__ = ["Links", "unit_choices", "DEFAULT_STRATEGIES", "applicable", "compression_gain",
+           "kernel_s_per_byte", "with_compression"]
 
 # Where the formulas live: each strategy's handler prices itself
 # (torch_rsdp/plan/strategies/*.py, ``cost``); the table above is their summary.
@@ -77,11 +89,22 @@ DEFAULT_STRATEGIES = ("no_shard", "shard_optim", "full_shard", "shard_grad_op", 
 
 @dataclass
 class Links:
-    """The group's shape and the time of each collective kind at each level."""
+    """The group's shape, the time of each collective kind at each level, and the
+    quantisation kernels' seconds per float32 byte (quantising, dequantising; measured on
+    this machine unless given)."""
 
     world: int
     nodes: int
     fits: Dict[str, Fit]
+    quantize_s_per_byte: Optional[float] = None
+    dequantize_s_per_byte: Optional[float] = None
+
+    def kernels(self) -> Tuple[float, float]:
+        if self.quantize_s_per_byte is None or self.dequantize_s_per_byte is None:
+            q, d = kernel_s_per_byte()
+            self.quantize_s_per_byte = self.quantize_s_per_byte or q
+            self.dequantize_s_per_byte = self.dequantize_s_per_byte or d
+        return self.quantize_s_per_byte, self.dequantize_s_per_byte
 
     @property
     def local(self) -> int:
@@ -100,8 +123,66 @@ class Links:
         return cls(prof.world, len(prof.nodes), prof.fits)
 
 
+_KERNELS: List[Tuple[float, float]] = []
+
+
+def kernel_s_per_byte() -> Tuple[float, float]:
+    """Seconds per float32 byte of this machine's int8 quantise and dequantise kernels (one
+    core, 16 MiB; measured once per process)."""
+    if not _KERNELS:
+        from ... import _C
+        n = 1 << 22
+        q, d = _C._quant_speed(n, "int8", 512)
+        _KERNELS.append((q / (4 * n), d / (4 * n)))
+    return _KERNELS[0]
+
+
+def compression_gain(strategy: Strategy, u: UnitProfile, links: Links) -> float:
+    """Seconds per step that ``strategy``'s compression (``full_shard+int8``) saves on ``u``
+    against the exact strategy: each cross-node collective (:meth:`cross_node`) priced by
+    its rail fit at the exact and at the quantised size, less the kernels' time to quantise
+    what is sent and dequantise what arrives. Negative when the kernels cost more than the
+    link saves (fast links)."""
+    if not strategy.compress or links.nodes < 2:
+        return 0.0
+    from ..compression import WIRE_RATIO, parse
+    c = parse(strategy.compress)
+    q, d = links.kernels()
+    N, gain = links.nodes, 0.0
+    for kind, nbytes, what in strategy.handler.cross_node(u, links):
+        fmt = c["weights"] if what == "weights" else c["grads"]
+        if fmt == "none" or nbytes <= 0:
+            continue
+        if kind == "all_reduce":  # a reduce-scatter in fmt, then an all-gather in int8
+            ratio = (WIRE_RATIO[fmt] + WIRE_RATIO["int8"]) / 2
+            kernels = 2 * (q + d) * nbytes * (1 + 1 / N) / 2
+        elif kind == "all_gather":  # quantise one's own share, dequantise everyone's
+            ratio, kernels = WIRE_RATIO[fmt], q * nbytes / N + d * nbytes
+        else:  # reduce-scatter: quantise the node's partial sums, dequantise what arrives
+            ratio, kernels = WIRE_RATIO[fmt], q * nbytes + d * nbytes / N
+        gain += (links.t(kind, nbytes, "inter") - links.t(kind, nbytes * ratio, "inter")
+                 - kernels)
+    return gain
+
+
+def with_compression(strategies: List[str], links: Links) -> List[str]:
+    """``strategies`` and, for each that can compress, its ``+int8`` and ``+int4`` forms
+    (only when the traffic crosses nodes)."""
+    out = list(strategies)
+    if links.nodes < 2:
+        return out
+    for name in strategies:
+        s = parse_strategy(name)
+        if s.handler.compressible and not s.compress:
+            out += [f"{s}+int8", f"{s}+int4"]
+    return list(dict.fromkeys(out))
+
+
 def applicable(u: UnitProfile, strategy: Strategy, links: Links) -> bool:
-    """Whether the planner may choose ``strategy`` for ``u`` (its handler says)."""
+    """Whether the planner may choose ``strategy`` for ``u`` (its handler says; compression
+    only where traffic crosses nodes)."""
+    if strategy.compress and links.nodes < 2:
+        return False
     return strategy.handler.applicable(u, links)
 
 
@@ -132,10 +213,17 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
         compute, comm = u.fwd_s + u.bwd_s, c.comm_s
         if links.world == 1:
             comm = 0.0
-        measured = u.strategy_s.get(str(s)) if measured_ok else None
+        measured = u.strategy_s.get(str(s.exact)) if measured_ok else None
         if measured is not None:  # forward + backward with the strategy, timed here
             compute, comm = measured, c.after_step_comm_s
-        time_s = compute + comm + optim_s_per_byte * c.stepped
+        gain = compression_gain(s, u, links)
+        time_s = compute + comm - gain + optim_s_per_byte * c.stepped
+        note = ""
+        if s.compress:  # its residuals are held all step
+            fb = s.handler.feedback_bytes(u, links)
+            c.state += fb
+            note = (f"{s.compress} saves {gain * 1e3:,.1f} ms/step across nodes"
+                    + (f", keeps {fb / 2**20:,.1f} MiB of residuals" if fb else ""))
         grads, act = c.grads, c.live
         if accumulation == 1:
             # Gradients appear as backward frees the activations (zero_grad(set_to_none)
@@ -145,5 +233,5 @@ def unit_choices(u: UnitProfile, strategies: List[str], links: Links, optimizer:
             resident, live = c.state + c.grads + c.accumulation_bytes, c.live
             grads = 0
         out.append(Choice(str(s), time_s, int(resident), int(live), int(c.transient),
-                          int(act), int(grads), int(c.step_bytes)))
+                          int(act), int(grads), int(c.step_bytes), note))
     return out

@@ -22,6 +22,7 @@ class UnitPrediction:
     runner_up: Optional[str] = None
     runner_up_time_s: Optional[float] = None   # the whole step's, with the runner-up here
     runner_up_peak_bytes: Optional[int] = None
+    note: str = ""             # why its traffic is, or is not, compressed
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Prediction:
 
 
 def explain(pred: Prediction) -> str:
-    hdr = (f"{'unit':<28} {'params':>12} {'strategy':<14} {'mem MiB':>9} {'peak+ MiB':>9} "
+    hdr = (f"{'unit':<28} {'params':>12} {'strategy':<19} {'mem MiB':>9} {'peak+ MiB':>9} "
            f"{'time ms':>9}  runner-up (step ms, peak MiB)")
     lines = [f"plan for {pred.world} ranks on {pred.nodes} node(s), {pred.topology}"
              + (" (profile from cache)" if pred.from_cache else ""), hdr, "-" * len(hdr)]
@@ -47,7 +48,7 @@ def explain(pred: Prediction) -> str:
         if u.runner_up is not None:
             ru = (f"{u.runner_up} ({u.runner_up_time_s * 1e3:,.1f}, "
                   f"{_mib(u.runner_up_peak_bytes)})")
-        lines.append(f"{(u.name or '<root>')[:28]:<28} {u.numel:>12,} {u.strategy:<14} "
+        lines.append(f"{(u.name or '<root>')[:28]:<28} {u.numel:>12,} {u.strategy:<19} "
                      f"{_mib(u.resident_bytes):>9} {_mib(u.transient_bytes):>9} "
                      f"{u.time_s * 1e3:>9.1f}  {ru}")
     unused = pred.budget_bytes - pred.peak_bytes
@@ -59,6 +60,11 @@ def explain(pred: Prediction) -> str:
               "(activations); peak+ = extra while the unit computes (gathered weights, "
               "buffers, temporaries); the runner-up is the best other strategy for that unit "
               "that fits with every other choice kept."]
+    notes = [u for u in pred.units if u.note]
+    if notes:
+        lines += ["", "compression across nodes (link time saved by the rail fits, less the "
+                      "quantisation kernels; residuals kept for error feedback):"]
+        lines += [f"  {(u.name or '<root>')[:28]:<28} {u.note}" for u in notes]
     if pred.checks:
         lines += ["", "checked in place (a few training steps of each on a copy of the model: "
                       "slowest rank's median; peak per rank by torch's MemTracker; the fastest "

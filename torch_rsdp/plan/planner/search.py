@@ -54,6 +54,7 @@ class Choice:
     act_bytes: int = -1
     grad_bytes: int = 0
     step_bytes: int = 0
+    note: str = ""           # why it costs what it does, for explain() (compression)
 
     @property
     def weight(self) -> int:

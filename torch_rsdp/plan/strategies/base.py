@@ -160,6 +160,17 @@ class StrategyHandler(abc.ABC):
         state per parameter byte; ``bucket``: the gradient bucket of replicated
         parameters)."""
 
+    def cross_node(self, u: "UnitProfile", links: "Links") -> List[Tuple[str, float, str]]:
+        """What the strategy sends across nodes per step that compression could shrink:
+        ``(collective kind, bytes as its rail's fit prices them, "weights" or "grads")``,
+        for the planner's price of ``<kind>+int8`` (:func:`..planner.cost.compression_gain`).
+        """
+        return []
+
+    def feedback_bytes(self, u: "UnitProfile", links: "Links") -> float:
+        """The error-feedback residuals one rank keeps for the unit under compression."""
+        return 0.0
+
     def fallback(self, links: "Links") -> str:
         """What :func:`~torch_rsdp.plan.apply` gives a unit this strategy cannot serve."""
         return "no_shard"

@@ -54,6 +54,19 @@ class _FSDP(StrategyHandler):
                        if not any(p is q for q in ignored)}
         return []
 
+    #: All-gathers of the weights per step (forward, and backward after a reshard).
+    gathers = 2
+
+    def cross_node(self, u, links):
+        # a rail moves a node's share P / L of the unit (the rest stays in the node)
+        rail = u.param_bytes / links.local
+        return ([("all_gather", rail, "weights")] * self.gathers
+                + [("reduce_scatter", rail, "grads")])
+
+    def feedback_bytes(self, u, links):
+        # FeedbackReduceScatter: one float32 region of the output (P / W) per node
+        return 4 * u.numel / links.world * links.nodes
+
     def set_gradient_sync(self, unit: Unit, enabled: bool) -> None:
         if isinstance(unit.module, FSDPModule):
             unit.module.set_requires_gradient_sync(enabled, recurse=False)
@@ -87,6 +100,7 @@ class FullShard(_FSDP):
 class ShardGradOp(_FSDP):
     kind = "shard_grad_op"
     reshard_after_forward = False
+    gathers = 1
 
     def cost(self, u, links, f, bucket) -> Cost:
         P, W, t = u.param_bytes, links.world, links.t
@@ -105,6 +119,12 @@ class HybridShard(_FSDP):
 
     def mesh(self, ctx: ApplyContext, compression=None):
         return ctx.meshes.hybrid(compression)
+
+    def cross_node(self, u, links):
+        return [("all_reduce", u.param_bytes / links.local, "grads")]
+
+    def feedback_bytes(self, u, links):
+        return 0.0
 
     def applicable(self, u, links) -> bool:
         return u.param_bytes > 0 and links.nodes > 1

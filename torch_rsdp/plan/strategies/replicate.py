@@ -31,6 +31,13 @@ class NoShard(StrategyHandler):
     def applicable(self, u, links) -> bool:
         return True  # also a unit without parameters
 
+    def cross_node(self, u, links):
+        return [("all_reduce", u.param_bytes / links.local, "grads")]
+
+    def feedback_bytes(self, u, links):
+        # FeedbackAllReduce: the reduce-scatter's (nodes x P / W) and the owner's (P / W)
+        return 4 * u.numel / links.world * (links.nodes + 1)
+
     def cost(self, u, links, f, bucket) -> Cost:
         P = u.param_bytes
         return Cost(state=(1 + f) * P, grads=P, live=u.act_bytes,
