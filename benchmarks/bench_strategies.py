@@ -109,10 +109,7 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
                                                                   plan_json["default"])
     model = plan.apply(model, spec, compression=compression)
     opt = tm.make_optimizer(model, lr)
-    meshes = plan.plan_state(model).meshes
-    groups = [None]
-    if meshes is not None and meshes._hybrid is not None and meshes._hybrid is not meshes._flat:
-        groups += [meshes._hybrid.get_group("shard"), meshes._hybrid.get_group("replicate")]
+    groups = plan.plan_state(model).meshes.groups()  # compressed units have groups of their own
 
     def batch(step):
         # repeat > 0: the same `repeat` batches in turn, which the model can learn (a loss

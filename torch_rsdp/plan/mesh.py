@@ -47,6 +47,24 @@ class Meshes:
         self._nodes: Optional[List[List[int]]] = None
         self._compressed: Dict[tuple, dict] = {}  # setting -> {"group", "flat", "hybrid"}
 
+    def groups(self) -> List[dist.ProcessGroup]:
+        """Every process group built so far (the plan's own first): for
+        ``torch_rsdp.comm_stats`` over all the traffic a plan sends."""
+        out = [self.group]
+        meshes = [self._hybrid] + [slot.get(k) for slot in self._compressed.values()
+                                   for k in ("flat", "hybrid")]
+        for slot in self._compressed.values():
+            out.append(slot.get("group"))
+        for m in meshes:
+            if m is not None and m.ndim == 2:
+                out += [m.get_group("shard"), m.get_group("replicate")]
+        seen, uniq = set(), []
+        for g in out:
+            if g is not None and id(g) not in seen:
+                seen.add(id(g))
+                uniq.append(g)
+        return uniq
+
     def compresses(self, c: Optional[dict]) -> bool:
         """Whether setting ``c`` changes anything here (only traffic across nodes is
         compressed: on one node every group is exact)."""
