@@ -85,8 +85,12 @@ class Meshes:
             ranks = [dist.get_global_rank(self.group, r)
                      for r in range(dist.get_world_size(self.group))]
             g = dist.new_group(ranks, use_local_synchronization=True)
-            set_compression(g, all_gather=c["weights"], reduce_scatter=c["grads"],
-                            all_reduce=c["grads"], block=c["block"])
+            try:
+                set_compression(g, all_gather=c["weights"], reduce_scatter=c["grads"],
+                                all_reduce=c["grads"], block=c["block"])
+            except TypeError as e:
+                raise ValueError(f"torch_rsdp.plan: compression needs a group on the rsdp "
+                                 f"backend ({e})") from None
             slot["group"] = g
         return slot["group"]
 
