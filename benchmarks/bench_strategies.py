@@ -3,7 +3,8 @@
 
 For each plan (by default every strategy alone, one unit per block, and a mix of all seven)
 and each setting, it trains the training benchmark's TransformerLM (``--small`` config unless
-given) with Adam over the rsdp backend and reports:
+given; ``--model llama-chess``: a Hugging Face Llama on the main job's chess games) with Adam
+over the rsdp backend and reports:
 
 * tokens/s: global tokens per step / median step time (the slowest rank's), after warm-up;
 * peak memory per rank (max over ranks), from ``training_models.ParamMemoryTracker`` during
@@ -90,6 +91,29 @@ def plan_of(spec: str):
     return spec, spec
 
 
+def chess_data():
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import chess_data as cd
+    return cd
+
+
+def build_model(cfg):
+    """The benchmark's model: the training benchmark's TransformerLM, or (``llama-chess``) a
+    Hugging Face Llama on the main job's chess games (GQA, untied head)."""
+    if cfg["model"] == "transformerlm":
+        import training_models as tm
+        return tm.TransformerLM(cfg["vocab"], cfg["d_model"], cfg["ffn"], cfg["heads"],
+                                cfg["layers"], cfg["seq"])
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cd = chess_data()
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=cd.ChessMoves.vocab_size, hidden_size=cfg["d_model"],
+        intermediate_size=cfg["ffn"], num_hidden_layers=cfg["layers"],
+        num_attention_heads=cfg["heads"], num_key_value_heads=max(1, cfg["heads"] // 2),
+        max_position_embeddings=cfg["seq"], tie_word_embeddings=False, use_cache=False,
+        pad_token_id=cd.PAD))
+
+
 def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=None,
                  repeat=0):
     """One plan on every rank; returns rank 0's summary (other ranks: None)."""
@@ -103,24 +127,35 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
     torch.set_num_threads(threads)
     W, r = ctx.world_size, ctx.rank
     torch.manual_seed(0)
-    model = tm.TransformerLM(cfg["vocab"], cfg["d_model"], cfg["ffn"], cfg["heads"],
-                             cfg["layers"], cfg["seq"])
+    model = build_model(cfg)
     spec = plan_json if isinstance(plan_json, str) else plan.Plan(plan_json["mapping"],
                                                                   plan_json["default"])
     model = plan.apply(model, spec, compression=compression)
     opt = tm.make_optimizer(model, lr)
     groups = plan.plan_state(model).meshes.groups()  # compressed units have groups of their own
 
+    chess = chess_data().ChessMoves(seq_len=cfg["seq"]) if cfg["model"] == "llama-chess" else None
+
     def batch(step):
         # repeat > 0: the same `repeat` batches in turn, which the model can learn (a loss
-        # curve that falls); else fresh random tokens every step
-        g = torch.Generator().manual_seed(step % repeat if repeat else step)
+        # curve that falls); else fresh random tokens (fresh games) every step
+        s = step % repeat if repeat else step
+        if chess is not None:
+            first = (s * W + r) * cfg["batch"]
+            return chess.batch(range(first, first + cfg["batch"]))
+        g = torch.Generator().manual_seed(s)
         toks = torch.randint(0, cfg["vocab"], (W * cfg["batch"], cfg["seq"] + 1), generator=g)
-        return toks[r * cfg["batch"]:(r + 1) * cfg["batch"]]
+        toks = toks[r * cfg["batch"]:(r + 1) * cfg["batch"]]
+        return toks[:, :-1], toks[:, 1:]
 
     def step(i):
-        toks = batch(i)
-        loss = tm.lm_loss(model(toks[:, :-1]), toks[:, 1:])
+        x, y = batch(i)
+        if chess is not None:
+            logits = model(input_ids=x).logits
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(),
+                                                     ignore_index=-100)
+        else:
+            loss = tm.lm_loss(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -222,7 +257,8 @@ TARGET_COMPRESSED_SPEEDUP = 1.6
 
 def markdown(rows, info, chk):
     from training_models import fmt_bytes as fb, md_table
-    lines = [f"## Strategies: TransformerLM {info['config']}, {info['params'] / 1e6:.2f} M "
+    name = {"transformerlm": "TransformerLM", "llama-chess": "LlamaForCausalLM (chess games)"}
+    lines = [f"## Strategies: {name[info['config']['model']]} {info['config']}, {info['params'] / 1e6:.2f} M "
              f"parameters, Adam, rsdp backend", "",
              f"{info['steps']} timed steps after {info['warmup']} warm-up, {info['threads']} "
              f"thread(s) per rank on {info['cores']} cores; 2x2 = {info['link']}; "
@@ -293,6 +329,9 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--layers", type=int, default=SMALL["layers"])
     p.add_argument("--d-model", type=int, default=SMALL["d_model"])
+    p.add_argument("--model", default="transformerlm", choices=["transformerlm", "llama-chess"],
+                   help="llama-chess: a Hugging Face Llama on the main job's chess games "
+                        "(fresh games every step unless --repeat-batches)")
     p.add_argument("--deadline", type=float, default=600)
     p.add_argument("--lr", type=float, default=1e-4, help="Adam's learning rate")
     p.add_argument("--repeat-batches", type=int, default=0,
@@ -305,7 +344,9 @@ def main(argv=None) -> int:
     if args.quick:
         args.plans, args.settings, args.steps, args.warmup, args.layers = (
             "full_shard,hybrid_shard", "2x2", 1, 1, 2)
-    args.config = dict(SMALL, layers=args.layers, d_model=args.d_model)
+    args.config = dict(SMALL, layers=args.layers, d_model=args.d_model, model=args.model)
+    if args.model == "llama-chess":
+        args.config.update(seq=64, vocab=chess_data().ChessMoves.vocab_size)
     plans = [s.strip() for s in args.plans.split(",") if s.strip()]
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     bad = [s for s in settings if s not in SETTINGS]
@@ -324,9 +365,7 @@ def main(argv=None) -> int:
         else:
             plan.Plan(pl["mapping"], pl["default"])
     with torch.device("meta"):
-        c = args.config
-        n_params = tm.count_params(tm.TransformerLM(c["vocab"], c["d_model"], c["ffn"],
-                                                    c["heads"], c["layers"], c["seq"]))
+        n_params = tm.count_params(build_model(args.config))
     netns.cleanup_stale()
     info = {"config": args.config, "params": n_params, "steps": args.steps,
             "warmup": args.warmup, "threads": args.threads, "cores": os.cpu_count(),
