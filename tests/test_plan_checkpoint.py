@@ -213,3 +213,46 @@ def test_checkpoint_bad_input(tmp_path):
             err, changed = res[r][case]
             assert err is not None and needle in err, (r, case, (err or "")[-600:])
             assert not changed, (r, case, changed)
+
+
+def async_worker(ctx, root):
+    """``dcp.async_save`` with ``plan.CopyOnceStager``: training goes on (weights and
+    optimizer state change in place) while the checkpoint is written; what was written is the
+    state at the call, and resuming from it continues as the run that never stopped."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    import torch_rsdp.plan as plan
+    import torch.distributed as dist
+    r, W = ctx.rank, ctx.world_size
+    # DCP plans the save with collectives from its background thread: on a group of their
+    # own, so they never interleave with training's
+    ckpt_group = dist.new_group()
+    out = {}
+    for name in ("rotate", "mix", "shard_optim"):
+        path = os.path.join(root, name)
+        model, opt = _build(name, 0)
+        _steps(model, opt, r, W, 0, 2)
+        msd, osd = get_state_dict(model, opt)
+        fut = dcp.async_save({"model": msd, "optim": osd}, checkpoint_id=path,
+                             async_stager=plan.CopyOnceStager(), process_group=ckpt_group)
+        _steps(model, opt, r, W, 2, 5)  # while it writes
+        fut.result()
+        want = _full(model)
+        model, opt = _build(name, 1)
+        msd, osd = get_state_dict(model, opt)
+        state = {"model": msd, "optim": osd}
+        dcp.load(state, storage_reader=plan.CheckpointReader(path))
+        set_state_dict(model, opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])
+        _steps(model, opt, r, W, 2, 5)
+        got = _full(model)
+        out[name] = max((got[k] - want[k]).abs().max().item() for k in want)
+    return out
+
+
+def test_async_save_copies_once(tmp_path):
+    res = launch(async_worker, 2, (str(tmp_path),), deadline=400, pg_timeout=120)
+    for r in (0, 1):
+        for name, diff in res[r].items():
+            assert diff <= TOL, f"rank {r}, {name}: resumed from the async save, off by {diff}"

@@ -38,12 +38,16 @@ load that fails halfway (a missing or truncated file) leaves both as they were. 
 also meet a limit of ``async_save``'s staging: a DTensor over a view at a non-zero offset
 inherits that offset, and staging takes the wrapper for a tensor with storage of its own.)
 
+The copies are recorded (:func:`is_private_copy`): :class:`torch_rsdp.plan.CopyOnceStager`
+lets ``dcp.async_save`` take them as its staged state dict instead of copying them again.
+
 A layout that is not one ``torch.chunk`` piece per rank (``nn.MultiheadAttention``'s heads)
 raises when a state dict is taken, naming the key: ``plan.full_state_dict`` still serves it.
 """
 from __future__ import annotations
 
 import contextlib
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
@@ -54,7 +58,32 @@ from torch.distributed.tensor import DTensor, Shard
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 __all__ = ["ShardLayout", "install", "hook_optimizer", "raw_state_dict", "layout_of",
-           "state_keys", "STATE_KEY"]
+           "state_keys", "STATE_KEY", "is_private_copy"]
+
+#: The copies the hooks made for state dicts ([Note: copies]), while they live: id -> weak
+#: reference (a WeakSet would compare tensors by value).
+_PRIVATE: Dict[int, "weakref.ref[torch.Tensor]"] = {}
+
+
+def _record(c: torch.Tensor) -> torch.Tensor:
+    key = id(c)
+    _PRIVATE[key] = weakref.ref(c, lambda _r, key=key: _PRIVATE.pop(key, None))
+    return c
+
+
+def _private(t: torch.Tensor) -> torch.Tensor:
+    """A copy of ``t`` that nothing else holds, recorded as such."""
+    return _record(t.detach().clone(memory_format=torch.contiguous_format))
+
+
+def is_private_copy(t: torch.Tensor) -> bool:
+    """Whether ``t`` (or a DTensor's local tensor) is a copy these hooks made for a state
+    dict, which training never writes to."""
+    for x in ((t, t._local_tensor) if isinstance(t, DTensor) else (t,)):
+        ref = _PRIVATE.get(id(x))
+        if ref is not None and ref() is x:
+            return True
+    return False
 
 
 @dataclass
@@ -76,10 +105,14 @@ class ShardLayout:
             raise ValueError(self.error)
         shape = torch.Size(self.shape)
         local = local.detach()
-        if copy or local.storage_offset() or local.numel() == 0:
-            local = local.clone(memory_format=torch.contiguous_format)
-        return DTensor.from_local(local, self.mesh, [Shard(self.dim)], run_check=False,
-                                  shape=shape, stride=_contiguous_strides(shape))
+        private = copy or local.storage_offset() or local.numel() == 0
+        if private:
+            local = _private(local)
+        out = DTensor.from_local(local, self.mesh, [Shard(self.dim)], run_check=False,
+                                 shape=shape, stride=_contiguous_strides(shape))
+        if private:  # from_local wraps a view of the copy: as private as the copy
+            _record(out._local_tensor)
+        return out
 
     def take(self, value, what: str) -> torch.Tensor:
         """This rank's part of ``value`` (a DTensor, the whole tensor, or this rank's part)."""
@@ -181,7 +214,7 @@ def install(model: nn.Module, keys, layout: LayoutFn, mesh_fn,
             if lay is not None:
                 state_dict[full_key] = lay.present(value)
             elif isinstance(value, torch.Tensor):  # [Note: copies]
-                state_dict[full_key] = value.detach().clone()
+                state_dict[full_key] = _private(value)
 
     def on_load(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
         if _RAW[0]:
@@ -225,7 +258,7 @@ def _convert_state(opt: torch.optim.Optimizer, state_dict: dict, convert,
 def _present(lay: Optional[ShardLayout], name: str, v: torch.Tensor):
     if lay is not None and tuple(v.shape) == lay.local_shape:
         return lay.present(v)
-    return v.detach().clone()  # [Note: copies]
+    return _private(v)  # [Note: copies]
 
 
 def _check_owned(opt: torch.optim.Optimizer, state_dict: dict) -> None:

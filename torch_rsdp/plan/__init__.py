@@ -55,6 +55,7 @@ from .planner import (AutoPlan, BudgetError, Cluster, auto, default_units, parse
                       plan_profile, predict)
 from .report import PlanReport, report
 from .spec import STRATEGIES, Plan, Strategy, parse_strategy, resolve
+from .staging import CopyOnceStager
 
 __all__ = [
     "apply",
@@ -80,6 +81,7 @@ __all__ = [
     "load_full_state_dict",
     "CheckpointReader",
     "check_checkpoint_files",
+    "CopyOnceStager",
     "feedback_state_dict",
     "set_feedback_state_dict",
     "report",
