@@ -6,7 +6,11 @@ already hold copies that training never writes to (:mod:`torch_rsdp._checkpoint_
 [Note: copies]); :class:`CopyOnceStager` takes those as they are and copies only the rest (a
 0-dim optimizer ``step``, anything else the caller added)::
 
-    future = dcp.async_save(state, checkpoint_id=path, async_stager=plan.CopyOnceStager())
+    ckpt_group = dist.new_group()  # once: DCP's background thread plans over collectives
+    future = dcp.async_save(state, checkpoint_id=path, async_stager=plan.CopyOnceStager(),
+                            process_group=ckpt_group)
+    ...  # training goes on
+    future.result()
 """
 from __future__ import annotations
 
