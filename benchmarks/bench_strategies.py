@@ -296,7 +296,7 @@ def plot(rows, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     settings = list(dict.fromkeys(r["setting"] for r in rows))
-    fig, axes = plt.subplots(len(settings), 2, figsize=(13, 3.8 * len(settings)), squeeze=False)
+    fig, axes = plt.subplots(len(settings), 3, figsize=(19, 3.8 * len(settings)), squeeze=False)
     for i, s in enumerate(settings):
         sub = [r for r in rows if r["setting"] == s and "error" not in r]
         labels = [r["plan"] for r in sub]
@@ -311,8 +311,15 @@ def plot(rows, path):
         axes[i][1].set_ylabel("MiB per rank (lower is better)")
         axes[i][1].set_title(f"{s}: peak memory")
         axes[i][1].legend(fontsize=7)
-        for ax in axes[i]:
+        for ax in axes[i][:2]:
             ax.tick_params(axis="x", labelrotation=30, labelsize=8)
+        for r in sub:  # every step's loss, warm-up included (compressed against fp32)
+            axes[i][2].plot(range(len(r["losses"])), r["losses"], label=r["plan"],
+                            lw=1.8 if "+" not in r["plan"] else 1.0)
+        axes[i][2].set_xlabel("step")
+        axes[i][2].set_ylabel("training loss")
+        axes[i][2].set_title(f"{s}: loss curves (same batches)")
+        axes[i][2].legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
