@@ -148,7 +148,7 @@ def _measure_all(ctx, cfg, specs, rounds, steps, warmup, seq, batch):
 
 
 def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, uniform, one_node,
-                 rounds):
+                 rounds, allow_compression=False):
     import torch
 
     import torch_rsdp.plan as plan
@@ -165,8 +165,10 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
     budgets = [int(tightest + (loose - tightest) * i / (budgets_n - 1)) for i in range(budgets_n)]
     rows, specs = [], []
     for s in uniform:
-        if s == "hybrid_shard" and one_node:
+        if s.startswith("hybrid_shard") and one_node:
             continue  # on one node hybrid_shard is full_shard
+        if "+" in s and one_node:
+            continue  # on one node compression changes nothing
         pred = plan.predict(model, example, plan.Plan.uniform(model, s))
         rows.append({"kind": "uniform", "plan": s, "pred_step_s": pred.step_time_s,
                      "pred_peak_bytes": pred.peak_bytes})
@@ -178,7 +180,7 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
     specs.append(again)
     for b in budgets:
         ctx.set_progress(f"auto at {b} bytes")
-        p = plan.auto(model, example, memory_budget=b)
+        p = plan.auto(model, example, memory_budget=b, allow_compression=allow_compression)
         rows.append({"kind": "auto", "budget_bytes": b, "plan": p.to_dict(),
                      "pred_step_s": p.prediction.step_time_s,
                      "pred_peak_bytes": p.prediction.peak_bytes, "explain": p.explain()})
@@ -213,7 +215,7 @@ def run(setting, args, nodes, rate_Bps):
         res = launch(bench_worker, len(node_of),
                      (args.model, args.budgets, args.steps, args.warmup, args.seq, args.batch,
                       rate_Bps if setting == "2x2" else None, args.uniform, setting != "2x2",
-                      args.rounds or ROUNDS[setting]),
+                      args.rounds or ROUNDS[setting], args.allow_compression),
                      node_of=node_of if setting == "2x2" else None,
                      netns=nodes if setting == "2x2" else None,
                      env={"OMP_NUM_THREADS": "1", "RSDP_SPIN_US": "0",
@@ -427,8 +429,14 @@ def main(argv=None) -> int:
     p.add_argument("--deadline", type=float, default=3600)
     p.add_argument("--quick", action="store_true", help="smoke test: tiny model, 1x4, 3 budgets")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--allow-compression", action="store_true",
+                   help="plan.auto(allow_compression=True); add compressed strategies "
+                        "(full_shard+int8, ...) to --uniform to race them too")
+    p.add_argument("--uniform", default=",".join(UNIFORM),
+                   help="the uniform strategies to measure (default: every one)")
     args = p.parse_args(argv)
-    args.model, args.uniform = dict(MODEL), list(UNIFORM)
+    args.model = dict(MODEL)
+    args.uniform = [s.strip() for s in args.uniform.split(",") if s.strip()]
     if args.quick:
         args.model, args.settings, args.budgets, args.steps = QUICK_MODEL, "1x4", 3, 1
         args.rounds = 1
