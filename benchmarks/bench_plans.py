@@ -112,7 +112,8 @@ def _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory):
     if not memory:
         return times, 0
     mt = MemTracker()
-    mt.track_external(model, opt)
+    # error-feedback residuals (compressed plans) are held all along, made before this step
+    mt.track_external(model, opt, *plan.feedback_state_dict(model).values())
     with mt:
         step(warmup + steps)
     return times, max(v.get("Total", 0) for v in mt.get_tracker_snapshot("peak").values())

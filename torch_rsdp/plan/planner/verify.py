@@ -100,8 +100,10 @@ def _time_one(model: nn.Module, plan, args, kwargs, group, optimizer: str, steps
     peak = 0
     if memory:
         from torch.distributed._tools.mem_tracker import MemTracker
+        from ..feedback_state import feedback_state_dict
         mt = MemTracker()
-        mt.track_external(trial, opt)
+        # error-feedback residuals: held all along, made outside the tracked step
+        mt.track_external(trial, opt, *feedback_state_dict(trial).values())
         with mt:
             _step(trial, args, kwargs, opt, accumulation)
         peak = max(v.get("Total", 0) for v in mt.get_tracker_snapshot("peak").values())
