@@ -4,8 +4,9 @@ The kernels alone (hypothesis): every element within half a step of its block's 
 and ±Inf exact, odd sizes, bfloat16 and float16. Then on 2 emulated nodes x 2 ranks: int8
 all-gather, int8/int4 reduce-scatter and all-reduce within the stated error of the exact
 result, identical on every rank where they must be, a quarter of the bytes across nodes;
-exact fallbacks (integers, MAX, a single node) bit for bit; a rank that did not set the same
-compression raises a mismatch on every rank.
+exact fallbacks (integers, MAX, a single node) bit for bit; ring shifts quantised on their
+cross-node hops only; a rank that did not set the same compression raises a mismatch on every
+rank.
 """
 from __future__ import annotations
 
@@ -188,6 +189,77 @@ def test_compressed_collectives_on_two_nodes():
               f"all-reduce error {o['ar_err_over_bound']:.2f} of its bound")
 
 
+def _ring_shifts(ctx, steps):
+    """ring_shift / ring_shift_reduce with the cross-node hops compressed: exact inside a
+    node, within the block bound across, a quarter of the bytes, error feedback on the
+    boundary ranks only."""
+    import torch_rsdp
+    from torch_rsdp.ring import ring_neighbours, ring_shift, ring_shift_reduce
+    r, W = ctx.rank, ctx.world_size
+    node = [q // 2 for q in range(W)]
+    to, frm = ring_neighbours(None, 1)
+    n = 100_003
+    out = {"remote_send": node[to] != node[r], "remote_recv": node[frm] != node[r]}
+    x = _inputs(r, n, torch.float32)
+    torch_rsdp.reset_comm_stats()
+    exact = ring_shift(x)
+    out["exact_bytes"] = torch_rsdp.comm_stats()["inter_node_bytes"]
+    assert torch.equal(exact, _inputs(frm, n, torch.float32))
+    torch_rsdp.set_compression(ring_shift="int8", ring_shift_reduce="int4")
+    for dtype in (torch.float32, torch.bfloat16):
+        x = _inputs(r, n, dtype)
+        want = _inputs(frm, n, dtype)
+        torch_rsdp.reset_comm_stats()
+        y = x.clone()
+        ring_shift(y, out=y)  # in place
+        out[f"bytes {dtype}"] = torch_rsdp.comm_stats()["inter_node_bytes"]
+        err = (y.float() - want.float()).abs()
+        bound = want.float().abs().max() / (2 * 126) * (1 + 1e-5) + want.float().abs() * 2 ** -7
+        out[f"shift {dtype}"] = (bool(torch.equal(y, want)), bool((err <= bound).all()))
+    # shift-reduce: the same partial sum sent `steps` times, with and without feedback
+    x = _inputs(r, n, torch.float32, seed=5)
+    local = _inputs(r, n, torch.float32, seed=6)
+    exact = _inputs(frm, n, torch.float32, seed=5) + local
+    for mode in ("plain", "feedback"):
+        residual = torch.zeros(n) if mode == "feedback" else None
+        total = torch.zeros(n)
+        for _ in range(steps):
+            total += ring_shift_reduce(x, local, residual=residual)
+        out[mode] = (total / steps - exact).abs().max().item()
+        if residual is not None:
+            out["residual"] = residual.abs().max().item()
+    with pytest.raises(ValueError, match="ring_shift"):
+        torch_rsdp.set_compression(ring_shift="int4")
+    torch_rsdp.set_compression()
+    return out
+
+
+@pytest.mark.slow
+def test_compressed_ring_shifts_on_two_nodes():
+    res = launch(_ring_shifts, 4, (16,), node_of=NODES, deadline=120)
+    for r in range(4):
+        o = res[r]
+        for dtype in (torch.float32, torch.bfloat16):
+            same, within = o[f"shift {dtype}"]
+            assert within, f"rank {r}: {dtype} shift beyond the block bound"
+            assert same != o["remote_recv"], (
+                f"rank {r}: a hop inside a node must be exact, across nodes quantised")
+        if o["remote_send"]:
+            ratio = o["bytes torch.float32"] / o["exact_bytes"]
+            assert 0.24 <= ratio <= 0.27, f"rank {r}: int8 hop sent {ratio:.3f} of fp32's bytes"
+            assert o["residual"] > 0, f"rank {r}: the boundary rank kept no residual"
+        else:
+            assert o["bytes torch.float32"] == o["exact_bytes"] == 0
+            assert o["residual"] == 0, f"rank {r}: a rank that sends exactly kept a residual"
+        if o["remote_recv"]:
+            assert o["feedback"] <= o["plain"] / 4, (
+                f"rank {r}: mean int4 error with feedback {o['feedback']} vs {o['plain']}")
+        else:
+            assert o["plain"] == o["feedback"] <= 1e-5, o
+        print(f"rank {r}: mean error over 16 int4 hops {o['plain']:.4f} without feedback, "
+              f"{o['feedback']:.5f} with")
+
+
 def _disagree(ctx):
     """Rank 1 forgot set_compression: nobody may compute with a misread payload."""
     import torch_rsdp
@@ -320,7 +392,7 @@ def _plan(ctx):
     mix = {k: ("full_shard" if v == "hybrid_shard" else v) for k, v in pc.MIX.items()}
     per_unit = {"blocks.*": "full_shard", "blocks.0": "full_shard+int8",
                 "blocks.1": "shard_grad_op+int4", "blocks.4": "shard_optim+int8",
-                "head": "no_shard+int4", "emb": "rotate"}
+                "head": "no_shard+int4", "emb": "rotate+int8", "blocks.5": "rotate"}
     out = {}
     for name, p, comp in (("mix", mix, "int8"), ("per_unit", per_unit, None),
                           ("hybrid", "hybrid_shard", "int8")):
@@ -346,7 +418,10 @@ def _plan(ctx):
                                          for b in buckets
                                          if isinstance(b.feedback, FeedbackAllReduce)],
                      "unit_residual": {n: float(units[n].feedback.residual.abs().max())
-                                       for n in fed}}
+                                       for n in fed},
+                     "ring_residual": {k: float(v.abs().max()) for k, v in
+                                       plan.feedback_state_dict(model).items()
+                                       if ".emb." in k or k.endswith(".emb.residual")}}
     with pytest.raises(ValueError, match="grads"):
         plan.apply(pc.make_net(), "full_shard", compression={"grads": "fp8"})
     return out
@@ -359,17 +434,26 @@ def test_plan_apply_with_compression():
         mix, pu, hy = res[r]["mix"], res[r]["per_unit"], res[r]["hybrid"]
         for case in (mix, pu, hy):
             assert case["world"]["all_gather"] == "none", "the plan's own group was changed"
-        # whole model: every unit of a strategy that can compress, no rotate or split
-        assert set(mix["compressed"]) == {"", "blocks.0", "blocks.1", "blocks.2", "blocks.4",
-                                          "head"}, mix["compressed"]  # "": the default no_shard
+        # whole model: every unit of a strategy that can compress, no split
+        assert set(mix["compressed"]) == {"", "emb", "blocks.0", "blocks.1", "blocks.2",
+                                          "blocks.4", "blocks.5", "head"}, mix["compressed"]
+        # ("": the default no_shard)
         assert {"blocks.0", "blocks.1", "blocks.2"} <= set(mix["fed"]), mix["fed"]
         assert mix["diff"] <= 0.05, f"rank {r}: the mix differs from one process by {mix['diff']}"
         # per unit: exactly the units named with +int8 / +int4
         assert pu["compressed"] == {"blocks.0": "int8", "blocks.1": "int4", "blocks.4": "int8",
-                                    "head": "int4"}, pu["compressed"]
+                                    "head": "int4", "emb": "int8"}, pu["compressed"]
         assert pu["fed"] == ["blocks.0", "blocks.1"], pu["fed"]
         assert pu["groups"]["head"]["reduce_scatter"] == "int4", pu["groups"]
         assert pu["groups"]["blocks.4"]["reduce_scatter"] == "int8", pu["groups"]
+        # rotate+int8: its ring hops between nodes, weights and gradient sums
+        assert (pu["groups"]["emb"]["ring_shift"], pu["groups"]["emb"]["ring_shift_reduce"]
+                ) == ("int8", "int8"), pu["groups"]
+        if r in (1, 3):  # direction -1 sends 1 -> 0 and 3 -> 2 inside; 0 -> 3, 2 -> 1 across
+            assert not pu["ring_residual"], pu["ring_residual"]
+        else:
+            assert pu["ring_residual"] and all(v > 0 for v in pu["ring_residual"].values()), (
+                f"rank {r}: the rotating embedding kept no residual: {pu['ring_residual']}")
         assert len(pu["bucket_residual"]) >= 2 and all(v > 0 for v in pu["bucket_residual"]), (
             f"replicated units kept no residual: {pu['bucket_residual']}")
         assert all(v > 0 for v in pu["unit_residual"].values()), pu["unit_residual"]
@@ -390,8 +474,7 @@ def test_strategy_suffix_parses_and_rejects():
     assert str(p.mapping["a"]) == "full_shard+int8" and p.mapping["a"].exact.kind == "full_shard"
     assert p.digest() != plan.Plan({"a": "full_shard", "b": "no_shard+int4"},
                                    default="shard_optim+int8").digest()
-    with pytest.raises(ValueError, match="point to point"):
-        plan.Plan({"a": "rotate+int8"})
+    assert str(plan.Plan({"a": "rotate+int4"}).mapping["a"]) == "rotate+int4"
     with pytest.raises(ValueError, match="split"):
         plan.Plan({"a": "split:2+int4"})
     with pytest.raises(ValueError, match="unknown compression 'fp8'"):
@@ -409,7 +492,7 @@ def _resume(ctx, path):
     import plan_cases as pc
     r, W = ctx.rank, ctx.world_size
     spec = {"blocks.*": "full_shard+int4", "blocks.4": "no_shard+int8",
-            "blocks.5": "shard_optim+int4", "emb": "rotate"}
+            "blocks.5": "shard_optim+int4", "emb": "rotate+int4"}
 
     def fresh():
         model = plan.apply(pc.make_net(), spec)

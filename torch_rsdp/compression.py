@@ -46,17 +46,23 @@ LEVELS = {"int8": 126, "int4": 6}
 
 def set_compression(group: Optional[dist.ProcessGroup] = None, *, all_gather: str = "none",
                     reduce_scatter: str = "none", all_reduce: str = "none",
+                    ring_shift: str = "none", ring_shift_reduce: str = "none",
                     block: int = 512) -> None:
     """Sets what ``group``'s collectives send between nodes: ``"none"`` (exact, the
     default), ``"int8"``, or for the reductions also ``"int4"``; ``block`` elements share a
-    scale (even, 32 to 1 048 576). Ops issued after the call use it. Every rank of the group
-    must call it alike; a rank that does not makes the next compressed op raise a mismatch on
-    every rank (never a wrong result). ``ValueError`` for an unknown format or block."""
-    rsdp_backend(group).set_compression(all_gather, reduce_scatter, all_reduce, int(block))
+    scale (even, 32 to 1 048 576). ``ring_shift`` / ``ring_shift_reduce`` compress the
+    hops of :func:`torch_rsdp.ring_shift` / :func:`torch_rsdp.ring_shift_reduce` whose two
+    ranks are on different nodes (RSDP's weights and gradients); the other hops stay exact.
+    Ops issued after the call use it. Every rank of the group must call it alike; a rank
+    that does not makes the next compressed op raise a mismatch on every rank (never a
+    wrong result). ``ValueError`` for an unknown format or block."""
+    rsdp_backend(group).set_compression(all_gather, reduce_scatter, all_reduce, int(block),
+                                        ring_shift, ring_shift_reduce)
 
 
 def get_compression(group: Optional[dist.ProcessGroup] = None) -> Dict[str, str]:
-    """The setting last made on this rank: all_gather, reduce_scatter, all_reduce, block."""
+    """The setting last made on this rank: all_gather, reduce_scatter, all_reduce,
+    ring_shift, ring_shift_reduce, block."""
     return dict(rsdp_backend(group).compression())
 
 

@@ -2,7 +2,8 @@
 
 Every rank of the group passes a tensor to its ring successor while receiving
 its predecessor's (``direction=-1`` reverses the ring). The ring is node-aware:
-ranks of one node are adjacent, so a rotation crosses each node boundary once.
+ranks of one node are adjacent, so a rotation crosses each node boundary once
+(and only those hops are quantised when the group compresses ring shifts).
 After ``group.size()`` shifts every tensor has visited every rank and is back
 home.
 """
@@ -70,7 +71,7 @@ def ring_shift(tensor: torch.Tensor, out: Optional[torch.Tensor] = None, *, grou
 
 def ring_shift_reduce(tensor: torch.Tensor, local: torch.Tensor,
                       out: Optional[torch.Tensor] = None, *, group=None, direction: int = 1,
-                      async_op: bool = False):
+                      async_op: bool = False, residual: Optional[torch.Tensor] = None):
     """Like :func:`ring_shift`, then adds ``local``: ``out = neighbour's tensor + local``.
 
     This is the fused step that carries gradients home: if every rank starts
@@ -78,8 +79,15 @@ def ring_shift_reduce(tensor: torch.Tensor, local: torch.Tensor,
     its contribution to the shard whose accumulator just arrived, then after
     ``size - 1`` hops each accumulator holds the sum over all ranks.
     float16/bfloat16 are added in float32 and rounded once.
+
+    Under the group's ``ring_shift_reduce`` compression
+    (:func:`torch_rsdp.set_compression`) a hop between nodes carries block-quantised
+    values; ``residual`` (float32, ``tensor``'s size, kept by the caller between calls) is
+    then error feedback: what quantising this rank's send lost is stored in it and added to
+    the next send. It is left as it is where this rank's send stays exact.
     """
     if out is None:
         out = torch.empty_like(tensor)
-    work = rsdp_backend(group, tensor.device).ring_shift(tensor, out, direction, local, async_op)
+    work = rsdp_backend(group, tensor.device).ring_shift(tensor, out, direction, local, async_op,
+                                                         residual)
     return _run(work, out, async_op)

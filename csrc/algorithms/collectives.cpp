@@ -45,7 +45,11 @@ Algo pick(GroupComm& g, OpKind op, size_t bytes) {
 // hierarchical algorithms); everything else exactly.
 QuantBits wire_bits(const GroupComm& g, OpKind op, DType dt, RedOp rop) {
   const Compression& c = g.compression;
-  if (!c.any() || !compressible(dt) || !g.topo.uniform()) return QuantBits::kNone;
+  if (!c.any() || !compressible(dt)) return QuantBits::kNone;
+  // ring_shift: a SUM descriptor is the shift-reduce.
+  if (op == OpKind::kRingShift)
+    return rop == RedOp::kSum ? c.ring_shift_reduce : c.ring_shift;
+  if (!g.topo.uniform()) return QuantBits::kNone;
   const bool reduces = op == OpKind::kAllreduce || op == OpKind::kReduceScatter;
   if (reduces && rop != RedOp::kSum && rop != RedOp::kAvg) return QuantBits::kNone;
   switch (op) {
@@ -214,7 +218,8 @@ void barrier(GroupComm& g, Millis timeout) {
 }
 
 void ring_shift(GroupComm& g, const std::vector<int>& order, const void* send, void* recv,
-                size_t count, DType dt, int direction, const void* add, Millis timeout) {
+                size_t count, DType dt, int direction, const void* add, Millis timeout,
+                float* residual) {
   if (g.device_op)
     return g.device->ring_shift(order, send, recv, count, dt, direction, add, timeout);
   if (!g.multi_node())
@@ -222,17 +227,24 @@ void ring_shift(GroupComm& g, const std::vector<int>& order, const void* send, v
   // Across nodes every hop goes through the network (UCX takes the fastest
   // path for the hops inside a node). Pieces are received into a buffer and
   // only then written to `recv`, so recv may alias send.
-  OpDesc d = desc(OpKind::kRingShift, dt, count, Algo::kRing, add ? RedOp::kSum : RedOp::kMax);
+  const RedOp rop = add ? RedOp::kSum : RedOp::kMax;
+  const QuantBits bits = wire_bits(g, OpKind::kRingShift, dt, rop);
+  OpDesc d = desc(OpKind::kRingShift, dt, count, Algo::kRing, rop, -1, 0, bits);
   d.direction = direction >= 0 ? 1 : -1;
   g.begin_net(d, timeout);
   const RingNeighbours nb = ring_neighbours(order, g.rank(), direction);
+  uint32_t step = 0;
+  if (bits != QuantBits::kNone)
+    return net::ring_shift_quantized(*g.net, nb.send_to, nb.recv_from,
+                                     !g.topo.same_node(g.rank(), nb.send_to),
+                                     !g.topo.same_node(g.rank(), nb.recv_from), send, recv,
+                                     count, dt, add, bits, g.compression.block, residual, step);
   const size_t es = dtype_size(dt), bytes = count * es;
   const size_t piece = std::max<size_t>(es, net::kPieceBytes / es * es);
   std::vector<char> tmp(std::min(piece, bytes));
   const char* in = static_cast<const char*>(send);
   char* out = static_cast<char*>(recv);
   const char* extra = static_cast<const char*>(add);
-  uint32_t step = 0;
   size_t off = 0;
   do {
     const size_t n = clip(bytes, off, piece);

@@ -33,8 +33,13 @@ void alltoall(GroupComm& g, const void* const* sends, const uint64_t* send_bytes
               void* const* recvs, const uint64_t* recv_bytes, DType dt, Millis timeout);
 void barrier(GroupComm& g, Millis timeout);
 // Ring redistribution along `order` (primitives/ring_shift.h for the contract).
+// Under the group's ring_shift / ring_shift_reduce compression the hops
+// between nodes carry block-quantised values; `residual` (float32, count
+// elements, or null) then receives what quantising this rank's send lost and
+// is added to the next send (error feedback). Hops inside a node stay exact.
 void ring_shift(GroupComm& g, const std::vector<int>& order, const void* send, void* recv,
-                size_t count, DType dt, int direction, const void* add, Millis timeout);
+                size_t count, DType dt, int direction, const void* add, Millis timeout,
+                float* residual = nullptr);
 
 }  // namespace coll
 }  // namespace rsdp

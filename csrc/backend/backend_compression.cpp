@@ -22,12 +22,16 @@ QuantBits parse_bits(const std::string& s, const char* what, bool int4_ok, int r
 
 void BackendRSDP::set_compression(const std::string& all_gather,
                                   const std::string& reduce_scatter,
-                                  const std::string& all_reduce, int64_t block) {
+                                  const std::string& all_reduce, int64_t block,
+                                  const std::string& ring_shift,
+                                  const std::string& ring_shift_reduce) {
   translate_errors([&] {
     Compression c;
     c.all_gather = parse_bits(all_gather, "all_gather", false, global_rank_);
     c.reduce_scatter = parse_bits(reduce_scatter, "reduce_scatter", true, global_rank_);
     c.all_reduce = parse_bits(all_reduce, "all_reduce", true, global_rank_);
+    c.ring_shift = parse_bits(ring_shift, "ring_shift", false, global_rank_);
+    c.ring_shift_reduce = parse_bits(ring_shift_reduce, "ring_shift_reduce", true, global_rank_);
     RSDP_CHECK(block >= 32 && block <= (1 << 20) && block % 2 == 0, "rsdp rank ", global_rank_,
                ": set_compression: block=", block,
                " must be an even number of elements in [32, 1048576]");
@@ -51,6 +55,8 @@ std::unordered_map<std::string, std::string> BackendRSDP::compression() const {
   return {{"all_gather", quant_name(compression_.all_gather)},
           {"reduce_scatter", quant_name(compression_.reduce_scatter)},
           {"all_reduce", quant_name(compression_.all_reduce)},
+          {"ring_shift", quant_name(compression_.ring_shift)},
+          {"ring_shift_reduce", quant_name(compression_.ring_shift_reduce)},
           {"block", std::to_string(compression_.block)}};
 }
 

@@ -8,7 +8,8 @@ namespace rsdp {
 c10::intrusive_ptr<c10d::Work> BackendRSDP::ring_shift(const at::Tensor& send,
                                                        const at::Tensor& recv, int direction,
                                                        const std::optional<at::Tensor>& add,
-                                                       bool async_op) {
+                                                       bool async_op,
+                                                       const std::optional<at::Tensor>& residual) {
   return translate_errors([&] {
     const char* name = add ? "ring_shift_reduce" : "ring_shift";
     auto c = ctx(name);
@@ -26,6 +27,15 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::ring_shift(const at::Tensor& send,
                  describe(send));
       local = add->contiguous();
     }
+    at::Tensor res;
+    if (residual) {
+      res = *residual;
+      RSDP_CHECK(res.is_cpu() && res.is_contiguous() && res.scalar_type() == at::kFloat &&
+                     res.numel() == send.numel(),
+                 "rsdp rank ", global_rank_, ": ", name, ": residual ", describe(res),
+                 " must be a contiguous float32 CPU tensor of the tensor's ", send.numel(),
+                 " elements");
+    }
     DType dt = to_dtype(c, send);
     at::Tensor in = dense(send), out = recv, dout = dense(recv);
     std::vector<int> order = ring_order_;
@@ -34,7 +44,7 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::ring_shift(const at::Tensor& send,
                    {recv}, [=](GroupComm& comm) {
                      coll::ring_shift(comm, order, in.data_ptr(), dout.data_ptr(), in.numel(), dt,
                                       direction, local.defined() ? local.data_ptr() : nullptr,
-                                      t);
+                                      t, res.numel() ? res.data_ptr<float>() : nullptr);
                      write_back(out, dout);
                    },
                    async_op, send.device());

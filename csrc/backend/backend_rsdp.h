@@ -114,9 +114,13 @@ class BackendRSDP : public c10d::Backend {
   // Applies to ops issued after the call (it is queued like one); every rank
   // of the group must make the same call at the same point, or the next
   // compressed op raises a mismatch on all of them.
+  // ring_shift / ring_shift_reduce: the cross-node hops of ring_shift
+  // (RSDP's weights: int8 only) and of ring_shift_reduce (its gradients).
   void set_compression(const std::string& all_gather, const std::string& reduce_scatter,
-                       const std::string& all_reduce, int64_t block);
-  // {"all_gather", "reduce_scatter", "all_reduce", "block"} as last set.
+                       const std::string& all_reduce, int64_t block,
+                       const std::string& ring_shift, const std::string& ring_shift_reduce);
+  // {"all_gather", "reduce_scatter", "all_reduce", "ring_shift",
+  // "ring_shift_reduce", "block"} as last set.
   std::unordered_map<std::string, std::string> compression() const;
   // reduce_scatter_tensor with error feedback: `residual` (float32, the
   // input's size, owned by the caller and kept between steps) is added to
@@ -160,10 +164,14 @@ class BackendRSDP : public c10d::Backend {
   using Body = std::function<void(GroupComm&)>;
 
   // Ring redistribution (backend_ring.cpp): recv <- the ring neighbour's send
-  // (+ add). direction +1 sends to the successor.
+  // (+ add). direction +1 sends to the successor. residual: error feedback
+  // of a compressed cross-node hop (algorithms/collectives.h), float32 of
+  // send's size, owned by the caller; untouched where this rank's send stays
+  // exact.
   c10::intrusive_ptr<c10d::Work> ring_shift(const at::Tensor& send, const at::Tensor& recv,
                                             int direction, const std::optional<at::Tensor>& add,
-                                            bool async_op);
+                                            bool async_op,
+                                            const std::optional<at::Tensor>& residual);
   // {rank this one sends to, rank it receives from} for a direction.
   std::vector<int> ring_neighbours(int direction) const;
   const std::vector<int>& ring_order() const { return ring_order_; }

@@ -42,7 +42,7 @@ PYBIND11_MODULE(_C, m) {
            "[rank sent to, rank received from] for a direction (+1 or -1).")
       .def("ring_shift", &rsdp::BackendRSDP::ring_shift, py::arg("send"), py::arg("recv"),
            py::arg("direction") = 1, py::arg("add") = std::nullopt, py::arg("async_op") = true,
-           py::call_guard<py::gil_scoped_release>())
+           py::arg("residual") = std::nullopt, py::call_guard<py::gil_scoped_release>())
       .def(
           "topology",
           [](const rsdp::BackendRSDP& b) {
@@ -80,6 +80,7 @@ PYBIND11_MODULE(_C, m) {
                              "Bytes of communication memory (allocate_tensor) now handed out.")
       .def("set_compression", &rsdp::BackendRSDP::set_compression, py::arg("all_gather"),
            py::arg("reduce_scatter"), py::arg("all_reduce"), py::arg("block"),
+           py::arg("ring_shift") = "none", py::arg("ring_shift_reduce") = "none",
            py::call_guard<py::gil_scoped_release>(),
            "Which collectives cross nodes block-quantised (torch_rsdp.set_compression).")
       .def("compression", &rsdp::BackendRSDP::compression)

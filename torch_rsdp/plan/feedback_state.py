@@ -6,6 +6,7 @@ The residuals belong to one layout: this rank's place in this plan, world and no
 and the gradient buckets. So every key carries a digest of that layout and this rank::
 
     feedback.<layout digest>.rank<r>.<unit>.residual              (FSDP units)
+    feedback.<layout digest>.rank<r>.<unit>.<layer>.residual      (rotate units' layers)
     feedback.<layout digest>.rank<r>.bucket<i>.residual / .owner   (replicated units' buckets)
 
 Each rank's keys are its own, so ``torch.distributed.checkpoint`` writes each once. A resume
@@ -49,6 +50,15 @@ def _holders(model: nn.Module) -> Iterator[Tuple[str, object, Tuple[str, ...]]]:
     for u in sorted(st.units.values(), key=lambda u: u.name):
         if u.feedback is not None:
             yield (u.name or "<root>"), u.feedback, ("residual",)
+        if u.compression and u.strategy.kind == "rotate":
+            # RingFeedback of each rotating layer, on the ranks whose sends leave the node
+            from ..rsdp import rsdp_state
+            rs = rsdp_state(u.module)
+            if rs.ring.quantises_sums(-1):
+                for name, m in sorted(rs.sharded.items()):
+                    if m._rsdp.feedback is not None:
+                        yield ".".join(x for x in (u.name, name) if x), m._rsdp.feedback, (
+                            "residual",)
     if st.grad_sync is not None:
         for i, b in enumerate(st.grad_sync.buckets):
             if b.comp is not None and b.comp[1]:

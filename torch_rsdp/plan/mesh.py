@@ -87,7 +87,8 @@ class Meshes:
             g = dist.new_group(ranks, use_local_synchronization=True)
             try:
                 set_compression(g, all_gather=c["weights"], reduce_scatter=c["grads"],
-                                all_reduce=c["grads"], block=c["block"])
+                                all_reduce=c["grads"], ring_shift=c["weights"],
+                                ring_shift_reduce=c["grads"], block=c["block"])
             except TypeError as e:
                 raise ValueError(f"torch_rsdp.plan: compression needs a group on the rsdp "
                                  f"backend ({e})") from None

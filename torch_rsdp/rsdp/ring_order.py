@@ -59,6 +59,26 @@ class Ring:
                     raise RuntimeError(f"torch_rsdp.rsdp: ring direction {d} does not visit every "
                                        f"rank once (origins {seq} on rank {self.rank})")
                 self._origins[d] = seq
+        self._remote = {d: False for d in (1, -1)}
+        if self.world > 1:
+            from ..topology import topology
+            from ..ring import ring_neighbours
+            node = {r: i for i, ranks in enumerate(topology(group)["nodes"]) for r in ranks}
+            for d in (1, -1):
+                self._remote[d] = node[ring_neighbours(group, d)[0]] != node[self.rank]
+
+    def compresses_sums(self) -> bool:
+        """Whether the group compresses ``ring_shift_reduce`` between nodes (the same on
+        every rank)."""
+        if self.world == 1:
+            return False
+        from ..compression import get_compression
+        return get_compression(self.group).get("ring_shift_reduce", "none") != "none"
+
+    def quantises_sums(self, direction: int) -> bool:
+        """Whether this rank's shift-reduce sends in ``direction`` leave its node quantised:
+        then they need error feedback."""
+        return self._remote[direction] and self.compresses_sums()
 
     def origin(self, direction: int, hops: int) -> int:
         """Group rank whose tensor this rank holds after ``hops`` hops in ``direction``."""
@@ -71,10 +91,12 @@ class Ring:
         return Pending(work, label)
 
     def shift_reduce(self, src: torch.Tensor, local: torch.Tensor, out: torch.Tensor,
-                     direction: int, label: str) -> Pending:
+                     direction: int, label: str,
+                     residual: Optional[torch.Tensor] = None) -> Pending:
         """Async ``out = neighbour's src + local`` (``out`` may be ``src``; ``local`` must stay
-        untouched until the op is waited on)."""
+        untouched until the op is waited on); ``residual``: error feedback of a quantised
+        send (:func:`torch_rsdp.ring_shift_reduce`)."""
         with record_function(label):
             work = ring_shift_reduce(src, local, out, group=self.group, direction=direction,
-                                     async_op=True)
+                                     async_op=True, residual=residual)
         return Pending(work, label)

@@ -15,6 +15,10 @@ Backward, :func:`counter_rotate`, direction -1 by default. Two rings run interle
   ``ring_shift_reduce`` adds its contribution for that shard; after ``W - 1`` hops the
   accumulator of this rank's own shard (``origin(d, W) == rank``) holds the sum over all ranks.
 
+Under the group's ``ring_shift_reduce`` compression the accumulators leave a node quantised,
+with error feedback in the layer's ``feedback`` (:class:`.ring_feedback.RingFeedback`, or None
+for none).
+
 Each ring's compute overlaps the other ring's communication (ops of one group run in issue
 order: w0, g1, w1, g2, ...; waiting for w_t lets the visit of t+1 overlap g_{t+1}, and the
 contribution for g_{t+2} overlaps w_{t+1}). Buffers: weight (1), accumulator (1, becomes the
@@ -27,6 +31,7 @@ from typing import Callable, Optional
 import torch
 
 from .memory import alloc_buffer, release_buffers
+from .ring_feedback import RingFeedback
 from .ring_order import Pending, Ring
 
 __all__ = ["rotate", "counter_rotate", "rotate_accumulate"]
@@ -60,8 +65,8 @@ def rotate(ring: Ring, src: torch.Tensor, visit: Visit, *, direction: int = 1,
 
 def counter_rotate(ring: Ring, src: torch.Tensor, *, visit: Optional[Visit] = None,
                    contribute: Optional[Visit] = None, grad_dtype: Optional[torch.dtype] = None,
-                   direction: int = -1, label: str = "RSDP::counter_rotate"
-                   ) -> Optional[torch.Tensor]:
+                   direction: int = -1, label: str = "RSDP::counter_rotate",
+                   feedback: Optional[RingFeedback] = None) -> Optional[torch.Tensor]:
     """Backward schedule; returns the flat gradient *sum* of this rank's own shard, or None.
 
     ``visit(j, shard_j)`` (optional) is called for every shard, own first; ``contribute(j, buf)``
@@ -95,7 +100,8 @@ def counter_rotate(ring: Ring, src: torch.Tensor, *, visit: Optional[Visit] = No
             if local is None:
                 local = alloc_buffer(src.numel(), gdt, src.device, zero=True)
             contribute(ring.origin(d, t + 2), local)
-            pg = ring.shift_reduce(acc, local, acc, d, label + "::grads")
+            pg = ring.shift_reduce(acc, local, acc, d, label + "::grads",
+                                   feedback and feedback.row(ring, d, t, W - 1, acc))
     if pg is not None:
         pg.wait()
     if pw is not None:
@@ -107,7 +113,8 @@ def counter_rotate(ring: Ring, src: torch.Tensor, *, visit: Optional[Visit] = No
 def rotate_accumulate(ring: Ring, src: torch.Tensor, step: Callable[[int, torch.Tensor,
                                                                           torch.Tensor], None],
                       *, grad_dtype: Optional[torch.dtype] = None, direction: int = -1,
-                      label: str = "RSDP::rotate_accumulate") -> torch.Tensor:
+                      label: str = "RSDP::rotate_accumulate",
+                      feedback: Optional[RingFeedback] = None) -> torch.Tensor:
     """Backward schedule for layers whose gradient contribution to shard ``j`` needs shard
     ``j`` itself (attention: the weights enter the gradient through the softmax). Returns the
     flat gradient *sum* of this rank's own shard.
@@ -146,9 +153,17 @@ def rotate_accumulate(ring: Ring, src: torch.Tensor, step: Callable[[int, torch.
                 w = alloc_buffer(src.numel(), src.dtype, src.device)
             pw = ring.shift(cur, w, d, label + "::weights")  # in place from t = 1 on
         if t > 0:
-            pg = ring.shift_reduce(acc, local, acc, d, label + "::grads")
+            pg = ring.shift_reduce(acc, local, acc, d, label + "::grads",
+                                   feedback and feedback.row(ring, d, t - 1, W, acc))
     if W > 1:
         pg.wait()
-        ring.shift(acc, acc, d, label + "::home").wait()
+        if ring.compresses_sums():
+            # The last hop carries a sum too: as a shift-reduce of nothing it is quantised
+            # (and fed back) like the other sums, not like the weights.
+            local.zero_()
+            ring.shift_reduce(acc, local, acc, d, label + "::home",
+                              feedback and feedback.row(ring, d, W - 1, W, acc)).wait()
+        else:
+            ring.shift(acc, acc, d, label + "::home").wait()
     release_buffers(w, local)
     return acc

@@ -338,7 +338,7 @@ class _UnitFn(torch.autograd.Function):
                     dst.copy_(g)
 
         acc = rotate_accumulate(st.ring, src, step, grad_dtype=st.grad_dtype,
-                                label="RSDP::unit_backward")
+                                label="RSDP::unit_backward", feedback=st.feedback)
         st.release(src)
         del src
         ctx.graphs = ctx.leaves_in = None

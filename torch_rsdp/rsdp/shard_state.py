@@ -19,6 +19,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .flat_shard import FlatLayout
 from .memory import alloc_buffer, release_buffers
+from .ring_feedback import RingFeedback
 from .ring_order import Ring
 
 __all__ = ["ShardState"]
@@ -40,6 +41,8 @@ class ShardState:
                  dims: Dict[str, int], mp: Optional[MixedPrecisionPolicy] = None,
                  assemble: Optional[Callable[[str, list], torch.Tensor]] = None):
         self.ring = ring
+        # Error feedback of the gradients' quantised hops between nodes; None turns it off.
+        self.feedback: Optional[RingFeedback] = RingFeedback()
         self._assemble = assemble
         self.take = take
         self.dims = dims

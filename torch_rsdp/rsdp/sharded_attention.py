@@ -188,7 +188,7 @@ class _AttentionFn(torch.autograd.Function):
                     st.layout.view(out, n, j).copy_(st.layout.view(gbuf, n, j))
 
         acc = rotate_accumulate(st.ring, src, step, grad_dtype=st.grad_dtype,
-                                label="RSDP::attention_backward")
+                                label="RSDP::attention_backward", feedback=st.feedback)
         st.release(src)
         del src
         grads = st.grads_from(acc) if need_w else {}

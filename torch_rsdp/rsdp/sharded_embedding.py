@@ -73,7 +73,7 @@ class _EmbeddingFn(torch.autograd.Function):
                     g[mod.padding_idx].zero_()
 
         acc = counter_rotate(ring, st.local_flat(), contribute=contribute, grad_dtype=gdt,
-                             label="RSDP::embedding_backward")
+                             label="RSDP::embedding_backward", feedback=st.feedback)
         grads = st.grads_from(acc)
         return None, grads["weight"], None
 

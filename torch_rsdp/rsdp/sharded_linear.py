@@ -149,7 +149,8 @@ class _LinearFn(torch.autograd.Function):
 
         acc = counter_rotate(ring, src, visit=visit if need_x else None,
                              contribute=contribute if need_w else None,
-                             grad_dtype=st.grad_dtype, label="RSDP::linear_backward")
+                             grad_dtype=st.grad_dtype, label="RSDP::linear_backward",
+                             feedback=st.feedback)
         st.release(src)
         del src
         grads = st.grads_from(acc) if acc is not None else {}

@@ -106,6 +106,17 @@ void allreduce_quantized(NetComm& c, const std::vector<int>& members, void* buf,
                          DType dt, RedOp op, int divisor, QuantBits bits_rs, QuantBits bits_ag,
                          size_t block, uint32_t& step);
 
+// One ring_shift hop (algorithms/collectives.h) with quantised values
+// between nodes: this rank sends to `send_to` (quantised when `send_remote`)
+// and receives from `recv_from` (dequantised when `recv_remote`), then
+// recv = received, or received + add (in float32). residual (float32, count
+// elements, or null; used only when send_remote): error feedback of what
+// this rank quantises. recv may alias send and add.
+void ring_shift_quantized(NetComm& c, int send_to, int recv_from, bool send_remote,
+                          bool recv_remote, const void* send, void* recv, size_t count, DType dt,
+                          const void* add, QuantBits bits, size_t block, float* residual,
+                          uint32_t& step);
+
 // Position of group rank `rank` in `members`.
 int position(const std::vector<int>& members, int rank);
 

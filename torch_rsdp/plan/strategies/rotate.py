@@ -5,7 +5,12 @@ parameters the unit owns. What RSDP cannot decompose stays whole and joins the p
 replicated parameters (``rsdp.shard(sync_replicated=False)``: the plan averages them with its
 other replicated parameters, in buckets of their own unit). Sharded gradients travel home with
 the counter-rotation backward does anyway, so there is no gradient sync to turn off.
-Everything goes through ``rsdp``'s public state API (:class:`torch_rsdp.rsdp.RSDPState`,
+Compressed (``rotate+int8``): the unit rotates over the plan's compressed group
+(:meth:`..mesh.Meshes.group_for`), whose ring hops between nodes carry int8 weights and int8 /
+int4 gradient partial sums (:func:`torch_rsdp.set_compression`'s ``ring_shift`` /
+``ring_shift_reduce``), with error feedback on the rank at each node boundary
+(:class:`torch_rsdp.rsdp.ring_feedback.RingFeedback`). Everything goes through ``rsdp``'s
+public state API (:class:`torch_rsdp.rsdp.RSDPState`,
 :class:`torch_rsdp.rsdp.FullTensors`, :func:`torch_rsdp.rsdp.local_shard_of`,
 :func:`torch_rsdp.rsdp.shard_dim`).
 """
@@ -25,8 +30,7 @@ __all__ = ["Rotate"]
 @register
 class Rotate(StrategyHandler):
     kind = "rotate"
-    exact_why = ("its weights and gradients travel point to point around the ring, which the "
-                 "backend sends exact")
+    compressible = True
 
     def apply(self, unit: Unit, ctx: ApplyContext) -> List[nn.Parameter]:
         own = {id(p) for p in unit.params.values()}
@@ -35,9 +39,14 @@ class Rotate(StrategyHandler):
             ps = list(mod.parameters(recurse=False))
             return bool(ps) and all(id(p) in own for p in ps)
 
-        shard(unit.module, ctx.group, filter=owned, mp_policy=ctx.mp,
+        comp = ctx.unit_compression(unit)
+        group = ctx.meshes.group_for(comp) if comp else ctx.group
+        shard(unit.module, group, filter=owned, mp_policy=ctx.mp,
               sync_module_states=False, sync_replicated=False, checkpoint_hooks=False)
         st = rsdp_state(unit.module)
+        if comp and not comp["error_feedback"]:
+            for m in st.sharded.values():
+                m._rsdp.feedback = None
         sharded = {id(p) for p in st.sharded_parameters()}
         unit.params = {n: p for n, p in qualified_params(unit).items()
                        if id(p) in own or id(p) in sharded}
@@ -68,6 +77,21 @@ class Rotate(StrategyHandler):
 
     def shard_layout(self, unit, key):
         return shard_dim(unit.module, unit.relative(key))
+
+    def cross_node(self, u, links):
+        # Each node boundary carries every shard shift once: forward's and backward's weight
+        # rotations (W-1 hops each) and the gradient accumulators' W-1 hops.
+        hop, W = u.rotate_bytes / links.world, links.world
+        return ([("ring_shift", hop, "weights")] * (2 * (W - 1))
+                + [("ring_shift", hop, "grads")] * (W - 1))
+
+    def feedback_bytes(self, u, links):
+        # RingFeedback: a float32 shard per gradient hop, (W-1)/W of the rotating parameters,
+        # on the boundary rank of each node (the planner prices the rank that holds most)
+        if not u.param_bytes:
+            return 0.0
+        W = links.world
+        return 4 * u.numel * u.rotate_bytes / u.param_bytes * (W - 1) / W
 
     def applicable(self, u, links) -> bool:
         return u.param_bytes > 0 and u.rotate_bytes > 0
