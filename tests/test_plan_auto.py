@@ -185,6 +185,12 @@ def fam_auto(ctx, rec):
         gain = (plan.predict(model, _inputs(r), "full_shard", topology=slow).step_time_s
                 / plan.predict(model, _inputs(r), "full_shard+int8", topology=slow).step_time_s)
         assert gain > 1.0, gain  # a tiny model: compute is most of its step
+        rot = (plan.predict(model, _inputs(r), "rotate", topology=slow).step_time_s
+               / plan.predict(model, _inputs(r), "rotate+int8", topology=slow).step_time_s)
+        assert rot > 1.0, rot  # its ring hops between nodes shrink too
+        rot_fast = (plan.predict(model, _inputs(r), "rotate", topology=fast).step_time_s
+                    / plan.predict(model, _inputs(r), "rotate+int8", topology=fast).step_time_s)
+        assert rot_fast <= 1.0, rot_fast  # hops inside a node set the pace: kernels only cost
         # one node: nothing to compress, the candidates are the exact ones
         here = auto(model, _inputs(r), memory_budget=budget, verify=0, allow_compression=True)
         assert not any("+" in str(v) for v in here.mapping.values()), here.explain()

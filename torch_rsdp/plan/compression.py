@@ -2,9 +2,10 @@
 
 Per unit, in the plan: ``"full_shard+int8"`` (weights int8 on the all-gathers, gradients
 int8 on the reduce-scatters), ``"full_shard+int4"`` (gradients int4), likewise for
-``shard_grad_op``, ``hybrid_shard``, ``no_shard`` and ``shard_optim``. For the whole model:
-``plan.apply(model, plan, compression="int8" | "int4" | {...})`` gives every unit of those
-strategies without a suffix of its own that setting.
+``shard_grad_op``, ``hybrid_shard``, ``no_shard``, ``shard_optim`` and ``rotate`` (its ring
+hops between nodes). For the whole model: ``plan.apply(model, plan, compression="int8" |
+"int4" | {...})`` gives every unit of those strategies without a suffix of its own that
+setting.
 
 Each distinct setting gets its own process group over the plan's ranks
 (:meth:`..mesh.Meshes.group_for`) with the backend's compression set on it
@@ -12,10 +13,11 @@ Each distinct setting gets its own process group over the plan's ranks
 unit's, nor anything else the user sends on the plan's group, are. Inside a node everything
 stays exact. Gradients keep **error feedback** (what quantising lost is added to the next
 step's): FSDP units through :class:`torch_rsdp.compression.FeedbackReduceScatter`, the
-replicated units' buckets through :class:`torch_rsdp.compression.FeedbackAllReduce`. Not
-compressed: ``rotate`` and ``split:k`` (point-to-point ring shifts and the slices' own
-collectives), and ``hybrid_shard``'s cross-node all-reduce keeps no feedback (FSDP2 issues it
-itself, with no way to add a residual before it).
+replicated units' buckets through :class:`torch_rsdp.compression.FeedbackAllReduce`,
+``rotate`` units' ring hops through :class:`torch_rsdp.rsdp.ring_feedback.RingFeedback`. Not
+compressed: ``split:k`` (the slices' own collectives); ``hybrid_shard``'s cross-node
+all-reduce keeps no feedback (FSDP2 issues it itself, with no way to add a residual before
+it).
 """
 from __future__ import annotations
 

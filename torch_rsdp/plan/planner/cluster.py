@@ -88,6 +88,7 @@ class Cluster:
         fits["all_gather@intra"] = _fit(lat * (L - 1), (L - 1) / L / intra)
         fits["reduce_scatter@intra"] = fits["all_gather@intra"]
         fits["all_reduce@intra"] = _fit(2 * lat * (L - 1), 2 * (L - 1) / L / intra)
+        fits["ring_shift@intra"] = _fit(lat, 1 / intra)
         # along a rail: L rails share each node's link
         if N > 1:
             rail = (N - 1) / N / (inter / L)

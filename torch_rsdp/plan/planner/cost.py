@@ -158,13 +158,17 @@ def compression_gain(strategy: Strategy, u: UnitProfile, links: Links) -> float:
             kernels = 2 * (q + d) * nbytes * (1 + 1 / N) / 2
         elif kind == "all_gather":  # quantise one's own share, dequantise everyone's
             ratio, kernels = WIRE_RATIO[fmt], q * nbytes / N + d * nbytes
-        elif kind == "ring_shift":  # one hop: the boundary ranks quantise, then dequantise
-            ratio, kernels = WIRE_RATIO[fmt], (q + d) * nbytes
+        elif kind == "ring_shift":
+            # One hop of the whole ring: the boundary ranks' hop shrinks, the hops inside a
+            # node do not, and the slowest of them sets the pace.
+            ratio = WIRE_RATIO[fmt]
+            gain += (links.t(kind, nbytes) - max(links.t(kind, nbytes, "intra"),
+                                                 links.t(kind, nbytes * ratio))
+                     - (q + d) * nbytes)
+            continue
         else:  # reduce-scatter: quantise the node's partial sums, dequantise what arrives
             ratio, kernels = WIRE_RATIO[fmt], q * nbytes + d * nbytes / N
-        # A ring shift's fit is the whole group's hop, which its link between nodes bounds.
-        level = "group" if kind == "ring_shift" else "inter"
-        gain += (links.t(kind, nbytes, level) - links.t(kind, nbytes * ratio, level)
+        gain += (links.t(kind, nbytes, "inter") - links.t(kind, nbytes * ratio, "inter")
                  - kernels)
     return gain
 
