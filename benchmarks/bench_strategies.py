@@ -115,7 +115,7 @@ def build_model(cfg):
 
 
 def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=None,
-                 repeat=0):
+                 repeat=0, clip=0.0):
     """One plan on every rank; returns rank 0's summary (other ranks: None)."""
     import torch
     import torch.distributed as dist
@@ -157,6 +157,8 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
         else:
             loss = tm.lm_loss(model(x), y)
         loss.backward()
+        if clip:  # as Hugging Face's Trainer does (max_grad_norm), over the whole plan
+            plan.clip_grad_norm_(model, clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.item()
@@ -207,7 +209,7 @@ def run(setting, spec, args, nodes):
     try:
         res = launch(bench_worker, len(node_of),
                      (p, args.config, args.steps, args.warmup, args.threads, args.lr, comp,
-                      args.repeat_batches),
+                      args.repeat_batches, args.clip),
                      node_of=node_of if setting != "1x4" else None,
                      netns=nodes if setting != "1x4" else None,
                      env={"OMP_NUM_THREADS": str(args.threads), "RSDP_SPIN_US": "0"},
@@ -261,7 +263,8 @@ def markdown(rows, info, chk):
     lines = [f"## Strategies: {name[info['config']['model']]} {info['config']}, {info['params'] / 1e6:.2f} M "
              f"parameters, Adam, rsdp backend", "",
              f"{info['steps']} timed steps after {info['warmup']} warm-up, {info['threads']} "
-             f"thread(s) per rank on {info['cores']} cores; 2x2 = {info['link']}; "
+             f"thread(s) per rank on {info['cores']} cores; Adam lr {info.get('lr')}, gradient "
+             f"norm clipped to {info.get('clip') or 'no clipping'}; 2x2 = {info['link']}; "
              f"torch {info['torch']}; load average at start {info['load']}.", ""]
     for setting in dict.fromkeys(r["setting"] for r in rows):
         sub = [r for r in rows if r["setting"] == setting]
@@ -341,6 +344,9 @@ def main(argv=None) -> int:
                         "(fresh games every step unless --repeat-batches)")
     p.add_argument("--deadline", type=float, default=600)
     p.add_argument("--lr", type=float, default=1e-4, help="Adam's learning rate")
+    p.add_argument("--clip", type=float, default=0.0,
+                   help="clip the gradients' total norm to this before every step "
+                        "(plan.clip_grad_norm_; 0: off)")
     p.add_argument("--repeat-batches", type=int, default=0,
                    help="train on this many batches in turn (0: fresh random tokens each "
                         "step); with a higher --lr the loss then falls, for the loss curves")
@@ -376,6 +382,7 @@ def main(argv=None) -> int:
     netns.cleanup_stale()
     info = {"config": args.config, "params": n_params, "steps": args.steps,
             "warmup": args.warmup, "threads": args.threads, "cores": os.cpu_count(),
+            "lr": args.lr, "clip": args.clip,
             "torch": torch.__version__, "load": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
     rows = []

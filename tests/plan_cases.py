@@ -7,6 +7,7 @@ whole batch (mean loss), so a correct strategy, or mix, gives the reference's pa
 from __future__ import annotations
 
 import copy
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -107,21 +108,30 @@ def plan_optim(model, name: str):
     return plan.make_optimizer(model, cls, **kw)
 
 
-def reference(model: nn.Module, opt_name: str, world: int, steps: int, start: int = 0):
-    """Trains a copy of ``model`` in one process on the whole batch; returns its state dict."""
+def reference(model: nn.Module, opt_name: str, world: int, steps: int, start: int = 0,
+              clip: Optional[float] = None, norms: Optional[list] = None):
+    """Trains a copy of ``model`` in one process on the whole batch; returns its state dict.
+    ``clip``: torch's ``clip_grad_norm_`` before every step (the norms appended to
+    ``norms``)."""
     ref = copy.deepcopy(model)
     opt = make_optim(opt_name, ref.parameters())
     for step in range(start, start + steps):
         x, y = batch(step, world)
         loss_of(ref, x, y).backward()
+        if clip is not None:
+            n = torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
+            if norms is not None:
+                norms.append(n.item())
         opt.step()
         opt.zero_grad()
     return {k: v.detach().clone() for k, v in ref.state_dict().items()}
 
 
-def train(model, opt, rank: int, world: int, steps: int, start: int = 0, micro: int = 1):
+def train(model, opt, rank: int, world: int, steps: int, start: int = 0, micro: int = 1,
+          clip: Optional[float] = None, norms: Optional[list] = None):
     """``steps`` optimizer steps on this rank's slice; ``micro`` micro-batches per step, all
-    but the last under ``plan.no_sync``."""
+    but the last under ``plan.no_sync``; ``clip``: ``plan.clip_grad_norm_`` before every step
+    (the norms appended to ``norms``)."""
     import torch_rsdp.plan as plan
     for step in range(start, start + steps):
         x, y = batch(step, world)
@@ -133,6 +143,10 @@ def train(model, opt, rank: int, world: int, steps: int, start: int = 0, micro: 
                     (loss_of(model, xs[i], ys[i]) / micro).backward()
             else:
                 (loss_of(model, xs[i], ys[i]) / micro).backward()
+        if clip is not None:
+            n = plan.clip_grad_norm_(model, clip)
+            if norms is not None:
+                norms.append(n.item())
         opt.step()
         opt.zero_grad()
 

@@ -17,6 +17,8 @@ One launch per world size runs the selected families (tests/harness.py ``run_fam
   state 1/W for shard_optim);
 * ``root_and_buckets``: FSDP units under a replicated root share one FSDP2 root; shard_optim
   broadcasts in several buckets, and a rank owning no parameter still steps;
+* ``clip``: ``plan.clip_grad_norm_`` under every strategy, the mix and a Llama plan gives one
+  process's norm and clipped steps (torch's own function gives each rank its local norm);
 * ``errors``: bad plans raise a clear ValueError on every rank before anything changes, and
   the group stays usable.
 """
@@ -267,7 +269,42 @@ def fam_errors(ctx, rec):
             raise AssertionError("apply twice accepted")
 
 
-FAMILIES = {"strategies": fam_strategies, "hf": fam_hf, "accumulate": fam_accumulate,
+def fam_clip(ctx, rec):
+    """plan.clip_grad_norm_ gives the norm one process computes and clips alike on every
+    rank, under every strategy, the mix and a Hugging Face Llama plan; torch's own function
+    does not (it counts only the pieces a rank holds)."""
+    import torch_rsdp.plan as plan
+    W, r = ctx.world_size, ctx.rank
+    cases = [(p, pc.make_net, pc.MIX if p == "mix" else p) for p in pc.ALONE + ["mix"]]
+    cases.append(("llama", lambda: pc.make_llama(0), pc.LLAMA_PLAN))
+    for name, make, p in cases:
+        with rec.case(name):
+            want_norms, got_norms = [], []
+            want = pc.reference(make(), "adamw", W, 3, clip=0.05, norms=want_norms)
+            model = _apply(make(), p)
+            pc.train(model, pc.plan_optim(model, "adamw"), r, W, 3, clip=0.05, norms=got_norms)
+            assert min(want_norms) > 0.05, f"clipping never acted: {want_norms}"
+            worst = max(abs(a - b) / b for a, b in zip(got_norms, want_norms))
+            assert worst <= 1e-5, f"{name}: norms {got_norms} vs one process {want_norms}"
+            pc.assert_close_sd(_full(model), want, TIGHT, f"{name} clipped")
+    with rec.case("torch's own clip_grad_norm_ on rotate"):
+        model = _apply(pc.make_net(), "rotate")
+        x, y = pc.batch(0, W)
+        pc.loss_of(model, x[r * pc.PER_RANK:(r + 1) * pc.PER_RANK],
+                   y[r * pc.PER_RANK:(r + 1) * pc.PER_RANK]).backward()
+        ours = plan.grad_norm(model)
+        theirs = [torch.zeros(()) for _ in range(W)]  # what clip_grad_norm_ would clip by
+        dist.all_gather(theirs, torch.nn.utils.get_total_norm(
+            [p.grad for p in model.parameters()]).reshape(()))
+        mine = [torch.zeros(()) for _ in range(W)]
+        dist.all_gather(mine, ours.reshape(()))
+        assert len({float(t) for t in mine}) == 1, mine
+        if W > 1:
+            assert len({float(t) for t in theirs}) > 1, (
+                f"torch's norm agreed across ranks ({theirs}): is the plan still sharding?")
+
+
+FAMILIES = {"clip": fam_clip, "strategies": fam_strategies, "hf": fam_hf, "accumulate": fam_accumulate,
             "activation_checkpointing": fam_activation_checkpointing,
             "mixed_precision": fam_mixed_precision, "checkpoint": fam_checkpoint,
             "report": fam_report, "errors": fam_errors, "root_and_buckets": fam_root_and_buckets}
@@ -277,7 +314,7 @@ FAMILIES = {"strategies": fam_strategies, "hf": fam_hf, "accumulate": fam_accumu
 BATCHES = {1: ["strategies"],
            2: ["strategies", "errors", "hf", "report"],
            3: ["strategies", "accumulate", "activation_checkpointing", "checkpoint",
-               "mixed_precision", "report", "root_and_buckets"],
+               "mixed_precision", "report", "root_and_buckets", "clip"],
            4: ["strategies", "hf"]}
 
 

@@ -23,7 +23,8 @@ from .api import RSDPState, rsdp_state, shard
 from .coverage import LeftWhole, can_rotate
 from .memory import MemoryTracker
 from .state_dict import (FullTensors, full_state_dict, load_full_state_dict, local_shard_of,
-                         shard_dim)
+                         shard_dim, sharded_owner)
+from .ring_feedback import RingFeedback
 from .ring_order import Ring
 from .rotation_unit import shard_unit
 from .sharded_conv1d import shard_conv1d
@@ -54,4 +55,6 @@ __all__ = [
     "load_full_state_dict",
     "local_shard_of",
     "shard_dim",
+    "sharded_owner",
+    "RingFeedback",
 ]

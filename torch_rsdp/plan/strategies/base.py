@@ -140,6 +140,12 @@ class StrategyHandler(abc.ABC):
         communication."""
         return full
 
+    def holds_shard(self, unit: Unit, key: str) -> bool:
+        """Whether this rank's gradient of ``key`` (a plain tensor, not a DTensor) is its own
+        disjoint piece of the whole (True) or the whole gradient every rank holds alike
+        (False), for :func:`~torch_rsdp.plan.clip_grad_norm_`."""
+        return False
+
     def shard_layout(self, unit: Unit, key: str) -> Optional[Tuple[int, Tuple[int, ...]]]:
         """Where this rank's part of ``key`` lies in the whole tensor, for checkpoints:
         ``(dim, global shape)`` when the handler's own parameter is split as ``torch.chunk``

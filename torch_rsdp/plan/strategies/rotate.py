@@ -12,7 +12,7 @@ int4 gradient partial sums (:func:`torch_rsdp.set_compression`'s ``ring_shift`` 
 (:class:`torch_rsdp.rsdp.ring_feedback.RingFeedback`). Everything goes through ``rsdp``'s
 public state API (:class:`torch_rsdp.rsdp.RSDPState`,
 :class:`torch_rsdp.rsdp.FullTensors`, :func:`torch_rsdp.rsdp.local_shard_of`,
-:func:`torch_rsdp.rsdp.shard_dim`).
+:func:`torch_rsdp.rsdp.shard_dim`, :func:`torch_rsdp.rsdp.sharded_owner`).
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from typing import List
 
 import torch.nn as nn
 
-from ...rsdp import FullTensors, local_shard_of, rsdp_state, shard, shard_dim
+from ...rsdp import (FullTensors, local_shard_of, rsdp_state, shard, shard_dim,
+                     sharded_owner)
 from ..units import Unit, qualified_params
 from .base import ApplyContext, Cost, StrategyHandler, cast_unit, register
 
@@ -74,6 +75,9 @@ class Rotate(StrategyHandler):
 
     def local_value(self, unit, key, full, current):
         return local_shard_of(unit.module, unit.relative(key), full)
+
+    def holds_shard(self, unit, key):
+        return sharded_owner(unit.module, unit.relative(key)) is not None
 
     def shard_layout(self, unit, key):
         return shard_dim(unit.module, unit.relative(key))

@@ -82,6 +82,9 @@ class Split(StrategyHandler):
         mod = _split_module(unit, key)
         return local_rows_of(mod, full) if mod is not None else full
 
+    def holds_shard(self, unit, key):
+        return _split_module(unit, key) is not None
+
     def shard_layout(self, unit, key):
         mod = _split_module(unit, key)
         return None if mod is None else split_layout(mod)
