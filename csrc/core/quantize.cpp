@@ -11,6 +11,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
+#include <algorithm>
 
 #include "core/half_convert.h"
 #include "core/target_clones.h"
@@ -232,6 +234,17 @@ void add_widened(const void* in, DType dt, size_t count, float* acc) {
 
 void store_narrowed(const float* acc, size_t count, DType dt, void* out) {
   if (count) store_narrowed_any(acc, count, dt, out);
+}
+
+void quantize_feedback(const void* in, DType dt, size_t count, QuantBits bits, size_t block,
+                       float* residual, void* out) {
+  if (!residual) return quantize(in, dt, count, bits, block, out);
+  std::vector<float> x(residual, residual + count);
+  add_widened(in, dt, count, x.data());
+  quantize(x.data(), DType::kFloat32, count, bits, block, out);
+  std::fill(residual, residual + count, 0.f);
+  dequantize_add(out, count, bits, block, residual);
+  for (size_t i = 0; i < count; ++i) residual[i] = x[i] - residual[i];
 }
 
 }  // namespace rsdp

@@ -38,6 +38,11 @@ size_t quant_bytes(size_t count, QuantBits bits, size_t block);
 void quantize(const void* in, DType dt, size_t count, QuantBits bits, size_t block, void* out);
 // out (dtype dt, count elements) = the values `q` encodes.
 void dequantize(const void* q, size_t count, QuantBits bits, size_t block, DType dt, void* out);
+// Error feedback: quantises in + residual (float32, count elements) and
+// leaves in the residual what that loses, so it is added to the next call's
+// values instead of being lost. residual == nullptr: plain quantize().
+void quantize_feedback(const void* in, DType dt, size_t count, QuantBits bits, size_t block,
+                       float* residual, void* out);
 // acc[i] += the value `q` encodes for element i (for reductions in float32).
 void dequantize_add(const void* q, size_t count, QuantBits bits, size_t block, float* acc);
 // acc[i] += in[i] exactly (bf16/fp16 widened), and the way back (rounded to

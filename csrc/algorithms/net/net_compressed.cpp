@@ -37,18 +37,8 @@ void reduce_scatter_quantized(NetComm& c, const std::vector<int>& members,
   for (int i = 0; i < k; ++i) {
     if (i == me) continue;
     sendq[i].resize(quant_bytes(counts[i], bits, block));
-    float* res = residuals ? residuals[i] : nullptr;
-    if (res) {
-      // x + residual, quantised; the new residual is what that loses.
-      std::vector<float> x(res, res + counts[i]);
-      add_widened(ins[i], dt, counts[i], x.data());
-      quantize(x.data(), DType::kFloat32, counts[i], bits, block, sendq[i].data());
-      std::fill(res, res + counts[i], 0.f);
-      dequantize_add(sendq[i].data(), counts[i], bits, block, res);
-      for (size_t j = 0; j < counts[i]; ++j) res[j] = x[j] - res[j];
-    } else {
-      quantize(ins[i], dt, counts[i], bits, block, sendq[i].data());
-    }
+    quantize_feedback(ins[i], dt, counts[i], bits, block, residuals ? residuals[i] : nullptr,
+                      sendq[i].data());
     sends[i] = sendq[i].data();
     send_bytes[i] = sendq[i].size();
     recvq[i].resize(quant_bytes(mine, bits, block));

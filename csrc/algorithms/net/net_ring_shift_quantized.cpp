@@ -12,22 +12,6 @@
 
 namespace rsdp {
 namespace net {
-namespace {
-
-// Quantises `send` into `q`; with a residual, quantises send + residual and
-// leaves in the residual what that loses (error feedback).
-void quantize_send(const void* send, DType dt, size_t count, QuantBits bits, size_t block,
-                   float* residual, uint8_t* q) {
-  if (!residual) return quantize(send, dt, count, bits, block, q);
-  std::vector<float> x(residual, residual + count);
-  add_widened(send, dt, count, x.data());
-  quantize(x.data(), DType::kFloat32, count, bits, block, q);
-  std::fill(residual, residual + count, 0.f);
-  dequantize_add(q, count, bits, block, residual);
-  for (size_t i = 0; i < count; ++i) residual[i] = x[i] - residual[i];
-}
-
-}  // namespace
 
 void ring_shift_quantized(NetComm& c, int send_to, int recv_from, bool send_remote,
                           bool recv_remote, const void* send, void* recv, size_t count, DType dt,
@@ -39,7 +23,7 @@ void ring_shift_quantized(NetComm& c, int send_to, int recv_from, bool send_remo
   size_t out_n = raw;
   if (send_remote) {
     out_stage.resize(qbytes);
-    quantize_send(send, dt, count, bits, block, residual, out_stage.data());
+    quantize_feedback(send, dt, count, bits, block, residual, out_stage.data());
     out_bytes = reinterpret_cast<const char*>(out_stage.data());
     out_n = qbytes;
   }
