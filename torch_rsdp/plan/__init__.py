@@ -48,8 +48,8 @@ May import ``torch_rsdp.rsdp`` through its public API only, and ``torch_rsdp._ut
 from .accumulate import no_sync, set_gradient_sync
 from .apply import PlanState, apply, plan_state
 from .checkpoint import full_state_dict, load_full_state_dict
-from .clip import clip_grad_norm_, grad_norm
 from .checkpoint_reader import CheckpointReader, check_checkpoint_files
+from .clip import clip_grad_norm_, grad_norm
 from .feedback_state import feedback_state_dict, set_feedback_state_dict
 from .optim import OptimizerSharding, make_optimizer, optimizer_sharding
 from .planner import (AutoPlan, BudgetError, Cluster, auto, default_units, parse_budget,

@@ -61,25 +61,26 @@ def _pieces(model: nn.Module) -> Tuple[List[Tuple[torch.Tensor, float]], List[to
     return pieces, grads
 
 
-def grad_norm(model: nn.Module, norm_type: float = 2.0) -> torch.Tensor:
-    """The ``norm_type``-norm of the whole model's gradient (as one process would compute
-    it), the same float32 scalar on every rank. Collective over the plan's group."""
-    st = plan_state(model)
-    norm_type = float(norm_type)
-    pieces, _ = _pieces(model)
+def _total(group, pieces, norm_type: float) -> torch.Tensor:
     if norm_type == float("inf"):
         local = max((g.detach().abs().max().float() for g, _ in pieces if g.numel()),
                     default=torch.zeros((), dtype=torch.float32))
         total = local.reshape(1).clone()
-        dist.all_reduce(total, op=dist.ReduceOp.MAX, group=st.group)
+        dist.all_reduce(total, op=dist.ReduceOp.MAX, group=group)
         return total[0]
     # float64 partial sums: the pieces are added in a different order than one process would
     acc = torch.zeros(1, dtype=torch.float64)
     for g, copies in pieces:
         if g.numel():
             acc += torch.linalg.vector_norm(g.detach().double(), norm_type) ** norm_type / copies
-    dist.all_reduce(acc, group=st.group)
+    dist.all_reduce(acc, group=group)
     return (acc[0] ** (1.0 / norm_type)).float()
+
+
+def grad_norm(model: nn.Module, norm_type: float = 2.0) -> torch.Tensor:
+    """The ``norm_type``-norm of the whole model's gradient (as one process would compute
+    it), the same float32 scalar on every rank. Collective over the plan's group."""
+    return _total(plan_state(model).group, _pieces(model)[0], float(norm_type))
 
 
 def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0,
@@ -91,14 +92,14 @@ def clip_grad_norm_(model: nn.Module, max_norm: float, norm_type: float = 2.0,
 
     Raises ``RuntimeError`` (on every rank alike) when ``error_if_nonfinite`` and the norm is
     NaN or infinite."""
-    total = grad_norm(model, norm_type)
+    pieces, grads = _pieces(model)
+    total = _total(plan_state(model).group, pieces, float(norm_type))
     if error_if_nonfinite and not torch.isfinite(total):
         raise RuntimeError(
             f"torch_rsdp.plan.clip_grad_norm_: the total norm of order {float(norm_type)} of "
             f"the gradients is non-finite ({total.item()}), so it cannot be clipped; "
             f"error_if_nonfinite=False to clip anyway")
     coef = torch.clamp(float(max_norm) / (total + 1e-6), max=1.0)
-    _, grads = _pieces(model)
     for g in grads:
         local = g.to_local() if isinstance(g, DTensor) else g
         local.mul_(coef.to(local.dtype))
