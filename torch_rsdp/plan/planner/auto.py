@@ -303,8 +303,8 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
 #: A uniform plan predicted to need up to this much more than the budget still races (the
 #: memory model errs by some percent either way, and the race measures what it needs).
 RIVAL_SLACK = 0.15
-#: Step times this close are a tie: a few steps of two runs of one plan land this far apart
-#: on a busy machine.
+#: Step times this close are a tie at least (wider where the race's own steps spread more):
+#: a few steps of two runs of one plan land this far apart on a quiet machine.
 RACE_TIE = 0.03
 
 
@@ -330,17 +330,22 @@ def _race(model, example_inputs, group, optimizer, picked: AutoPlan, rivals, ste
           accumulation, budget, prof, links) -> AutoPlan:
     """The pick against ``rivals``, measured (:func:`.verify.measure_plans`): the fastest
     whose measured peak fits ``budget`` wins -- a uniform plan within :data:`RACE_TIE` of the
-    pick counts as a tie and wins it, being the simpler plan --; if none fits, the smallest
+    pick, or within the spread of either one's timed steps, counts as a tie and wins it, being
+    the simpler plan: a mix must be measurably faster --; if none fits, the smallest
     measured peak. (The measurement counts every tensor torch allocates, temporaries
     included, so it is held to the budget itself, not to what the headroom leaves of it.)
     The plan returned carries the race in ``prediction.checks``."""
     plans = [picked] + [Plan.uniform(model, s) for s, _, _ in rivals]
     measured = measure_plans(model, example_inputs, plans, group=group, optimizer=optimizer,
                              steps=steps, accumulation=accumulation)
-    fit = [i for i, (_, peak) in enumerate(measured) if peak <= budget]
+    fit = [i for i, (_, peak, _) in enumerate(measured) if peak <= budget]
     if fit:
         best = min(fit, key=lambda i: (measured[i][0], i))
-        tied = [i for i in fit if i and measured[i][0] <= measured[best][0] * (1 + RACE_TIE)]
+
+        def tie(i):  # how close counts as equal: the quiet-machine floor or the race's noise
+            return max(RACE_TIE, measured[0][2], measured[i][2])
+
+        tied = [i for i in fit if i and measured[i][0] <= measured[best][0] * (1 + tie(i))]
         if best == 0 and tied:  # a mix must be measurably faster to be worth it
             best = min(tied, key=lambda i: (measured[i][0], i))
     else:  # the memory model erred for every one: the budget is the harder constraint
@@ -348,8 +353,9 @@ def _race(model, example_inputs, group, optimizer, picked: AutoPlan, rivals, ste
     pred = picked.prediction
     rows = [("planned", pred.step_time_s, pred.peak_bytes)] + [
         (f"uniform {s}", t, peak) for s, t, peak in rivals]
-    checks = [PlanCheck(label, t * accumulation, peak, mt, mpeak, kept=i == best)
-              for i, ((label, t, peak), (mt, mpeak)) in enumerate(zip(rows, measured))]
+    checks = [PlanCheck(label, t * accumulation, peak, mt, mpeak, kept=i == best,
+                        measured_spread=spread)
+              for i, ((label, t, peak), (mt, mpeak, spread)) in enumerate(zip(rows, measured))]
     if best:
         won = plans[best]
         picked = AutoPlan({k: str(v) for k, v in won.mapping.items()}, str(won.default))

@@ -67,11 +67,13 @@ def explain(pred: Prediction) -> str:
         lines += [f"  {(u.name or '<root>')[:28]:<28} {u.note}" for u in notes]
     if pred.checks:
         lines += ["", "checked in place (a few training steps of each on a copy of the model: "
-                      "slowest rank's median; peak per rank by torch's MemTracker; the fastest "
-                      "that fits the budget is kept, or if none does, the smallest):"]
+                      "slowest rank's median and the spread of its steps; peak per rank by "
+                      "torch's MemTracker; the fastest that fits the budget is kept, a uniform "
+                      "plan winning ties within the spread, or if none fits, the smallest):"]
         for c in pred.checks:
             lines.append(f"  {c.label:<24} predicted {c.predicted_s * 1e3:8.1f} ms/step, "
                          f"{_mib(c.predicted_peak_bytes):>7} MiB; measured "
-                         f"{c.measured_s * 1e3:8.1f} ms/step, {_mib(c.measured_peak_bytes):>7} MiB"
+                         f"{c.measured_s * 1e3:8.1f} ms/step (spread {c.measured_spread:3.0%}), "
+                         f"{_mib(c.measured_peak_bytes):>7} MiB"
                          + ("   <- kept" if c.kept else ""))
     return "\n".join(lines)

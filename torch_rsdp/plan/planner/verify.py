@@ -7,9 +7,11 @@ search, :func:`~torch_rsdp.plan.auto` trains a few steps of its pick and of the
 fastest-predicted uniform plans (``Plan.uniform``: a unit per block and one for the rest, as
 users apply FSDP2) that fit the budget or miss it by less than the memory model's error, each
 on a copy of the model, measures each one's peak memory as torch does
-(``MemTracker``, one more step), and keeps the fastest whose measured peak fits (a uniform
-plan within ``auto.RACE_TIE`` of a mix wins the tie): its plan is never slower than the best
-fitting uniform plan by more than the noise of a few steps.
+(``MemTracker``, one more step), and keeps the fastest whose measured peak fits. A mix must be
+measurably faster: a uniform plan wins a tie, and two plans tie when they are closer than
+``auto.RACE_TIE`` or than the spread of either one's own timed steps (this machine's noise,
+measured in the race itself). So its plan is never slower than the best fitting uniform plan
+by more than the noise of a few steps.
 
 Each candidate: the model copied, the plan applied (as :func:`~torch_rsdp.plan.apply`
 does, communication included), the optimizer of the planner's rule (``make_optimizer``), one
@@ -55,6 +57,9 @@ class PlanCheck:
     measured_s: float = float("nan")   # median step, slowest rank
     measured_peak_bytes: int = 0       # MemTracker over one step, largest rank
     kept: bool = False
+    #: The spread of its timed steps relative to their median, the slowest one left out (a
+    #: single hiccup is not noise the plans share): how far apart two runs of one plan land.
+    measured_spread: float = 0.0
 
 
 def _loss_of(out):
@@ -114,10 +119,10 @@ def _time_one(model: nn.Module, plan, args, kwargs, group, optimizer: str, steps
 
 def measure_plans(model: nn.Module, example_inputs, plans: Sequence, *, group, optimizer: str,
                   steps: int = 3, rounds: int = 2, accumulation: int = 1
-                  ) -> List[Tuple[float, int]]:
-    """(median step seconds at the slowest rank, peak bytes at the largest rank) of each of
-    ``plans`` applied to a copy of ``model``. Collective: every rank of ``group`` calls it
-    with the same plans."""
+                  ) -> List[Tuple[float, int, float]]:
+    """(median step seconds at the slowest rank, peak bytes at the largest rank, spread of
+    the steps: :attr:`PlanCheck.measured_spread`) of each of ``plans`` applied to a copy of
+    ``model``. Collective: every rank of ``group`` calls it with the same plans."""
     if optimizer not in OPTIMIZERS:
         raise ValueError(f"torch_rsdp.plan.auto: no optimizer to time for rule {optimizer!r}")
     args, kwargs = _as_args(example_inputs)
@@ -136,6 +141,10 @@ def measure_plans(model: nn.Module, example_inputs, plans: Sequence, *, group, o
     out, at = [], 0
     for i in order:
         n = len(times[i])
-        out.append((statistics.median(flat[at:at + n].tolist()), int(flat[-len(plans) + i])))
+        steps_i = sorted(flat[at:at + n].tolist())
+        mid = statistics.median(steps_i)
+        kept = steps_i[:-1] if n >= 3 else steps_i
+        spread = (kept[-1] - kept[0]) / mid if mid > 0 else 0.0
+        out.append((mid, int(flat[-len(plans) + i]), spread))
         at += n
     return out
