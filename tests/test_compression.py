@@ -386,6 +386,7 @@ def _plan(ctx):
     import torch_rsdp
     import torch_rsdp.plan as plan
     from torch_rsdp.compression import FeedbackAllReduce, FeedbackReduceScatter
+    from torch_rsdp.ring import ring_neighbours
 
     import plan_cases as pc
     r, W = ctx.rank, ctx.world_size
@@ -421,7 +422,10 @@ def _plan(ctx):
                                        for n in fed},
                      "ring_residual": {k: float(v.abs().max()) for k, v in
                                        plan.feedback_state_dict(model).items()
-                                       if ".emb." in k or k.endswith(".emb.residual")}}
+                                       if ".emb." in k or k.endswith(".emb.residual")},
+                     # whether this rank's gradient hops (direction -1) leave its node
+                     "ring_sends_across": "emb" in compressed and ring_neighbours(
+                         st.meshes.group_for(units["emb"].compression), -1)[0] // 2 != r // 2}
     with pytest.raises(ValueError, match="grads"):
         plan.apply(pc.make_net(), "full_shard", compression={"grads": "fp8"})
     return out
@@ -449,7 +453,7 @@ def test_plan_apply_with_compression():
         # rotate+int8: its ring hops between nodes, weights and gradient sums
         assert (pu["groups"]["emb"]["ring_shift"], pu["groups"]["emb"]["ring_shift_reduce"]
                 ) == ("int8", "int8"), pu["groups"]
-        if r in (1, 3):  # direction -1 sends 1 -> 0 and 3 -> 2 inside; 0 -> 3, 2 -> 1 across
+        if not pu["ring_sends_across"]:  # one rank per node sends its sums across
             assert not pu["ring_residual"], pu["ring_residual"]
         else:
             assert pu["ring_residual"] and all(v > 0 for v in pu["ring_residual"].values()), (
@@ -463,6 +467,8 @@ def test_plan_apply_with_compression():
                                    f"{hy['diff']}"
         print(f"rank {r}: off one process: int8 mix {mix['diff']:.2e}, per-unit "
               f"{pu['diff']:.2e}, hybrid_shard {hy['diff']:.2e}")
+    # the node-aware ring crosses each node boundary once per direction
+    assert sum(res[r]["per_unit"]["ring_sends_across"] for r in range(4)) == 2, res
 
 
 def test_strategy_suffix_parses_and_rejects():
