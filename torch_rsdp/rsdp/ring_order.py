@@ -18,7 +18,8 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from ..ring import ring_shift, ring_shift_reduce
+from ..ring import ring_neighbours, ring_shift, ring_shift_reduce
+from ..topology import topology
 
 __all__ = ["Ring", "Pending"]
 
@@ -61,8 +62,6 @@ class Ring:
                 self._origins[d] = seq
         self._remote = {d: False for d in (1, -1)}
         if self.world > 1:
-            from ..topology import topology
-            from ..ring import ring_neighbours
             node = {r: i for i, ranks in enumerate(topology(group)["nodes"]) for r in ranks}
             for d in (1, -1):
                 self._remote[d] = node[ring_neighbours(group, d)[0]] != node[self.rank]
