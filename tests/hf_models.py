@@ -75,7 +75,14 @@ def _loss(model, q, step=0):
     return out.loss, out.logits
 
 
+def _loc(t):
+    """A DTensor's local tensor (shards and replicas are DTensors), else ``t``."""
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _close(got, exp, what, atol=ATOL, rtol=RTOL):
+    got, exp = _loc(got), _loc(exp)
     assert got is not None and exp is not None, f"{what}: missing ({got is None}, {exp is None})"
     assert got.shape == exp.shape, f"{what}: shape {tuple(got.shape)} vs {tuple(exp.shape)}"
     if not torch.allclose(got.float(), exp.float(), atol=atol, rtol=rtol):

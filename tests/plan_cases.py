@@ -130,8 +130,9 @@ def reference(model: nn.Module, opt_name: str, world: int, steps: int, start: in
 def train(model, opt, rank: int, world: int, steps: int, start: int = 0, micro: int = 1,
           clip: Optional[float] = None, norms: Optional[list] = None):
     """``steps`` optimizer steps on this rank's slice; ``micro`` micro-batches per step, all
-    but the last under ``plan.no_sync``; ``clip``: ``plan.clip_grad_norm_`` before every step
-    (the norms appended to ``norms``)."""
+    but the last under ``plan.no_sync``; ``clip``: torch's own ``clip_grad_norm_`` over
+    ``model.parameters()`` before every step, as trainers call it (the norms appended to
+    ``norms``)."""
     import torch_rsdp.plan as plan
     for step in range(start, start + steps):
         x, y = batch(step, world)
@@ -144,11 +145,23 @@ def train(model, opt, rank: int, world: int, steps: int, start: int = 0, micro: 
             else:
                 (loss_of(model, xs[i], ys[i]) / micro).backward()
         if clip is not None:
-            n = plan.clip_grad_norm_(model, clip)
+            n = torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
             if norms is not None:
-                norms.append(n.item())
+                norms.append(full(n).item())
         opt.step()
         opt.zero_grad()
+
+
+def loc(t):
+    """A DTensor's local tensor (every parameter of a planned model is one), else ``t``."""
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def full(t):
+    """A DTensor's whole value (a norm torch reduced over the mesh), else ``t``."""
+    from torch.distributed.tensor import DTensor
+    return t.full_tensor() if isinstance(t, DTensor) else t
 
 
 def assert_close_sd(got: dict, want: dict, atol: float, what: str):

@@ -55,7 +55,14 @@ def _on(x, dev):
     return x.detach().to(dev).requires_grad_(x.requires_grad)
 
 
+def _loc(t):
+    """A DTensor's local tensor (shards and replicas are DTensors), else ``t``."""
+    from torch.distributed.tensor import DTensor
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
 def _close(got, exp, what, atol=ATOL, rtol=RTOL):
+    got, exp = _loc(got), _loc(exp)
     assert got is not None and exp is not None, f"{what}: missing ({got is None}, {exp is None})"
     assert got.shape == exp.shape, f"{what}: shape {tuple(got.shape)} vs {tuple(exp.shape)}"
     if not torch.allclose(got, exp, atol=atol, rtol=rtol):
@@ -148,12 +155,12 @@ def fam_linear(ctx, rec):
             n = fout if split == "out" else fin
             m = -(-n // ctx.world_size)
             expect = max(0, min(m, n - ctx.rank * m))
-            got = model.weight.shape[0 if split == "out" else 1]
+            got = _loc(model.weight).shape[0 if split == "out" else 1]
             assert got == expect, f"{name}: local shard has {got} rows/cols, expected {expect}"
             # one accumulator per layer: weight and bias gradients share its storage
             if bias and split == "out":
-                assert (model.weight.grad.untyped_storage().data_ptr()
-                        == model.bias.grad.untyped_storage().data_ptr())
+                assert (_loc(model.weight.grad).untyped_storage().data_ptr()
+                        == _loc(model.bias.grad).untyped_storage().data_ptr())
     with rec.case("input without grad (no weight rotation in backward)"):
         _check_layer(ctx, lambda: nn.Linear(4, 6),
                      lambda q: torch.randn(3, 4, generator=_gen("x", q)), "nograd-input")
@@ -447,7 +454,7 @@ def fam_extras(ctx, rec):
             st = m._rsdp
             for n in st.names:
                 v = st.layout.view(st.flat, n, r)
-                assert v.numel() == 0 or st.param(n).data_ptr() == v.data_ptr(), n
+                assert v.numel() == 0 or _loc(st.param(n)).data_ptr() == v.data_ptr(), n
     with rec.case("full state_dict on rank 0 loads into the unwrapped model"):
         model = _shard(_seeded_tiny())
         _train(ctx, model, 2)

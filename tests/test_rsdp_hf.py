@@ -34,7 +34,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from harness import assert_family, launch, launch_families, run_families
-from hf_models import (MODELS, _check_tie, _close, _gen, _ids, _loss, _make, _sharded,
+from hf_models import (MODELS, _check_tie, _close, _gen, _loc, _ids, _loss, _make, _sharded,
                        _train)
 from rsdp_unit_families import fam_units
 
@@ -65,14 +65,14 @@ def fam_parity(ctx, rec):
                 _close(p.grad, exp, f"{kind}: grad of {name}")
             st = rsdp.rsdp_state(model)
             full = sum(p.numel() for p in ref.parameters())
-            resident = sum(p.numel() for p in model.parameters())
+            resident = sum(_loc(p).numel() for p in model.parameters())
             assert st.full_numel == full and st.resident_numel() == resident
             frac = resident / full
             print(f"resident {kind} ws={W} rank {r}: {resident}/{full} = {frac:.4f}")
             assert frac <= 1 / W + 0.05, f"{kind}: rank {r} holds {frac:.3f} of the model"
             # report(): exactly the parameters left whole, each with a reason
             whole = {e.name: e for e in st.left_whole}
-            exp_whole = {n for n, p in model.named_parameters() if p.shape == ref_params[n].shape
+            exp_whole = {n for n, p in model.named_parameters() if _loc(p).shape == ref_params[n].shape
                          and rsdp.local_shard_of(model, n, ref_params[n]) is ref_params[n]}
             assert set(whole) == exp_whole, f"{kind}: left_whole {sorted(whole)} vs {exp_whole}"
             for e in whole.values():

@@ -57,6 +57,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
+from ._dtensor_params import like_param, local
+
 __all__ = ["ShardLayout", "install", "hook_optimizer", "raw_state_dict", "layout_of",
            "state_keys", "STATE_KEY", "is_private_copy"]
 
@@ -190,6 +192,8 @@ def install(model: nn.Module, keys, layout: LayoutFn, mesh_fn,
         p._rsdp_checkpointed = True  # optimizers over it get the hooks
     for key in keys:
         p = params[key]
+        if isinstance(p, DTensor):
+            continue  # torch sees it for what it is already
         try:
             lay = layout(key)
         except ValueError as e:
@@ -200,7 +204,8 @@ def install(model: nn.Module, keys, layout: LayoutFn, mesh_fn,
         if lay is None:
             continue
         dim, shape, local_of = lay
-        by_key[key] = ShardLayout(key, mesh_fn(), dim, tuple(shape), tuple(p.shape), local_of)
+        by_key[key] = ShardLayout(key, mesh_fn(), dim, tuple(shape), tuple(local(p).shape),
+                                  local_of)
         if layout_of(p) is None:  # a tied parameter: its first key speaks for it
             p._rsdp_layout = by_key[key]
 
@@ -216,6 +221,8 @@ def install(model: nn.Module, keys, layout: LayoutFn, mesh_fn,
             elif isinstance(value, torch.Tensor):  # [Note: copies]
                 state_dict[full_key] = _private(value)
 
+    dtensors = {k: p for k, p in params.items() if isinstance(p, DTensor) and k not in by_key}
+
     def on_load(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
         if _RAW[0]:
             return
@@ -223,6 +230,10 @@ def install(model: nn.Module, keys, layout: LayoutFn, mesh_fn,
             full_key = prefix + key
             if full_key in state_dict:
                 state_dict[full_key] = lay.take(state_dict[full_key], repr(full_key))
+        for key, p in dtensors.items():  # whole tensors or local parts into DTensor parameters
+            full_key = prefix + key
+            if full_key in state_dict:
+                state_dict[full_key] = like_param(p, state_dict[full_key], repr(full_key))
 
     model.register_state_dict_post_hook(on_state_dict)
     model.register_load_state_dict_pre_hook(on_load)
@@ -306,9 +317,20 @@ def hook_optimizer(opt: torch.optim.Optimizer) -> None:
         if _RAW[0]:
             return None
         _check_owned(optimizer, state_dict)
-        return _convert_state(optimizer, state_dict,
-                              lambda lay, k, v: lay.take(v, f"optimizer state {k!r} of "
-                                                            f"{lay.key!r}"))
+        state_dict = _convert_state(optimizer, state_dict,
+                                    lambda lay, k, v: lay.take(v, f"optimizer state {k!r} of "
+                                                                  f"{lay.key!r}"))
+        # State of DTensor parameters given as plain tensors (a torch.save'd state dict):
+        # DTensors again, as the optimizer keeps them.
+        params = state_keys(optimizer, state_dict)
+        state = state_dict.get("state", {})
+        for key, st in state.items():
+            p = params.get(key)
+            if isinstance(p, DTensor) and isinstance(st, dict):
+                state[key] = {k: like_param(p, v, f"optimizer state {k!r} of {key!r}")
+                              if isinstance(v, torch.Tensor) and not isinstance(v, DTensor)
+                              and v.dim() else v for k, v in st.items()}
+        return state_dict
 
     opt.register_state_dict_post_hook(post)
     opt.register_load_state_dict_pre_hook(pre)

@@ -61,6 +61,8 @@ import torch.nn as nn
 from torch.profiler import record_function
 from torch.utils._pytree import tree_flatten
 
+from ._dtensor_params import local, local_grad, set_grad
+
 __all__ = ["GradSync", "pack_buckets", "DEFAULT_BUCKET_BYTES"]
 
 DEFAULT_BUCKET_BYTES = 25 << 20
@@ -200,10 +202,11 @@ class GradSync:
         i = b.index[id(p)]
         off = b.offsets[i]
         dst = b.flat[off:off + p.numel()]
-        dst.copy_(p.grad.reshape(-1))
+        g = local_grad(p)
+        dst.copy_(g.reshape(-1))
         b.flat[b.flat.numel() - len(b.params) + i] = 1
-        if p.grad.dtype == b.dtype:
-            p.grad = dst.view_as(p)
+        if g.dtype == b.dtype:
+            set_grad(p, dst.view(g.shape))
 
     def _launch(self, b: _Bucket) -> None:
         if b.flat is None:  # no parameter of the bucket had a gradient on this rank
@@ -252,9 +255,9 @@ class GradSync:
         b.flat[:n].div_(self.world)
         off = 0
         for i, p in enumerate(b.params):
-            g = b.flat[off:off + p.numel()].view_as(p)
+            g = b.flat[off:off + p.numel()].view(local(p).shape)
             if b.flat[n + i] == 0:
                 p.grad = None  # no rank had a gradient: the optimizer skips it
-            elif p.grad is None or p.grad.data_ptr() != g.data_ptr():
-                p.grad = g if g.dtype == p.dtype else g.to(p.dtype)
+            elif p.grad is None or local_grad(p).data_ptr() != g.data_ptr():
+                set_grad(p, g if g.dtype == p.dtype else g.to(p.dtype))
             off += p.numel()

@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 
+from .._dtensor_params import replicate_params
 from .._grad_sync import DEFAULT_BUCKET_BYTES, GradSync
 from .._utils import broadcast_module_states
 from .. import _checkpoint_hooks
@@ -123,6 +124,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
     for unit in sorted(units.values(), key=lambda u: -depth(u.name)):
         if unit.params:
             replicated += unit.strategy.handler.apply(unit, ctx)
+    replicated = _as_dtensors(model, units, replicated, ctx, meshes)
     state = PlanState(plan_obj, group, units, None, meshes,
                       _fsdp_root(model, units, meshes, mp), ctx.optim_sharded)
     order = {id(p): i for i, p in enumerate(model.parameters())}
@@ -141,6 +143,25 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
 
 
 # ------------------------------------------------------------------------------------------------
+def _as_dtensors(model: nn.Module, units: Dict[str, Unit], replicated: List[nn.Parameter],
+                 ctx: ApplyContext, meshes: Meshes) -> List[nn.Parameter]:
+    """The parameters the plan keeps whole become ``Replicate()`` DTensors (every sharded one
+    is a DTensor already), so that torch's own tools see one kind of parameter
+    (:mod:`torch_rsdp._dtensor_params`). Their mesh is the one the sharded units use: the
+    flat mesh of the group, or the hybrid mesh when only ``hybrid_shard`` units shard across
+    more than one node (DTensors on meshes of different shapes cannot be stacked, as torch's
+    ``clip_grad_norm_`` stacks the norms)."""
+    if not replicated:
+        return replicated
+    shards = {u.strategy.kind for u in units.values() if u.params} - {"no_shard", "shard_optim"}
+    mesh = meshes.hybrid() if shards == {"hybrid_shard"} else meshes.flat()
+    new = replicate_params(model, replicated, mesh)
+    for u in units.values():
+        u.params = {n: new.get(id(p), p) for n, p in u.params.items()}
+    ctx.optim_sharded[:] = [new.get(id(p), p) for p in ctx.optim_sharded]
+    return [new.get(id(p), p) for p in replicated]
+
+
 def _check_local(model: nn.Module, res: Resolution) -> None:
     """Checks that need no communication (so they fail on the rank that has the bad input)."""
     covered: Dict[str, list] = {}

@@ -17,9 +17,11 @@ from typing import Dict, Optional
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
-from .apply import plan_state
 from .._checkpoint_hooks import raw_state_dict
+from .._dtensor_params import like_param
+from .apply import plan_state
 from .units import units_by_key
 
 __all__ = ["full_state_dict", "load_full_state_dict"]
@@ -46,6 +48,8 @@ def full_state_dict(model: nn.Module, rank0_only: bool = True) -> Dict[str, torc
         full: Optional[torch.Tensor] = (value.detach() if unit is None else
                                         unit.strategy.handler.full_value(
                                             unit, key, value, rank0_only, scratch))
+        if isinstance(full, DTensor):  # a replica (Replicate()): no communication
+            full = full.full_tensor()
         if keep:
             out[key] = full.detach().clone()
     return out
@@ -67,7 +71,8 @@ def load_full_state_dict(model: nn.Module, full: Dict[str, torch.Tensor], strict
     local = {}
     for key, value in full.items():
         unit, cur = units.get(key), current.get(key)
-        local[key] = (value if unit is None or cur is None else
-                      unit.strategy.handler.local_value(unit, key, value, cur))
+        v = (value if unit is None or cur is None else
+             unit.strategy.handler.local_value(unit, key, value, cur))
+        local[key] = like_param(cur, v, repr(key)) if cur is not None else v
     with raw_state_dict():
         return model.load_state_dict(local, strict=strict)

@@ -67,7 +67,8 @@ def _cast_holder(mod: nn.Module, params: Dict[str, nn.Parameter], pdt: torch.dty
     cast_in = _cast(pdt)
 
     def pre(m, args, kwargs):
-        ctx = _reparametrize_module(m, {n: p.to(pdt) for n, p in params.items()})
+        # by name: the plan re-registers replicated parameters as DTensors after this hook
+        ctx = _reparametrize_module(m, {n: m._parameters[n].to(pdt) for n in params})
         ctx.__enter__()
         stack.append(ctx)
         return tree_map(cast_in, args), tree_map(cast_in, kwargs)

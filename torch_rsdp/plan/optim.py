@@ -43,6 +43,7 @@ import torch.nn as nn
 from torch.optim import Optimizer
 from torch.profiler import record_function
 
+from .._dtensor_params import local
 from .._grad_sync import DEFAULT_BUCKET_BYTES, pack_buckets
 from .apply import plan_state
 from .._checkpoint_hooks import STATE_KEY, hook_optimizer, state_keys
@@ -209,18 +210,19 @@ class OptimizerSharding:
             src = dist.get_global_rank(self.group, r) if self.group is not None else r
             for ps in self.sends[r]:
                 p0 = ps[0]
-                if len(ps) == 1 and p0.is_contiguous():
+                mine = [local(p) for p in ps]  # replicas: DTensors of whole local tensors
+                if len(ps) == 1 and mine[0].is_contiguous():
                     with record_function("RSDP::plan::shard_optim_broadcast"):
-                        dist.broadcast(p0.detach(), src=src, group=self.group)
+                        dist.broadcast(mine[0], src=src, group=self.group)
                     continue
-                flat = torch.cat([p.detach().reshape(-1) for p in ps]) if r == self.rank \
-                    else torch.empty(sum(p.numel() for p in ps), dtype=p0.dtype,
+                flat = torch.cat([t.reshape(-1) for t in mine]) if r == self.rank \
+                    else torch.empty(sum(t.numel() for t in mine), dtype=p0.dtype,
                                      device=p0.device)
                 with record_function("RSDP::plan::shard_optim_broadcast"):
                     dist.broadcast(flat, src=src, group=self.group)
                 if r != self.rank:
                     off = 0
-                    for p in ps:
-                        p.copy_(flat[off:off + p.numel()].view_as(p))
-                        off += p.numel()
+                    for t in mine:
+                        t.copy_(flat[off:off + t.numel()].view_as(t))
+                        off += t.numel()
                 del flat

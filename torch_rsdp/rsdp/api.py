@@ -41,6 +41,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .. import _checkpoint_hooks
+from .._dtensor_params import local, mesh_of_group, replicate_params
 from .._grad_sync import GradSync
 from .._utils import broadcast_module_states
 from . import coverage
@@ -97,7 +98,7 @@ class RSDPState:
         """Parameter elements this rank holds (its shards plus every whole parameter)."""
         if self._root is None:
             return 0
-        return sum(p.numel() for p in self._root.parameters())
+        return sum(local(p).numel() for p in self._root.parameters())
 
     def report(self) -> str:
         """A table: how much of the model this rank holds, and every parameter left whole
@@ -239,6 +240,11 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     _warn_undecomposable(whole, ring, min_numel)
     sync = None
     if sync_replicated and replicated:
+        # Replicas as Replicate() DTensors, like the shards: torch's tools then see one kind of
+        # parameter (torch_rsdp._dtensor_params)
+        new = replicate_params(model, replicated,
+                               mesh_of_group(group, replicated[0].device.type))
+        replicated = [new.get(id(p), p) for p in replicated]
         sync = GradSync(replicated, group, root=model,
                         reduce_dtype=mp_policy.reduce_dtype if mp_policy else None)
     model._rsdp_root = RSDPState(ring, sharded, replicated, sync, whole, full_numel, model)

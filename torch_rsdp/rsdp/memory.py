@@ -14,6 +14,8 @@ from typing import Optional
 
 import torch
 
+from .._dtensor_params import local
+
 __all__ = ["alloc_buffer", "release_buffers", "MemoryTracker"]
 
 _ACTIVE: Optional["MemoryTracker"] = None
@@ -99,7 +101,7 @@ class MemoryTracker:
     def _total(self, buffers):
         owned = {}
         for p in self.params:
-            for t in (p, p.grad):
+            for t in (local(p), local(p.grad)):
                 if t is not None:
                     s = t.untyped_storage()
                     owned[s.data_ptr()] = s.nbytes()

@@ -2,9 +2,14 @@
 
 :class:`ShardState` takes a module's full parameters, keeps only this rank's shard of each in
 one padded flat storage (see :mod:`.flat_shard`) and re-registers each as an ``nn.Parameter``
-that is a *view* of that storage. So ``module.parameters()`` yields exactly the local shards
-(any optimiser works, and its state is sharded too), while a whole shard can be sent with a
-single ring op straight from the storage, with no copy.
+whose data is a *view* of that storage. Where the shards are the pieces ``torch.chunk`` gives
+each rank along one dimension, the parameter is a ``DTensor`` (``Shard(dim)`` over the ring's
+group, :mod:`torch_rsdp._dtensor_params`) whose local tensor is that view: torch's clipping,
+checkpoints and optimizers see a piece of a global tensor, and the gradients the ring brings
+home come back as DTensors of the same placement (:meth:`ShardState.grads_from`). Other
+layouts (``nn.MultiheadAttention``'s heads, a rotation unit whose heads do not divide evenly)
+stay plain local tensors. Any optimiser works, its state sharded too, while a whole shard can
+be sent with a single ring op straight from the storage, with no copy.
 
 If something rebinds a parameter's ``.data`` (``module.to(...)``, manual assignment), the next
 :meth:`ShardState.local_flat` notices and rebuilds the storage from the parameters.
@@ -16,8 +21,10 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.tensor import DTensor
 
-from .flat_shard import FlatLayout
+from .._dtensor_params import Shard, dtensor_param, local, mesh_of_group, wrap_like
+from .flat_shard import FlatLayout, chunk_sizes
 from .memory import alloc_buffer, release_buffers
 from .ring_feedback import RingFeedback
 from .ring_order import Ring
@@ -53,6 +60,7 @@ class ShardState:
                                   for n in self.names})
         ref = full[self.names[0]]
         self.flat = torch.zeros(self.layout.numel, dtype=ref.dtype, device=ref.device)
+        mesh = mesh_of_group(ring.group, ref.device.type)
         with torch.no_grad():
             for n in self.names:
                 old = full[n]
@@ -60,8 +68,23 @@ class ShardState:
                 view.copy_(take(n, old, r))
                 requires_grad = old.requires_grad if isinstance(old, nn.Parameter) else True
                 owner, attr = _owner(module, n)
-                setattr(owner, attr, nn.Parameter(view, requires_grad=requires_grad))
+                lay = self.chunk_layout(n)
+                p = (nn.Parameter(view, requires_grad=requires_grad) if lay is None else
+                     dtensor_param(view, mesh, [Shard(lay[0])], lay[1], requires_grad))
+                setattr(owner, attr, p)
         self.module_ref = module
+
+    def chunk_layout(self, name: str):
+        """``(dim, global shape)`` when every rank's shard of ``name`` is the piece
+        ``torch.chunk`` gives it along ``dim`` (DTensor's ``Shard(dim)``), else None."""
+        shapes, d, W = self.layout.shapes[name], self.dims.get(name), self.ring.world
+        if d is None:
+            return None
+        total = sum(s[d] for s in shapes)
+        ref = max(shapes, key=lambda s: s[d])
+        regular = (self._assemble is None and [s[d] for s in shapes] == chunk_sizes(total, W)
+                   and all(s[:d] + s[d + 1:] == ref[:d] + ref[d + 1:] for s in shapes))
+        return (d, ref[:d] + (total,) + ref[d + 1:]) if regular else None
 
     # ----------------------------------------------------------------------------------------
     def param(self, name: str) -> nn.Parameter:
@@ -79,19 +102,22 @@ class ShardState:
         r = self.ring.rank
         stale = False
         for n in self.names:
-            p, v = self.param(n), self.layout.view(self.flat, n, r)
+            p, v = local(self.param(n)), self.layout.view(self.flat, n, r)
             if (p.dtype != self.flat.dtype or p.device != self.flat.device or p.shape != v.shape
                     or (p.numel() and p.data_ptr() != v.data_ptr())):
                 stale = True
         if stale:
-            p0 = self.param(self.names[0])
+            p0 = local(self.param(self.names[0]))
             flat = torch.zeros(self.layout.numel, dtype=p0.dtype, device=p0.device)
             with torch.no_grad():
                 for n in self.names:
                     p = self.param(n)
                     v = self.layout.view(flat, n, r)
-                    v.copy_(p.detach())
-                    p.data = v
+                    v.copy_(local(p))
+                    if isinstance(p, DTensor):
+                        p._local_tensor = v  # keeps the Parameter (the optimizer holds it)
+                    else:
+                        p.data = v
             self.flat = flat
         return self.flat
 
@@ -120,7 +146,11 @@ class ShardState:
         acc.div_(self.ring.world)
         if acc.dtype != self.flat.dtype:
             acc = acc.to(self.flat.dtype)
-        return {n: self.layout.view(acc, n, self.ring.rank) for n in self.names}
+        out = {}
+        for n in self.names:
+            # autograd wants a gradient of the parameter's kind
+            out[n] = wrap_like(self.param(n), self.layout.view(acc, n, self.ring.rank))
+        return out
 
 
 def _owner(module: nn.Module, name: str):

@@ -20,8 +20,8 @@ import torch.nn as nn
 from torch.profiler import record_function
 
 from .._checkpoint_hooks import raw_state_dict
+from .._dtensor_params import like_param, local as local_tensor
 from .._utils import group_rank0
-from .flat_shard import chunk_sizes
 from .shard_state import ShardState
 
 __all__ = ["full_state_dict", "load_full_state_dict", "local_shard_of", "sharded_owner",
@@ -56,17 +56,13 @@ def shard_dim(model: nn.Module, key: str) -> Optional[Tuple[int, Tuple[int, ...]
     if owner is None:
         return None
     st, name = owner
-    shapes, d, W = st.layout.shapes[name], st.dims[name], st.ring.world
-    total = sum(s[d] for s in shapes)
-    ref = max(shapes, key=lambda s: s[d])
-    regular = (st._assemble is None and [s[d] for s in shapes] == chunk_sizes(total, W)
-               and all(s[:d] + s[d + 1:] == ref[:d] + ref[d + 1:] for s in shapes))
-    if not regular:
+    lay = st.chunk_layout(name)
+    if lay is None:
         raise ValueError(f"torch_rsdp.rsdp: {key!r} is sharded in a layout a checkpoint cannot "
                          f"describe as one torch.chunk piece per rank (shapes per rank "
-                         f"{shapes}); save it with full_state_dict, or shard that module "
-                         f"another way")
-    return d, ref[:d] + (total,) + ref[d + 1:]
+                         f"{st.layout.shapes[name]}); save it with full_state_dict, or shard "
+                         f"that module another way")
+    return lay
 
 
 def local_shard_of(model: nn.Module, key: str, full: torch.Tensor) -> torch.Tensor:
@@ -129,7 +125,7 @@ def full_state_dict(model: nn.Module, rank0_only: bool = True) -> Dict[str, torc
             if keep:
                 out[key] = full
         elif keep:
-            out[key] = value.detach().clone()
+            out[key] = local_tensor(value).detach().clone()  # a replica's local tensor is whole
     return out
 
 
@@ -153,6 +149,9 @@ def _gather_flat(st: ShardState, rank0_only: bool):
 def load_full_state_dict(model: nn.Module, full: Dict[str, torch.Tensor], strict: bool = True):
     """Loads an unwrapped model's state dict (present on every rank); each rank keeps its
     slices. Returns ``load_state_dict``'s result."""
-    local = {k: local_shard_of(model, k, v) for k, v in full.items()}
     with raw_state_dict():
-        return model.load_state_dict(local, strict=strict)
+        current = model.state_dict()
+    parts = {k: like_param(current[k], local_shard_of(model, k, v), repr(k))
+             if k in current else v for k, v in full.items()}
+    with raw_state_dict():
+        return model.load_state_dict(parts, strict=strict)

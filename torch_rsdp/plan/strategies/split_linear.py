@@ -33,6 +33,7 @@ import torch.nn as nn
 from torch.profiler import record_function
 
 from ..._utils import all_gather_tensor, is_conv1d, reduce_scatter_tensor, swap_class
+from ..._dtensor_params import Shard, dtensor_param, local, mesh_of_group, wrap_like
 from ...rsdp.flat_shard import chunk_sizes, chunk_starts
 
 __all__ = ["SplitState", "split_linear", "is_splittable", "is_split", "in_features",
@@ -101,8 +102,13 @@ def _reduce_slice_grad(g: torch.Tensor, st: SplitState, dtype) -> torch.Tensor:
 
 
 class _SplitFn(torch.autograd.Function):
+    """``weight`` is the module's DTensor parameter: the arithmetic runs on its local rows
+    and the gradient returns as a DTensor of its placement."""
+
     @staticmethod
-    def forward(ctx, x, weight, st: SplitState):
+    def forward(ctx, x, param, st: SplitState):
+        weight = local(param)
+        ctx.param = param
         pdt = st.param_dtype or weight.dtype
         x2 = x.reshape(-1, st.in_features).to(pdt)
         y = x2.new_zeros(x2.shape[0], st.out_features)
@@ -155,6 +161,8 @@ class _SplitFn(torch.autograd.Function):
             gx = gx.view(*dy.shape[:-1], st.in_features).to(ctx.x_dtype)
         if gw is not None and st.transposed:
             gw = gw.t()
+        if gw is not None:
+            gw = wrap_like(ctx.param, gw)
         return gx, gw, None
 
 
@@ -174,7 +182,7 @@ class SplitLinearMixin:
     def extra_repr(self) -> str:
         st = self._split
         return (f"in_features={st.in_features}, out_features={st.out_features}, "
-                f"split={st.k}, local_weight={tuple(self.weight.shape)}")
+                f"split={st.k}, local_weight={tuple(local(self.weight).shape)}")
 
 
 def split_linear(mod: nn.Module, k: int, group: Optional[dist.ProcessGroup] = None, *,
@@ -196,10 +204,12 @@ def split_linear(mod: nn.Module, k: int, group: Optional[dist.ProcessGroup] = No
                     chunk_sizes(in_f, k), chunk_starts(in_f, k),
                     param_dtype, reduce_dtype, output_dtype)
     logical = full.t() if transposed else full
-    local = logical[r * rows:r * rows + st.local_rows].clone()
-    local = local.t().contiguous() if transposed else local
-    mod.weight = nn.Parameter(local, requires_grad=mod.weight.requires_grad)
+    local_w = logical[r * rows:r * rows + st.local_rows].clone()
+    local_w = local_w.t().contiguous() if transposed else local_w
     mod._split = st
+    dim, shape = split_layout(mod)
+    mod.weight = dtensor_param(local_w, mesh_of_group(group, local_w.device.type), [Shard(dim)],
+                               shape, requires_grad=mod.weight.requires_grad)
     return swap_class(mod, SplitLinearMixin, f"Split{type(mod).__name__}")
 
 
@@ -222,7 +232,8 @@ def set_sync_grads(mod: nn.Module, enabled: bool) -> None:
 def full_weight(mod: nn.Module) -> torch.Tensor:
     """The whole weight of a split module, assembled on every rank. Collective."""
     st: SplitState = mod._split
-    parts = [_gather_slice(mod.weight.detach(), st, s, mod.weight.dtype) for s in range(st.k)]
+    w = local(mod.weight)
+    parts = [_gather_slice(w, st, s, w.dtype) for s in range(st.k)]
     w = torch.cat(parts, dim=1)
     return w.t().contiguous() if st.transposed else w
 
