@@ -19,6 +19,8 @@ One launch per world size runs the selected families (tests/harness.py ``run_fam
   broadcasts in several buckets, and a rank owning no parameter still steps;
 * ``clip``: torch's own ``clip_grad_norm_`` under every strategy, the mix and a Llama plan
   gives one process's norm and clipped steps on every rank (``plan.clip_grad_norm_`` agrees);
+* ``user_optimizer``: ``torch.optim.AdamW(model.parameters())`` built by the user trains like
+  one process, and shard_optim's state is sharded all the same (state on one rank each);
 * ``errors``: bad plans raise a clear ValueError on every rank before anything changes, and
   the group stays usable.
 """
@@ -301,7 +303,29 @@ def fam_clip(ctx, rec):
         assert abs(float(ours) - float(theirs)) <= 1e-5 * float(ours), (ours, theirs)
 
 
-FAMILIES = {"clip": fam_clip, "strategies": fam_strategies, "hf": fam_hf, "accumulate": fam_accumulate,
+def fam_user_optimizer(ctx, rec):
+    """The optimizer a trainer builds itself, ``torch.optim.AdamW(model.parameters())``,
+    trains every strategy and the mix like one process, and the state of shard_optim
+    parameters is sharded all the same (ZeRO-1 attached at its first step): each such
+    parameter has state on exactly one rank."""
+    import torch_rsdp.plan as plan
+    W, r = ctx.world_size, ctx.rank
+    cls, kw = pc.OPTIMS["adamw"]
+    for p in ["shard_optim", "rotate", "split:2", "mix"]:
+        with rec.case(p):
+            want = pc.reference(pc.make_net(), "adamw", W, 3)
+            model = _apply(pc.make_net(), pc.MIX if p == "mix" else p)
+            opt = cls(model.parameters(), **kw)
+            pc.train(model, opt, r, W, 3)
+            pc.assert_close_sd(_full(model), want, TIGHT, f"{p} with the user's AdamW")
+            zero1 = plan.plan_state(model).shard_optim_params
+            held = torch.tensor([sum(1 for q in zero1 if opt.state.get(q))])
+            dist.all_reduce(held)
+            assert held.item() == len(zero1), (p, held.item(), len(zero1))
+            assert plan.optimizer_sharding(opt) is not None or not zero1 or W == 1
+
+
+FAMILIES = {"clip": fam_clip, "user_optimizer": fam_user_optimizer, "strategies": fam_strategies, "hf": fam_hf, "accumulate": fam_accumulate,
             "activation_checkpointing": fam_activation_checkpointing,
             "mixed_precision": fam_mixed_precision, "checkpoint": fam_checkpoint,
             "report": fam_report, "errors": fam_errors, "root_and_buckets": fam_root_and_buckets}
@@ -311,7 +335,7 @@ FAMILIES = {"clip": fam_clip, "strategies": fam_strategies, "hf": fam_hf, "accum
 BATCHES = {1: ["strategies"],
            2: ["strategies", "errors", "hf", "report"],
            3: ["strategies", "accumulate", "activation_checkpointing", "checkpoint",
-               "mixed_precision", "report", "root_and_buckets", "clip"],
+               "mixed_precision", "report", "root_and_buckets", "clip", "user_optimizer"],
            4: ["strategies", "hf"]}
 
 

@@ -138,6 +138,8 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
                                    reduce_dtype=mp.reduce_dtype if mp else None,
                                    unit_of=unit_of, compressed=compressed)
     model._rsdp_plan = state
+    for p in state.shard_optim_params:  # ZeRO-1 for whatever optimizer steps them (.optim)
+        p._rsdp_zero1 = state
     _install_checkpoint_hooks(model, units, meshes)
     return model
 

@@ -1,4 +1,10 @@
-"""``make_optimizer``: one optimizer for a planned model, with ZeRO-1 for ``shard_optim`` units.
+"""ZeRO-1 for ``shard_optim`` units, whatever optimizer steps them.
+
+The user's own ``torch.optim.AdamW(model.parameters())`` (what every trainer builds) gets it
+at its first step: a global optimizer step pre-hook finds the ``shard_optim`` parameters of a
+plan among the ones it steps and attaches :class:`OptimizerSharding` before anything keeps
+state. :func:`make_optimizer` attaches it at once. (An optimizer that is not a
+``torch.optim.Optimizer`` has no step hooks: it keeps whole state, as it would anywhere.)
 
 The parameters of ``shard_optim`` units are replicated and their gradients averaged like
 ``no_shard``'s, but each has one *owner* rank (assigned greedily by size, largest first, to
@@ -41,6 +47,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.optim import Optimizer
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 from torch.profiler import record_function
 
 from .._dtensor_params import local
@@ -68,6 +75,28 @@ def make_optimizer(model: nn.Module, optimizer_class, *args,
         OptimizerSharding(opt, st.shard_optim_params, st.group, bucket_bytes)
     hook_optimizer(opt)
     return opt
+
+
+def _attach_on_first_step(opt: Optimizer, args, kwargs) -> None:
+    """Global step pre-hook: ZeRO-1 for the ``shard_optim`` parameters ``opt`` steps, attached
+    before its first step keeps any state (its own pre-hook then runs for this step too)."""
+    if opt.__dict__.get("_rsdp_zero1_checked", False):
+        return
+    opt._rsdp_zero1_checked = True
+    if optimizer_sharding(opt) is not None:
+        return
+    plans = {}
+    for g in opt.param_groups:
+        for p in g["params"]:
+            st = getattr(p, "_rsdp_zero1", None)
+            if st is not None:
+                plans[id(st)] = st
+    for st in plans.values():
+        if dist.get_world_size(st.group) > 1:
+            OptimizerSharding(opt, st.shard_optim_params, st.group)
+
+
+register_optimizer_step_pre_hook(_attach_on_first_step)
 
 
 def optimizer_sharding(opt: Optimizer) -> Optional["OptimizerSharding"]:

@@ -14,7 +14,8 @@ measured in the race itself). So its plan is never slower than the best fitting 
 by more than the noise of a few steps.
 
 Each candidate: the model copied, the plan applied (as :func:`~torch_rsdp.plan.apply`
-does, communication included), the optimizer of the planner's rule (``make_optimizer``), one
+does, communication included), the optimizer of the planner's rule built as a user builds it
+(``cls(model.parameters())``: ZeRO-1 attaches itself at the first step, :mod:`..optim`), one
 warm-up step, then ``steps`` timed steps (forward, backward, optimizer step;
 with ``accumulation`` micro-batches under ``plan.no_sync`` but the last; the loss is the
 model's own where it returns one, else the sum of its outputs), then one step under
@@ -91,10 +92,10 @@ def _step(model, args, kwargs, opt, accumulation: int) -> None:
 def _time_one(model: nn.Module, plan, args, kwargs, group, optimizer: str, steps: int,
               accumulation: int, memory: bool) -> Tuple[List[float], int]:
     from ..apply import apply
-    from ..optim import make_optimizer
     cls, extra = OPTIMIZERS[optimizer]
     trial = apply(copy.deepcopy(model), plan, group=group, sync_module_states=False)
-    opt = make_optimizer(trial, cls, lr=1e-12, **extra)  # the copy's values do not matter
+    # the user's own optimizer (what trainers build); the copy's values do not matter
+    opt = cls(trial.parameters(), lr=1e-12, **extra)
     times = []
     for i in range(steps + 1):
         dist.barrier(group=group)
