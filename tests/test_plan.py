@@ -21,6 +21,8 @@ One launch per world size runs the selected families (tests/harness.py ``run_fam
   gives one process's norm and clipped steps on every rank (``plan.clip_grad_norm_`` agrees);
 * ``user_optimizer``: ``torch.optim.AdamW(model.parameters())`` built by the user trains like
   one process, and shard_optim's state is sharded all the same (state on one rank each);
+* ``compile_and_ddp``: ``torch.compile`` of rotate and the mix trains like one process;
+  ``DistributedDataParallel`` around a planned model raises on every rank, shards untouched;
 * ``errors``: bad plans raise a clear ValueError on every rank before anything changes, and
   the group stays usable.
 """
@@ -325,7 +327,32 @@ def fam_user_optimizer(ctx, rec):
             assert plan.optimizer_sharding(opt) is not None or not zero1 or W == 1
 
 
-FAMILIES = {"clip": fam_clip, "user_optimizer": fam_user_optimizer, "strategies": fam_strategies, "hf": fam_hf, "accumulate": fam_accumulate,
+def fam_compile_and_ddp(ctx, rec):
+    """``torch.compile`` of a planned model (graph breaks at the ring steps and split
+    layers) trains like one process; ``DistributedDataParallel`` around a planned model raises
+    at construction on every rank and changes no shard (it never broadcasts over them)."""
+    W, r = ctx.world_size, ctx.rank
+    for p in ["rotate", "mix"]:
+        with rec.case(f"torch.compile {p}"):
+            want = pc.reference(pc.make_net(), "adamw", W, 2)
+            model = _apply(pc.make_net(), pc.MIX if p == "mix" else p)
+            compiled = torch.compile(model)
+            pc.train(compiled, pc.plan_optim(model, "adamw"), r, W, 2)
+            pc.assert_close_sd(_full(model), want, 1e-4, f"compiled {p}")
+    with rec.case("DDP around a sharded model refuses"):
+        model = _apply(pc.make_net(seed=r), "rotate")
+        before = _full(model)
+        try:
+            torch.nn.parallel.DistributedDataParallel(model)
+        except (RuntimeError, NotImplementedError):
+            pass
+        else:
+            raise AssertionError("DDP accepted a sharded model")
+        after = _full(model)
+        assert all(torch.equal(before[k], after[k]) for k in before), "DDP changed a shard"
+
+
+FAMILIES = {"clip": fam_clip, "compile_and_ddp": fam_compile_and_ddp, "user_optimizer": fam_user_optimizer, "strategies": fam_strategies, "hf": fam_hf, "accumulate": fam_accumulate,
             "activation_checkpointing": fam_activation_checkpointing,
             "mixed_precision": fam_mixed_precision, "checkpoint": fam_checkpoint,
             "report": fam_report, "errors": fam_errors, "root_and_buckets": fam_root_and_buckets}
@@ -333,7 +360,7 @@ FAMILIES = {"clip": fam_clip, "user_optimizer": fam_user_optimizer, "strategies"
 # World size -> families: every size trains every strategy; the rest are spread so that each
 # runs on an even and an odd size where it matters, keeping four launches in all.
 BATCHES = {1: ["strategies"],
-           2: ["strategies", "errors", "hf", "report"],
+           2: ["strategies", "errors", "hf", "report", "compile_and_ddp"],
            3: ["strategies", "accumulate", "activation_checkpointing", "checkpoint",
                "mixed_precision", "report", "root_and_buckets", "clip", "user_optimizer"],
            4: ["strategies", "hf"]}

@@ -9,6 +9,14 @@ Contract: ``Ring(group)`` is collective (all ranks of ``group`` call it at the s
 ``ring.origin(direction, h)`` is the group rank whose tensor this rank holds after ``h`` hops
 of ``ring_shift(direction=direction)``; ``origin(d, 0) == rank`` and ``origin(d, world) ==
 rank``.
+
+[Note: ring steps under torch.compile]
+A sharded layer's forward (``sharded_linear_forward``, the embedding's, the attention's, a
+rotation unit's) runs its ring schedule in Python around ``ring_shift`` works, which
+TorchDynamo cannot trace (the process group is an opaque object to it). Those entry points are
+``torch.compiler.disable``: the compiled model breaks its graph at each sharded layer and
+compiles everything between them (norms, activations, attention arithmetic of the replicated
+parts), as it does around any untraceable call.
 """
 from __future__ import annotations
 

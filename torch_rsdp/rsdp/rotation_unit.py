@@ -349,6 +349,7 @@ class _UnitFn(torch.autograd.Function):
         return (None, None, *gins, *[grads.get(n) for n in names])
 
 
+@torch.compiler.disable  # [Note: ring steps under torch.compile] in .ring_order
 def unit_forward(unit: nn.Module, args, kwargs):
     st: ShardState = unit._rsdp
     u: _Unit = unit._rsdp_unit

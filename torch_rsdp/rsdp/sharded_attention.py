@@ -211,6 +211,7 @@ class RSDPMultiheadAttention(nn.MultiheadAttention):
 
     _rsdp: ShardState
 
+    @torch.compiler.disable  # [Note: ring steps under torch.compile] in .ring_order
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True,
                 attn_mask=None, average_attn_weights=True, is_causal=False):
         if is_causal and attn_mask is None:

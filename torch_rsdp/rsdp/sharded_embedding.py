@@ -86,6 +86,7 @@ class RSDPEmbedding(nn.Embedding):
 
     _rsdp: ShardState
 
+    @torch.compiler.disable  # [Note: ring steps under torch.compile] in .ring_order
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         return _EmbeddingFn.apply(idx, self.weight, self)
 

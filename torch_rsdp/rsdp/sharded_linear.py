@@ -162,6 +162,7 @@ class _LinearFn(torch.autograd.Function):
         return gx, gw, gb, None
 
 
+@torch.compiler.disable  # [Note: ring steps under torch.compile] in .ring_order
 def sharded_linear_forward(mod, x: torch.Tensor) -> torch.Tensor:
     """Forward of a sharded linear-like module (output split: the bias is sharded with the
     rows and added inside the ring; input split: the replicated bias is added afterwards)."""

@@ -172,6 +172,7 @@ class SplitLinearMixin:
 
     _split: SplitState
 
+    @torch.compiler.disable  # collectives per slice: a graph break, like RSDP's ring steps
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         st = self._split
         y = _SplitFn.apply(x, self.weight, st)
