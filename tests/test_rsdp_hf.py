@@ -63,6 +63,17 @@ def fam_parity(ctx, rec):
             for name, p in model.named_parameters():
                 exp = rsdp.local_shard_of(model, name, ref_params[name].grad)
                 _close(p.grad, exp, f"{kind}: grad of {name}")
+            # torch's own clipping (what trainers call) sees one process's gradient: every
+            # parameter is a DTensor, so it reduces the shards' norms over the group
+            want = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.01)
+            got = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+            got = got.full_tensor() if hasattr(got, "full_tensor") else got
+            assert want > 0.01 and abs(got - want) <= 1e-5 * want, (kind, got, want)
+            for name, p in model.named_parameters():
+                _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+                       f"{kind}: clipped grad of {name}")
+            assert sum(p.numel() for p in model.parameters()) == sum(
+                p.numel() for p in ref.parameters()), f"{kind}: global shapes"
             st = rsdp.rsdp_state(model)
             full = sum(p.numel() for p in ref.parameters())
             resident = sum(_loc(p).numel() for p in model.parameters())

@@ -38,7 +38,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
 __all__ = ["dtensor_param", "local", "local_grad", "set_grad", "mesh_of_group",
-           "compute_with_locals", "replicate_params", "shard_spec", "like_param", "wrap_like", "Shard", "Replicate"]
+           "compute_with_locals", "replicate_params", "shard_spec", "like_param", "wrap_like", "refuse_ddp", "Shard", "Replicate"]
 
 _MESHES: Dict[Tuple[int, str], DeviceMesh] = {}
 
@@ -214,3 +214,13 @@ def replicate_params(model: nn.Module, params: Iterable[nn.Parameter], mesh: Dev
         computes_locally(model)
     return new
 
+
+def refuse_ddp(model: nn.Module) -> None:
+    """Tells ``DistributedDataParallel`` to leave every parameter and buffer of ``model`` alone
+    (torch's ``_ddp_params_and_buffers_to_ignore``): a sharded model synchronises itself, and
+    DDP's start-up broadcast would overwrite every rank's shards with rank 0's. DDP then finds
+    nothing to synchronise and raises at construction, on every rank ("DistributedDataParallel
+    is not needed when a module doesn't have any parameter that requires a gradient")."""
+    names = [n for n, _ in model.named_parameters(remove_duplicate=False)]
+    names += [n for n, _ in model.named_buffers(remove_duplicate=False)]
+    model._ddp_params_and_buffers_to_ignore = names

@@ -34,7 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 
-from .._dtensor_params import replicate_params
+from .._dtensor_params import refuse_ddp, replicate_params
 from .._grad_sync import DEFAULT_BUCKET_BYTES, GradSync
 from .._utils import broadcast_module_states
 from .. import _checkpoint_hooks
@@ -138,6 +138,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
                                    reduce_dtype=mp.reduce_dtype if mp else None,
                                    unit_of=unit_of, compressed=compressed)
     model._rsdp_plan = state
+    refuse_ddp(model)
     for p in state.shard_optim_params:  # ZeRO-1 for whatever optimizer steps them (.optim)
         p._rsdp_zero1 = state
     _install_checkpoint_hooks(model, units, meshes)

@@ -41,7 +41,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .. import _checkpoint_hooks
-from .._dtensor_params import local, mesh_of_group, replicate_params
+from .._dtensor_params import local, mesh_of_group, refuse_ddp, replicate_params
 from .._grad_sync import GradSync
 from .._utils import broadcast_module_states
 from . import coverage
@@ -248,6 +248,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
         sync = GradSync(replicated, group, root=model,
                         reduce_dtype=mp_policy.reduce_dtype if mp_policy else None)
     model._rsdp_root = RSDPState(ring, sharded, replicated, sync, whole, full_numel, model)
+    refuse_ddp(model)
     if checkpoint_hooks:
         _install_checkpoint_hooks(model, ring)
     return model
