@@ -115,7 +115,7 @@ def build_model(cfg):
 
 
 def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=None,
-                 repeat=0, clip=0.0):
+                 repeat=0, clip=0.0, compile_model=False):
     """One plan on every rank; returns rank 0's summary (other ranks: None)."""
     import torch
     import torch.distributed as dist
@@ -132,7 +132,8 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
                                                                   plan_json["default"])
     model = plan.apply(model, spec, compression=compression)
     opt = tm.make_optimizer(model, lr)
-    groups = plan.plan_state(model).meshes.groups()  # compressed units have groups of their own
+    groups = plan.plan_state(model).meshes.groups()
+    run_model = torch.compile(model) if compile_model else model  # compressed units have groups of their own
 
     chess = chess_data().ChessMoves(seq_len=cfg["seq"]) if cfg["model"] == "llama-chess" else None
 
@@ -151,14 +152,14 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
     def step(i):
         x, y = batch(i)
         if chess is not None:
-            logits = model(input_ids=x).logits
+            logits = run_model(input_ids=x).logits
             loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(),
                                                      ignore_index=-100)
         else:
-            loss = tm.lm_loss(model(x), y)
+            loss = tm.lm_loss(run_model(x), y)
         loss.backward()
-        if clip:  # as Hugging Face's Trainer does (max_grad_norm), over the whole plan
-            plan.clip_grad_norm_(model, clip)
+        if clip:  # torch's own function, as Hugging Face's Trainer calls it (max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.item()
@@ -209,7 +210,7 @@ def run(setting, spec, args, nodes):
     try:
         res = launch(bench_worker, len(node_of),
                      (p, args.config, args.steps, args.warmup, args.threads, args.lr, comp,
-                      args.repeat_batches, args.clip),
+                      args.repeat_batches, args.clip, args.compile),
                      node_of=node_of if setting != "1x4" else None,
                      netns=nodes if setting != "1x4" else None,
                      env={"OMP_NUM_THREADS": str(args.threads), "RSDP_SPIN_US": "0"},
@@ -346,7 +347,10 @@ def main(argv=None) -> int:
     p.add_argument("--lr", type=float, default=1e-4, help="Adam's learning rate")
     p.add_argument("--clip", type=float, default=0.0,
                    help="clip the gradients' total norm to this before every step "
-                        "(plan.clip_grad_norm_; 0: off)")
+                        "(torch.nn.utils.clip_grad_norm_, as trainers call it; 0: off)")
+    p.add_argument("--compile", action="store_true",
+                   help="train torch.compile(model) (graph breaks at the ring steps and split "
+                        "layers)")
     p.add_argument("--repeat-batches", type=int, default=0,
                    help="train on this many batches in turn (0: fresh random tokens each "
                         "step); with a higher --lr the loss then falls, for the loss curves")
@@ -382,7 +386,7 @@ def main(argv=None) -> int:
     netns.cleanup_stale()
     info = {"config": args.config, "params": n_params, "steps": args.steps,
             "warmup": args.warmup, "threads": args.threads, "cores": os.cpu_count(),
-            "lr": args.lr, "clip": args.clip,
+            "lr": args.lr, "clip": args.clip, "compile": args.compile,
             "torch": torch.__version__, "load": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
     rows = []

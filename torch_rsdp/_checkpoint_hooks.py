@@ -1,33 +1,28 @@
-"""Shards as ``torch.distributed.checkpoint`` sees them: DTensors, for every strategy.
+"""State dicts of sharded models: private copies, loads of any form, and layouts refused.
 
 Neutral ground (torch only): :func:`torch_rsdp.rsdp.shard` and :func:`torch_rsdp.plan.apply`
-both install these hooks, each telling how its own parameters are split.
+both install these hooks.
 
-``torch.distributed.checkpoint.state_dict.get_state_dict`` / ``set_state_dict`` call
-``model.state_dict()``, ``model.load_state_dict()``, ``optimizer.state_dict()`` and
-``optimizer.load_state_dict()``, and DCP saves and reshards what they hold by its type: a
-``DTensor`` is a piece of a global tensor at known offsets, every other tensor is replicated
-(written once, read whole). FSDP2's parameters are DTensors already and replicated units'
-tensors are whole; but RSDP (``rsdp.shard``, the plan's ``rotate``) and ``split:k`` keep plain
-local shards under the whole tensor's key, which DCP would take for a replicated tensor: it would write one rank's shard
-and, on load, copy a shard where the whole tensor belongs (or fail on the shape).
+Every sharded parameter is a ``DTensor`` (:mod:`torch_rsdp._dtensor_params`), so
+``torch.distributed.checkpoint`` already sees each piece for what it is. What the hooks add:
 
 [Note: checkpoint hooks]
-:func:`install` gives every such parameter a :class:`ShardLayout` (from ``rsdp.shard_dim``,
-or the plan's strategy handler, ``StrategyHandler.shard_layout``: the dimension it is split
-along as ``torch.chunk`` splits it over the group, and the global shape), and hooks
+* the model's ``state_dict`` and every optimizer's over it hold *copies* ([Note: copies]);
+* the model's ``load_state_dict`` (a pre-hook) takes, for a DTensor parameter, a DTensor of its
+  placements, a DTensor of another layout (gathered whole first: collective, every rank loads
+  the same keys), the whole tensor (``full_state_dict=True``, ``torch.load`` of a plain
+  checkpoint: this rank's ``torch.chunk`` piece is taken) or this rank's part; an optimizer's
+  state of such a parameter likewise;
+* a shard that is not one ``torch.chunk`` piece per rank (``nn.MultiheadAttention``'s heads, a
+  rotation unit whose heads do not divide by the world size) stays a plain local tensor, which
+  DCP would take for a whole one: its state dict and load raise, naming the key
+  (``plan.full_state_dict`` / ``rsdp.full_state_dict`` still serve it);
+* ``shard_optim``'s optimizers mark their parameter groups "per_owner" and a full state dict
+  missing an owner's state refuses to load (:func:`_check_owned`).
 
-* the model's ``state_dict``: those values become ``DTensor.from_local(shard, mesh of the
-  group, [Shard(dim)])`` over a copy of the local shard (no communication; [Note: copies]);
-* the model's ``load_state_dict`` (a pre-hook): a DTensor of that layout gives its local
-  tensor; a DTensor of another layout is gathered whole first (collective: every rank loads
-  the same keys); a whole tensor (``full_state_dict=True``, ``torch.load`` of a plain
-  checkpoint) gives this rank's part by slicing; this rank's own part is taken as it is;
-* every optimizer over such parameters, ``plan.make_optimizer``'s or any ``torch.optim``:
-  its state tensors shaped like the parameter are presented and taken back the same way. An
-  optimizer is hooked the first time it steps (a global step hook: ``set_state_dict`` and
-  ``get_state_dict`` step an optimizer with no state once, with zero gradients and learning
-  rate, before they touch its state), or by ``make_optimizer`` at once.
+Optimizers are hooked the first time they step (a global step hook: ``set_state_dict`` and
+``get_state_dict`` step an optimizer with no state once, with zero gradients and learning
+rate, before they touch its state), or by ``make_optimizer`` at once.
 
 [Note: copies]
 Every value of the model's and the optimizer's state dicts is a copy of this rank's tensor
@@ -40,27 +35,22 @@ inherits that offset, and staging takes the wrapper for a tensor with storage of
 
 The copies are recorded (:func:`is_private_copy`): :class:`torch_rsdp.plan.CopyOnceStager`
 lets ``dcp.async_save`` take them as its staged state dict instead of copying them again.
-
-A layout that is not one ``torch.chunk`` piece per rank (``nn.MultiheadAttention``'s heads)
-raises when a state dict is taken, naming the key: ``plan.full_state_dict`` still serves it.
 """
 from __future__ import annotations
 
 import contextlib
 import weakref
-from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Tuple
+from typing import Callable, Dict, Optional
 
 import torch
 import torch.nn as nn
-from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor import DTensor
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from ._dtensor_params import like_param, local
+from ._dtensor_params import like_param
 
-__all__ = ["ShardLayout", "install", "hook_optimizer", "raw_state_dict", "layout_of",
-           "state_keys", "STATE_KEY", "is_private_copy"]
+__all__ = ["install", "hook_optimizer", "raw_state_dict", "refusal_of", "state_keys",
+           "STATE_KEY", "is_private_copy"]
 
 #: The copies the hooks made for state dicts ([Note: copies]), while they live: id -> weak
 #: reference (a WeakSet would compare tensors by value).
@@ -88,69 +78,13 @@ def is_private_copy(t: torch.Tensor) -> bool:
     return False
 
 
-@dataclass
-class ShardLayout:
-    """Where a parameter's local tensor lies in the unwrapped model's tensor ``key``."""
-
-    key: str
-    mesh: Optional[DeviceMesh]
-    dim: int = 0
-    shape: Tuple[int, ...] = ()
-    local_shape: Tuple[int, ...] = ()
-    local_of: Optional[Callable[[torch.Tensor], torch.Tensor]] = None  # whole -> this rank's
-    error: Optional[str] = None  # why a checkpoint cannot describe it
-
-    def present(self, local: torch.Tensor, copy: bool = True) -> torch.Tensor:
-        """``local`` (this rank's part, or a tensor shaped like it) as a DTensor, over a copy
-        of it (with ``copy``, or where it is a view into a larger storage: [Note: copies])."""
-        if self.error is not None:
-            raise ValueError(self.error)
-        shape = torch.Size(self.shape)
-        local = local.detach()
-        private = copy or local.storage_offset() or local.numel() == 0
-        if private:
-            local = _private(local)
-        out = DTensor.from_local(local, self.mesh, [Shard(self.dim)], run_check=False,
-                                 shape=shape, stride=_contiguous_strides(shape))
-        if private:  # from_local wraps a view of the copy: as private as the copy
-            _record(out._local_tensor)
-        return out
-
-    def take(self, value, what: str) -> torch.Tensor:
-        """This rank's part of ``value`` (a DTensor, the whole tensor, or this rank's part)."""
-        if self.error is not None:
-            raise ValueError(self.error)
-        if isinstance(value, DTensor):
-            if value.device_mesh == self.mesh and tuple(value.placements) == (Shard(self.dim),):
-                return value.to_local()
-            value = value.full_tensor()  # another layout: every rank gathers the same keys
-        if not isinstance(value, torch.Tensor):
-            raise TypeError(f"torch_rsdp: {what}: expected a tensor, got "
-                            f"{type(value).__name__}")
-        shape = tuple(value.shape)
-        if shape == self.shape:
-            return self.local_of(value)
-        if shape == self.local_shape:
-            return value
-        raise ValueError(f"torch_rsdp: {what} has shape {shape}; the model holds "
-                         f"{self.key!r} as {self.shape} ({self.local_shape} on this rank)")
-
-
-def _contiguous_strides(shape) -> Tuple[int, ...]:
-    strides, acc = [], 1
-    for d in reversed(shape):
-        strides.append(acc)
-        acc *= max(1, d)
-    return tuple(reversed(strides))
-
-
 _RAW = [0]  # > 0 inside raw_state_dict()
 
 
-def layout_of(p: torch.Tensor) -> Optional[ShardLayout]:
-    """The layout :func:`install` gave parameter ``p`` (kept on the parameter itself, so it
-    goes with it)."""
-    return getattr(p, "_rsdp_layout", None)
+def refusal_of(p: torch.Tensor) -> Optional[str]:
+    """Why parameter ``p`` cannot be checkpointed as it is (a layout DCP cannot describe), as
+    :func:`install` recorded it on the parameter; None if it can."""
+    return getattr(p, "_rsdp_refusal", None)
 
 
 @contextlib.contextmanager
@@ -168,46 +102,33 @@ def raw_state_dict():
 #: each rank holds the state of the parameters it owns).
 STATE_KEY = "shard_optim_state"
 
-#: ``key -> (dim, global shape, whole -> this rank's part)``, ``None`` for a value presented
-#: as it is; raises ``ValueError`` for a layout a checkpoint cannot describe.
-LayoutFn = Callable[[str], Optional[Tuple[int, Tuple[int, ...],
-                                          Callable[[torch.Tensor], torch.Tensor]]]]
+#: ``key -> None`` when the parameter can be checkpointed as it is, else why not.
+RefusalFn = Callable[[str], Optional[str]]
 
 
-def install(model: nn.Module, keys, layout: LayoutFn, mesh_fn,
-            owner: Callable[[str], str]) -> None:
-    """Gives the parameters that need it a layout and hooks ``model`` ([Note: checkpoint
-    hooks]).
+def install(model: nn.Module, keys, refusal: RefusalFn) -> None:
+    """Hooks ``model`` ([Note: checkpoint hooks]).
 
     Args:
         model: the root module.
-        keys: the parameter names (state-dict keys) to ask ``layout`` about.
-        layout: ``key -> (dim, global shape, local_of)`` or ``None``.
-        mesh_fn: returns the 1-D device mesh of the group the shards are split over.
-        owner: ``key ->`` who shards it, named in errors (``"unit 'x', rotate"``).
+        keys: the parameter names (state-dict keys) to ask ``refusal`` about.
+        refusal: ``key ->`` None, or why a checkpoint cannot hold it (naming the key and who
+            sharded it).
     """
-    by_key: Dict[str, ShardLayout] = {}
+    refused: Dict[str, str] = {}
     params = dict(model.named_parameters(remove_duplicate=False))
     for p in params.values():
         p._rsdp_checkpointed = True  # optimizers over it get the hooks
     for key in keys:
         p = params[key]
         if isinstance(p, DTensor):
-            continue  # torch sees it for what it is already
-        try:
-            lay = layout(key)
-        except ValueError as e:
-            by_key[key] = ShardLayout(key, None, error=f"{key!r} ({owner(key)}): {e}")
-            if layout_of(p) is None:
-                p._rsdp_layout = by_key[key]
-            continue
-        if lay is None:
-            continue
-        dim, shape, local_of = lay
-        by_key[key] = ShardLayout(key, mesh_fn(), dim, tuple(shape), tuple(local(p).shape),
-                                  local_of)
-        if layout_of(p) is None:  # a tied parameter: its first key speaks for it
-            p._rsdp_layout = by_key[key]
+            continue  # torch sees it for what it is
+        why = refusal(key)
+        if why is not None:
+            refused[key] = why
+            if refusal_of(p) is None:  # a tied parameter: its first key speaks for it
+                p._rsdp_refusal = why
+    dtensors = {k: p for k, p in params.items() if isinstance(p, DTensor)}
 
     def on_state_dict(module, state_dict, prefix, local_metadata):
         if _RAW[0]:
@@ -215,21 +136,18 @@ def install(model: nn.Module, keys, layout: LayoutFn, mesh_fn,
         for full_key, value in list(state_dict.items()):
             if not full_key.startswith(prefix):
                 continue
-            lay = by_key.get(full_key[len(prefix):])
-            if lay is not None:
-                state_dict[full_key] = lay.present(value)
-            elif isinstance(value, torch.Tensor):  # [Note: copies]
+            why = refused.get(full_key[len(prefix):])
+            if why is not None:
+                raise ValueError(why)
+            if isinstance(value, torch.Tensor):  # [Note: copies]
                 state_dict[full_key] = _private(value)
-
-    dtensors = {k: p for k, p in params.items() if isinstance(p, DTensor) and k not in by_key}
 
     def on_load(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
         if _RAW[0]:
             return
-        for key, lay in by_key.items():
-            full_key = prefix + key
-            if full_key in state_dict:
-                state_dict[full_key] = lay.take(state_dict[full_key], repr(full_key))
+        for key, why in refused.items():
+            if prefix + key in state_dict:
+                raise ValueError(why)
         for key, p in dtensors.items():  # whole tensors or local parts into DTensor parameters
             full_key = prefix + key
             if full_key in state_dict:
@@ -249,27 +167,34 @@ def state_keys(opt: torch.optim.Optimizer, state_dict: dict) -> Dict[object, tor
                     (p for g in opt.param_groups for p in g["params"])))
 
 
-def _convert_state(opt: torch.optim.Optimizer, state_dict: dict, convert,
-                   every: bool = False) -> dict:
-    """``convert(layout, name, tensor)`` on the state tensors (not scalars) of parameters
-    with a layout (``every``: of every parameter, the layout then maybe ``None``)."""
+def _convert_state(opt: torch.optim.Optimizer, state_dict: dict, convert) -> dict:
+    """``convert(param, state name, tensor)`` on every state tensor (not scalars), into new
+    dicts (the caller's stay as they are)."""
     params = state_keys(opt, state_dict)
-    state = dict(state_dict.get("state", {}))  # the caller's dicts stay as they are
+    state = dict(state_dict.get("state", {}))
     state_dict["state"] = state
     for key in list(state):
         p = params.get(key)
-        lay = layout_of(p) if p is not None else None
-        if lay is None and not every:
-            continue
-        state[key] = {k: convert(lay, k, v) if isinstance(v, torch.Tensor) and v.dim() else v
+        state[key] = {k: convert(p, key, k, v) if isinstance(v, torch.Tensor) and v.dim() else v
                       for k, v in state[key].items()}
     return state_dict
 
 
-def _present(lay: Optional[ShardLayout], name: str, v: torch.Tensor):
-    if lay is not None and tuple(v.shape) == lay.local_shape:
-        return lay.present(v)
+def _present(p, key, name: str, v: torch.Tensor):
+    why = refusal_of(p) if p is not None else None
+    if why is not None and not isinstance(v, DTensor) and v.shape == p.shape:
+        raise ValueError(f"optimizer state {name!r} of {key!r}: {why}")
     return _private(v)  # [Note: copies]
+
+
+def _take(p, key, name: str, v: torch.Tensor):
+    if p is None:
+        return v
+    why = refusal_of(p)
+    if why is not None and v.shape == p.shape:
+        raise ValueError(f"optimizer state {name!r} of {key!r}: {why}")
+    # a DTensor parameter's state as the optimizer keeps it: a DTensor of its placements
+    return like_param(p, v, f"optimizer state {name!r} of {key!r}")
 
 
 def _check_owned(opt: torch.optim.Optimizer, state_dict: dict) -> None:
@@ -311,26 +236,13 @@ def hook_optimizer(opt: torch.optim.Optimizer) -> None:
             return None
         for g in state_dict.get("param_groups", []):
             g.setdefault(STATE_KEY, "whole")  # "per_owner" from a shard_optim optimizer
-        return _convert_state(optimizer, state_dict, _present, every=True)
+        return _convert_state(optimizer, state_dict, _present)
 
     def pre(optimizer, state_dict):
         if _RAW[0]:
             return None
         _check_owned(optimizer, state_dict)
-        state_dict = _convert_state(optimizer, state_dict,
-                                    lambda lay, k, v: lay.take(v, f"optimizer state {k!r} of "
-                                                                  f"{lay.key!r}"))
-        # State of DTensor parameters given as plain tensors (a torch.save'd state dict):
-        # DTensors again, as the optimizer keeps them.
-        params = state_keys(optimizer, state_dict)
-        state = state_dict.get("state", {})
-        for key, st in state.items():
-            p = params.get(key)
-            if isinstance(p, DTensor) and isinstance(st, dict):
-                state[key] = {k: like_param(p, v, f"optimizer state {k!r} of {key!r}")
-                              if isinstance(v, torch.Tensor) and not isinstance(v, DTensor)
-                              and v.dim() else v for k, v in st.items()}
-        return state_dict
+        return _convert_state(optimizer, state_dict, _take)
 
     opt.register_state_dict_post_hook(post)
     opt.register_load_state_dict_pre_hook(pre)

@@ -141,7 +141,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
     refuse_ddp(model)
     for p in state.shard_optim_params:  # ZeRO-1 for whatever optimizer steps them (.optim)
         p._rsdp_zero1 = state
-    _install_checkpoint_hooks(model, units, meshes)
+    _install_checkpoint_hooks(model, units)
     return model
 
 
@@ -197,21 +197,17 @@ def _agree(plan: Optional[Plan], error: Optional[Exception], group) -> None:
                          f"(digest -> ranks: {by}); rank {me} has {plan.to_dict()}")
 
 
-def _install_checkpoint_hooks(model: nn.Module, units: Dict[str, Unit], meshes: Meshes) -> None:
-    """Each parameter's layout from its unit's handler (:mod:`torch_rsdp._checkpoint_hooks`)."""
+def _install_checkpoint_hooks(model: nn.Module, units: Dict[str, Unit]) -> None:
+    """State-dict hooks (:mod:`torch_rsdp._checkpoint_hooks`), each parameter's refusal (a
+    shard a checkpoint cannot describe) from its unit's handler."""
     by_key = units_by_key(model, units)
 
-    def layout(key):
+    def refusal(key):
         unit = by_key[key]
-        lay = unit.strategy.handler.shard_layout(unit, key)
-        if lay is None:
-            return None
-        handler = unit.strategy.handler
-        return (*lay, lambda full: handler.local_value(unit, key, full, None))
+        why = unit.strategy.handler.checkpoint_refusal(unit, key)
+        return None if why is None else f"{why} (unit {unit.name or '<root>'!r}, {unit.strategy})"
 
-    _checkpoint_hooks.install(
-        model, list(by_key), layout, meshes.flat,
-        lambda key: f"unit {by_key[key].name or '<root>'!r}, {by_key[key].strategy}")
+    _checkpoint_hooks.install(model, list(by_key), refusal)
 
 
 def _fsdp_root(model: nn.Module, units: Dict[str, Unit], meshes: Meshes, mp

@@ -150,10 +150,9 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
         sync_replicated: average the gradients of the parameters left whole during every
             backward (default); with False the caller does it (``torch_rsdp.plan`` syncs
             them with its other replicated parameters).
-        checkpoint_hooks: present the shards to ``torch.distributed.checkpoint`` as
-            DTensors (``model.state_dict()`` and any optimizer's; default); with False
-            ``model.state_dict()`` holds the local shards (``torch_rsdp.plan`` installs its
-            own hooks for the whole model).
+        checkpoint_hooks: hook ``model.state_dict()`` and any optimizer's (copies, loads of
+            whole tensors, a clear error for a shard a checkpoint cannot describe; default);
+            ``torch_rsdp.plan`` installs its own for the whole model.
     """
     if getattr(model, "_rsdp_root", None) is not None:
         raise ValueError("shard() was already applied to this module")
@@ -250,29 +249,24 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     model._rsdp_root = RSDPState(ring, sharded, replicated, sync, whole, full_numel, model)
     refuse_ddp(model)
     if checkpoint_hooks:
-        _install_checkpoint_hooks(model, ring)
+        _install_checkpoint_hooks(model)
     return model
 
 
-def _install_checkpoint_hooks(model: nn.Module, ring: Ring) -> None:
-    """``state_dict`` / ``load_state_dict`` hooks presenting every shard as a DTensor over the
-    ring's group (:mod:`torch_rsdp._checkpoint_hooks`)."""
-    from torch.distributed.device_mesh import DeviceMesh
+def _install_checkpoint_hooks(model: nn.Module) -> None:
+    """State-dict hooks (:mod:`torch_rsdp._checkpoint_hooks`): copies, loads of any form, and
+    a clear error for a shard a checkpoint cannot describe (:func:`.state_dict.shard_dim`)."""
+    from .state_dict import shard_dim
 
-    from .state_dict import local_shard_of, shard_dim
-    mesh = []
-
-    def mesh_fn():
-        if not mesh:
-            mesh.append(DeviceMesh.from_group(ring.group or dist.group.WORLD, "cpu"))
-        return mesh[0]
-
-    def layout(key):
-        lay = shard_dim(model, key)
-        return None if lay is None else (*lay, lambda full: local_shard_of(model, key, full))
+    def refusal(key):
+        try:
+            shard_dim(model, key)
+        except ValueError as e:
+            return f"{e} (torch_rsdp.rsdp.shard)"
+        return None
 
     keys = [n for n, _ in model.named_parameters(remove_duplicate=False)]
-    _checkpoint_hooks.install(model, keys, layout, mesh_fn, lambda key: "torch_rsdp.rsdp.shard")
+    _checkpoint_hooks.install(model, keys, refusal)
 
 
 def _shard_units(model, tp_plan, ties, ring, mp, accept, sharded, recompute) -> None:

@@ -141,18 +141,16 @@ class StrategyHandler(abc.ABC):
         return full
 
     def holds_shard(self, unit: Unit, key: str) -> bool:
-        """Whether this rank's gradient of ``key`` (a plain tensor, not a DTensor) is its own
-        disjoint piece of the whole (True) or the whole gradient every rank holds alike
-        (False), for :func:`~torch_rsdp.plan.clip_grad_norm_`."""
+        """Whether this rank's gradient of ``key`` (a plain tensor, not a DTensor: a shard in a
+        layout DTensor cannot describe) is its own disjoint piece of the whole (True) or the
+        whole gradient every rank holds alike (False), for
+        :func:`~torch_rsdp.plan.clip_grad_norm_`."""
         return False
 
-    def shard_layout(self, unit: Unit, key: str) -> Optional[Tuple[int, Tuple[int, ...]]]:
-        """Where this rank's part of ``key`` lies in the whole tensor, for checkpoints:
-        ``(dim, global shape)`` when the handler's own parameter is split as ``torch.chunk``
-        splits ``dim`` over the group (presented to ``torch.distributed.checkpoint`` as a
-        ``DTensor`` with ``Shard(dim)``, :mod:`torch_rsdp._checkpoint_hooks`); ``None`` when the value
-        needs no presenting (replicated, or a DTensor already). Raises ``ValueError`` for a
-        layout a checkpoint cannot describe."""
+    def checkpoint_refusal(self, unit: Unit, key: str) -> Optional[str]:
+        """Why ``key`` (a plain local tensor, not a DTensor) cannot go into a checkpoint as it
+        is, or None (replicated): a shard whose layout a checkpoint cannot describe makes
+        state dicts raise with this reason (:mod:`torch_rsdp._checkpoint_hooks`)."""
         return None
 
     # ---------------------------------------------------------------------------- planner

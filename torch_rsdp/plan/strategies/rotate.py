@@ -79,8 +79,12 @@ class Rotate(StrategyHandler):
     def holds_shard(self, unit, key):
         return sharded_owner(unit.module, unit.relative(key)) is not None
 
-    def shard_layout(self, unit, key):
-        return shard_dim(unit.module, unit.relative(key))
+    def checkpoint_refusal(self, unit, key):
+        try:
+            shard_dim(unit.module, unit.relative(key))
+        except ValueError as e:
+            return str(e)
+        return None
 
     def cross_node(self, u, links):
         # Each node boundary carries every shard shift once: forward's and backward's weight

@@ -15,7 +15,7 @@ import torch.nn as nn
 from ..units import Unit
 from .base import ApplyContext, Cost, StrategyHandler, cast_unit, register
 from .split_linear import (full_weight, in_features, is_split, is_splittable, local_rows_of,
-                           set_sync_grads, split_layout, split_linear)
+                           set_sync_grads, split_linear)
 
 __all__ = ["Split"]
 
@@ -84,10 +84,6 @@ class Split(StrategyHandler):
 
     def holds_shard(self, unit, key):
         return _split_module(unit, key) is not None
-
-    def shard_layout(self, unit, key):
-        mod = _split_module(unit, key)
-        return None if mod is None else split_layout(mod)
 
     def applicable(self, u, links) -> bool:
         return u.param_bytes > 0 and u.linear_bytes > 0
