@@ -75,6 +75,9 @@ def _kill_worker(ctx, victims):
         nxt = str(e)
     next_s = time.monotonic() - t0
     killed = float(ctx.store.get("killed_at"))
+    # Alive until every survivor raised: a survivor that exits early would tell the others
+    # by its death, not by its notice.
+    ctx.store_sync("raised", ranks=[q for q in range(ctx.world_size) if q not in victims])
     return {"outcome": "raised", "iter": i, "after_kill_s": raised - killed, "msg": msg[:1500],
             "next": nxt[:500], "next_s": next_s, "error": str(torch_rsdp.group_error())}
 
