@@ -48,12 +48,14 @@ def _stream(ctx, i: int) -> None:
 
 
 def _kill_worker(ctx, victims):
-    """The lowest victim SIGKILLs the other victims, then itself, at step KILL_ITER."""
+    """The lowest victim SIGKILLs the other victims, then itself, at a step that depends on
+    who dies, so that the survivors wait in different collectives from case to case."""
     import torch_rsdp
     r = ctx.rank
     pids = [int(p) for p in ctx.store_sync("pid", str(os.getpid()).encode())]
+    kill_at = KILL_ITER + sum(victims) % 3
     for i in range(10_000):
-        if r == min(victims) and i == KILL_ITER:
+        if r == min(victims) and i == kill_at:
             ctx.store.set("killed_at", repr(time.time()))
             for v in victims:
                 if v != r:
