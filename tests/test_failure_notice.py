@@ -5,8 +5,9 @@ failure notice (csrc/core/notice.h: the node's shared-memory block, UCX messages
 nodes) can make the survivors raise in time: each must raise within NOTICE_S of the kill,
 naming the dead rank, and its next collective must fail at once. Every victim position: each
 rank of one node (3 ranks), a leader and a non-leader on each of 2 emulated nodes x 2
-(RSDP_NODE_ID on the loopback), and a whole node. A rank frozen with SIGSTOP is found by the
-(short) timeout: once the first survivor times out, the others raise within NOTICE_S.
+(RSDP_NODE_ID on the loopback), and a whole node. A rank that aborts a group tells the others
+at once. A rank frozen with SIGSTOP is found by the (short) timeout: once the first survivor
+times out, the others raise within NOTICE_S.
 
 One launch per case, a few seconds each. Each case prints its worst notice time (the README's
 "When a rank fails" table comes from `pytest -s tests/test_failure_notice.py`).
@@ -121,10 +122,33 @@ def test_every_survivor_hears_within_a_second(case):
         assert o["error"] == "ErrorType.REMOTE_ERROR", f"{case}: rank {r}: {o['error']}"
 
 
+def _abort_tells(ctx, aborter):
+    """`aborter` aborts a group of every rank while the others wait in an all-reduce on it;
+    returns (seconds from the abort to the raise, the message) on the others."""
+    r = ctx.rank
+    sub = dist.new_group(list(range(ctx.world_size)))
+    dist.all_reduce(torch.ones(8), group=sub)
+    if r == aborter:
+        time.sleep(0.5)
+        ctx.store.set("aborted_at", repr(time.time()))
+        dist.distributed_c10d._abort_process_group(sub)
+        return None
+    try:
+        dist.all_reduce(torch.ones(1 << 18), group=sub)
+        return {"after_abort_s": None, "msg": "completed"}
+    except RuntimeError as e:
+        raised = time.time()
+        msg = str(e)
+    dist.destroy_process_group(sub)
+    return {"after_abort_s": raised - float(ctx.store.get("aborted_at")), "msg": msg[:1000]}
+
+
 def _frozen_worker(ctx, victim, stopper):
-    """`stopper` freezes `victim` (SIGSTOP) in the stream; the others time out or hear of it."""
+    """First an abort that tells the others; then `stopper` freezes `victim` (SIGSTOP) in the
+    stream, and the others time out or hear of it."""
     import torch_rsdp
     r = ctx.rank
+    aborted = _abort_tells(ctx, victim)
     pids = [int(p) for p in ctx.store_sync("pid", str(os.getpid()).encode())]
     for i in range(10_000):
         if r == stopper and i == KILL_ITER:
@@ -142,15 +166,25 @@ def _frozen_worker(ctx, victim, stopper):
     ctx.store_sync("raised", ranks=survivors)
     if r == stopper:
         os.kill(pids[victim], signal.SIGKILL)
-    return {"outcome": "raised", "raised": raised, "msg": msg[:1500], "error": error}
+    return {"outcome": "raised", "raised": raised, "msg": msg[:1500], "error": error,
+            "aborted": aborted}
 
 
 @pytest.mark.parametrize("victim", [3])
-def test_frozen_rank_first_timeout_tells_the_rest(victim):
+def test_abort_and_frozen_rank_tell_the_rest(victim):
     node_of, W = [0, 0, 1, 1], 4
     res = launch(_frozen_worker, W, (victim, 0), pg_timeout=FROZEN_TIMEOUT, deadline=120,
                  expect_killed=[victim], node_of=node_of)
     survivors = [r for r in range(W) if r != victim]
+    # the abort (same launch, before the freeze): rank `victim` aborted a group of all ranks
+    told = [res[r]["aborted"] for r in survivors]
+    print(f"\n[notice] 2x2-abort-rank{victim}: the others raised after "
+          + ", ".join(f"rank {r} {o['after_abort_s']:.3f}s" for r, o in zip(survivors, told)
+                      if o["after_abort_s"] is not None))
+    for r, o in zip(survivors, told):
+        assert o["after_abort_s"] is not None and o["after_abort_s"] <= NOTICE_S, (
+            f"rank {r} after rank {victim}'s abort: {o}")
+        assert "aborted" in o["msg"] and names_rank(o["msg"], victim), f"rank {r}: {o['msg']}"
     for r in survivors:
         assert res[r]["outcome"] == "raised", f"rank {r}: {res[r]}"
     first = min(res[r]["raised"] for r in survivors)
