@@ -22,7 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = ["tests/cpp/test_net_comm.cpp", "csrc/core/group.cpp", "csrc/core/op_desc.cpp",
-           "csrc/core/error.cpp", "csrc/core/options.cpp"] + sorted(
+           "csrc/core/error.cpp", "csrc/core/options.cpp", "csrc/core/notice.cpp"] + sorted(
     str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "transport" / "ucx").glob("*.cpp"))
 
 

@@ -35,7 +35,7 @@ GroupComm::GroupComm(const Group& g, Bootstrap& store, const Options& o)
     Options node_opts = opts;
     node_opts.pool_bytes = 0;
     shm = std::make_unique<ShmComm>(node_group(group, topo), store, node_opts, &traffic);
-    net = std::make_unique<NetComm>(group, topo.node_of, store, opts, &traffic);
+    net = std::make_unique<NetComm>(group, topo.node_of, store, opts, &traffic, &shm->notice());
   }
 }
 
@@ -50,6 +50,16 @@ void GroupComm::abort(const std::string& why) {
   if (device) device->abort(why);
   shm->abort(why);
   if (net) net->abort(why);
+}
+
+void GroupComm::spread() noexcept {
+  if (!net || !shm->notice().posted()) return;
+  try {
+    net->spread();
+  } catch (...) {
+    // The failure is already raised to the caller; the others still have
+    // their own waits and deadlines.
+  }
 }
 
 }  // namespace rsdp

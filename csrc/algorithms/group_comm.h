@@ -50,7 +50,13 @@ struct GroupComm {
   // same collectives, so the numbers agree) and hands it to the network.
   void begin_net(OpDesc desc, std::chrono::milliseconds timeout);
 
+  // Makes every wait fail with `why` and tells the other members (the
+  // notice, core/notice.h).
   void abort(const std::string& why);
+  // After an op failed, on the thread that runs collectives: if the failure
+  // broke the group, carry it to the other nodes (when this rank reported
+  // it) and leave the network side broken too. Never throws.
+  void spread() noexcept;
 
  private:
   uint64_t net_seq_ = 0;

@@ -56,6 +56,9 @@ void BackendRSDP::stop(bool drain) {
   // Order matters: stop producers of completions before the comm goes away.
   // The queue object stays (stopped): a racing enqueue gets its task cancelled.
   if (queue_) queue_->stop(drain);
+  // An abort broke the group: the other nodes hear of it before the
+  // endpoints close (the worker is stopped, so this thread may drive them).
+  if (!drain && comm_) comm_->spread();
   {
     std::lock_guard<std::mutex> g(p2p_mu_);
     p2p_.reset();
@@ -104,6 +107,7 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
         body(*comm);
       } catch (...) {
         err = std::current_exception();
+        comm->spread();  // a broken group tells its other nodes
       }
     }
     // Drop the tensors the body captured before waking the waiter, so a

@@ -79,6 +79,7 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue_cuda(c10d::OpType type, cons
         (*keep)(*comm);
       } catch (...) {
         err = std::current_exception();
+        comm->spread();  // a broken group tells its other nodes
       }
       comm->device_op = false;
     }

@@ -366,6 +366,13 @@ bool P2PEngine::deliver_stashed() {
 
 void P2PEngine::check_deadlines() {
   const Group& g = comm_.group();
+  if (comm_.notice().posted()) {
+    // The group broke (core/notice.h): what is pending, and what comes
+    // later, fails with the failure that broke it.
+    Failure f = comm_.notice().read();
+    fail_all(std::make_exception_ptr(Error(f.kind, Notice::heard(g.me(), "send/recv", f))));
+    return;
+  }
   auto fail_if_stuck = [&](std::unique_ptr<Request>& r) -> bool {
     bool dead = r->peer >= 0 && (!comm_.peer_alive(r->peer) ||
                                  (!r->is_send && broken_src_[r->peer]));

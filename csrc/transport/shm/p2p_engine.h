@@ -7,7 +7,8 @@
 // and receives to many peers outstanding at once without deadlocking on a full
 // ring. Messages that arrive before a matching recv is posted are drained into
 // a private stash (eager semantics), which keeps each (src, tag) stream in
-// order: a recv always takes the oldest matching message.
+// order: a recv always takes the oldest matching message. Once the group's
+// notice holds a failure (core/notice.h), what is pending fails with it.
 #pragma once
 
 #include <condition_variable>

@@ -50,6 +50,7 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   std::vector<int> pids;
   for (const auto& p : group_.peers) pids.push_back(p.pid);
   watch_ = std::make_unique<PeerWatch>(pids, group_.rank);
+  notice_ = std::make_unique<Notice>(reinterpret_cast<NoticeBlock*>(seg_->data() + kNoticeOffset));
   if (opts_.debug)
     std::cerr << group_.me() << ": group '" << group_.name << "' size " << group_.size
               << ", shared memory " << layout_.total() << " bytes (staging 2x" << layout_.half
@@ -121,6 +122,7 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
   desc.seq = ++seq_;
   desc_ = desc;
   deadline_ = Deadline(timeout);
+  if (notice_->posted()) fail(ErrorKind::kPeer, "");  // another member gave up
 }
 
 char* ShmComm::stage() { return seg_->data() + layout_.stage_offset(group_.rank, step_ + 1); }
@@ -190,6 +192,7 @@ void ShmComm::wait_step(int p, uint32_t s) {
     peer.step_sleepers.fetch_sub(1, std::memory_order_seq_cst);
     if (reached(peer.step.load(std::memory_order_acquire), s)) return;
     if (aborted_.load()) fail(ErrorKind::kPeer, abort_reason_);
+    if (notice_->posted()) fail(ErrorKind::kPeer, "");
     if (!watch_->alive(p))
       fail(ErrorKind::kPeer, detail::cat(group_.me(), ": ", group_.who(p), " (pid ",
                                          group_.peers[p].pid, ") exited during ",
@@ -203,15 +206,30 @@ void ShmComm::wait_step(int p, uint32_t s) {
 
 void ShmComm::fail(ErrorKind kind, const std::string& msg) {
   // The step counters of the group no longer agree: nothing after this can
-  // be trusted, so every later collective refuses to run.
-  broken_ = msg;
-  throw Error(kind, msg + "; the group is unusable from now on");
+  // be trusted, so every later collective refuses to run. The first failure
+  // posted is the group's (an empty msg: only heard of); a member that failed
+  // on its own account after that raises that one too, naming its reporter.
+  const int me = group_.global(group_.rank);
+  std::string why = msg;
+  if (msg.empty() || !notice_->post(me, kind, msg)) {
+    Failure f = notice_->read();
+    if (f.origin >= 0 && (f.origin != me || msg.empty())) {
+      kind = f.kind;
+      why = Notice::heard(group_.me(), desc_.describe(), f);
+    }
+  }
+  if (why.empty())
+    why = group_.me() + ": " + desc_.describe() +
+          ": another member gave up (its report could not be read)";
+  broken_ = why;
+  throw Error(kind, why + "; the group is unusable from now on");
 }
 
 void ShmComm::abort(const std::string& why) {
   abort_reason_ = why;
   aborted_.store(true);
-  // Wake our own sleepers too (they wait on peers' words; the slice bounds it).
+  notice_->post(group_.global(group_.rank), ErrorKind::kPeer, why);
+  // Sleepers (ours and the peers') wait on other words; the slice bounds it.
 }
 
 RingView ShmComm::ring(int src, int dst) const {

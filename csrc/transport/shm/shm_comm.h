@@ -12,8 +12,10 @@
 // So no trailing barrier is needed: the next step's wait is the release.
 //
 // Waiting spins for RSDP_SPIN_US, then sleeps on a futex in the peer's control
-// block. While asleep it checks the op's deadline and the peer's liveness, so
-// a dead or missing peer turns into an error, never a hang.
+// block. While asleep it checks the op's deadline, the peer's liveness and the
+// group's notice (core/notice.h), so a dead or missing peer, or a member that
+// gave up, turns into an error, never a hang. A failure that breaks the group
+// is posted on the notice, so the other members stop waiting too.
 #pragma once
 
 #include <atomic>
@@ -24,6 +26,7 @@
 #include "core/deadline.h"
 #include "core/error.h"
 #include "core/group.h"
+#include "core/notice.h"
 #include "core/op_desc.h"
 #include "core/options.h"
 #include "core/traffic.h"
@@ -82,9 +85,12 @@ class ShmComm {
     if (traffic_) traffic_->one_copy_ops.fetch_add(1, std::memory_order_relaxed);
   }
 
-  // Makes every current and future wait fail with `why`.
+  // Makes every current and future wait fail with `why`, and tells the
+  // other members (the notice).
   void abort(const std::string& why);
   bool broken() const { return !broken_.empty(); }
+  // The group's notice on this node: the first failure that broke it.
+  Notice& notice() const { return *notice_; }
 
  private:
   RankCtl& ctl(int r) const {
@@ -103,6 +109,7 @@ class ShmComm {
   std::shared_ptr<ShmSegment> seg_;
   std::shared_ptr<ShmPool> pool_;
   std::unique_ptr<PeerWatch> watch_;
+  std::unique_ptr<Notice> notice_;
   uint32_t step_ = 0;
   uint64_t seq_ = 0;
   OpDesc desc_;

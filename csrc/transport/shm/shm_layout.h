@@ -1,7 +1,8 @@
 // Byte layout of a group's shared-memory segment (one per group, created by
 // group rank 0):
 //
-//   SegmentHeader                         4 KiB
+//   SegmentHeader                         4 KiB, with the group's NoticeBlock
+//                                         (core/notice.h) at kNoticeOffset
 //   RankCtl[size]                         256 B each: step counter, futex words,
 //                                         pid, step descriptors
 //   staging[size][2][half]                each rank's two staging halves; a
@@ -20,6 +21,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "core/notice.h"
 #include "core/op_desc.h"
 
 namespace rsdp {
@@ -54,6 +56,12 @@ struct alignas(64) ChannelCtl {
   std::atomic<uint64_t> tail;  // bytes ever consumed by the receiver
   char pad1[56];
 };
+
+// The notice shares the header page: written once, when the group breaks.
+constexpr size_t kNoticeOffset = 1024;
+static_assert(sizeof(SegmentHeader) <= kNoticeOffset &&
+                  kNoticeOffset + sizeof(NoticeBlock) <= 4096,
+              "the notice must fit in the header page");
 
 constexpr size_t kCtlStride = 256;
 constexpr uint64_t kNotInPool = ~0ull;

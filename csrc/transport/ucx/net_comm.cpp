@@ -24,19 +24,19 @@ struct NetComm::Impl {
   std::unique_ptr<UcxP2P> p2p;
 
   Impl(const Group& g, std::vector<int> node_of, Bootstrap& store, const Options& opts,
-       Traffic* traffic)
+       Traffic* traffic, Notice* notice)
       : group(g), ctx(g.me(), g.size), coll_worker(ctx, g.me()), p2p_worker(ctx, g.me()) {
     RSDP_CHECK(static_cast<int>(node_of.size()) == group.size, group.me(), ": node_of has ",
                node_of.size(), " entries for a group of size ", group.size);
     RSDP_CHECK(group.size <= (1 << ucx_wire::kRankBits), group.me(), ": groups of more than ",
                1 << ucx_wire::kRankBits, " ranks are not supported by the UCX transport");
-    coll = std::make_unique<UcxCollectives>(group, coll_worker, node_of, opts, traffic);
+    coll = std::make_unique<UcxCollectives>(group, coll_worker, node_of, opts, traffic, notice);
     std::vector<std::string> coll_addrs(group.size), p2p_addrs(group.size);
     if (group.size > 1) exchange_addresses(store, coll_addrs, p2p_addrs);
     for (int r = 0; r < group.size; ++r)
       if (r != group.rank) coll->connect(r, coll_addrs[r]);
     p2p = std::make_unique<UcxP2P>(group, p2p_worker, std::move(p2p_addrs), node_of, traffic,
-                                   opts.debug);
+                                   opts.debug, notice);
   }
 
   void exchange_addresses(Bootstrap& store, std::vector<std::string>& coll_addrs,
@@ -73,8 +73,8 @@ struct NetComm::Impl {
 };
 
 NetComm::NetComm(const Group& group, std::vector<int> node_of, Bootstrap& store,
-                 const Options& opts, Traffic* traffic)
-    : impl_(std::make_unique<Impl>(group, std::move(node_of), store, opts, traffic)) {}
+                 const Options& opts, Traffic* traffic, Notice* notice)
+    : impl_(std::make_unique<Impl>(group, std::move(node_of), store, opts, traffic, notice)) {}
 
 NetComm::~NetComm() = default;
 
@@ -108,5 +108,7 @@ void NetComm::abort(const std::string& why) {
   impl_->coll->abort(why);
   impl_->p2p->abort(why);
 }
+
+void NetComm::spread() { impl_->coll->spread(); }
 
 }  // namespace rsdp

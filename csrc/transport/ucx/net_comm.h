@@ -15,7 +15,9 @@
 // reads a wrong-sized message. Endpoints use UCX peer error handling, so a
 // dead peer fails the waits that involve it; every wait also has the op's
 // deadline. Messages to ranks on the same node count as intra-node traffic,
-// others as inter-node.
+// others as inter-node. A rank that finds the group broken tells the members
+// on other nodes (ucx_coll.h, [Note: the notice across nodes]), and learns
+// of it from them and from its node's notice (core/notice.h).
 #pragma once
 
 #include <chrono>
@@ -28,6 +30,7 @@
 #include "core/bootstrap.h"
 #include "core/deadline.h"
 #include "core/group.h"
+#include "core/notice.h"
 #include "core/op_desc.h"
 #include "core/options.h"
 #include "core/traffic.h"
@@ -38,8 +41,10 @@ class NetComm {
  public:
   // Collective over the group: every rank constructs one. node_of[r] is
   // group rank r's node index (for traffic accounting and error messages).
+  // `notice`: this node's (ShmComm::notice()), which must outlive this
+  // object; null: the members of this node are not told of a failure here.
   NetComm(const Group& group, std::vector<int> node_of, Bootstrap& store, const Options& opts,
-          Traffic* traffic);
+          Traffic* traffic, Notice* notice = nullptr);
   ~NetComm();
   NetComm(const NetComm&) = delete;
   NetComm& operator=(const NetComm&) = delete;
@@ -83,6 +88,10 @@ class NetComm {
 
   // Makes every current and future wait fail with `why`.
   void abort(const std::string& why);
+  // After a failure found elsewhere (shared memory, abort), on the thread
+  // that runs collectives: tells the other nodes if this rank reported it,
+  // and leaves the collectives broken. Does nothing while no failure is posted.
+  void spread();
 
   struct Impl;
 

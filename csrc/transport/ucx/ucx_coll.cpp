@@ -2,6 +2,7 @@
 #include "transport/ucx/ucx_coll.h"
 
 #include <algorithm>
+#include <cstddef>
 #include <cstring>
 #include <iostream>
 
@@ -19,6 +20,11 @@ constexpr int kSleepSliceMs = 20;
 // After a mismatch, how long the other messages of the op get to complete
 // before the group is given up.
 constexpr auto kMismatchGrace = std::chrono::seconds(2);
+// After a peer's endpoint failed, how long its notice (or its node's) gets
+// to arrive and say why, before this rank reports the failure itself.
+constexpr auto kNoticeGrace = std::chrono::milliseconds(150);
+// How long a rank that found the group broken waits for its notices to leave.
+constexpr auto kTellBound = std::chrono::milliseconds(300);
 
 }  // namespace
 
@@ -47,6 +53,20 @@ struct UcxCollectives::Op {
   bool finished = false;
   ErrorKind kind = ErrorKind::kPeer;
   std::string error;
+};
+
+// A notice on the wire (ucx_wire.h's notice tag), and the receive's state.
+struct UcxCollectives::NoticeWire {
+  struct Msg {
+    uint32_t magic;
+    int32_t origin;  // global rank that reported the failure
+    uint32_t kind;   // its ErrorKind
+    uint32_t len;
+    char text[kNoticeTextBytes];
+  } msg{};
+  bool done = false;
+  ucs_status_t status = UCS_OK;
+  size_t length = 0;
 };
 
 struct UcxCollectives::Peer {
@@ -79,6 +99,13 @@ void recv_cb(void*, ucs_status_t s, const ucp_tag_recv_info_t* info, void* user)
   slot->sink->push_back(slot);
 }
 
+void notice_cb(void*, ucs_status_t s, const ucp_tag_recv_info_t* info, void* user) {
+  auto* w = static_cast<UcxCollectives::NoticeWire*>(user);
+  w->done = true;
+  w->status = s;
+  if (s == UCS_OK) w->length = info->length;
+}
+
 void ep_error(void* arg, ucp_ep_h, ucs_status_t s) {
   static_cast<UcxCollectives::Peer*>(arg)->note_failure(s);
 }
@@ -86,10 +113,25 @@ void ep_error(void* arg, ucp_ep_h, ucs_status_t s) {
 }  // namespace
 
 UcxCollectives::UcxCollectives(const Group& group, UcxWorker& worker, std::vector<int> node_of,
-                               const Options& opts, Traffic* traffic)
+                               const Options& opts, Traffic* traffic, Notice* notice)
     : group_(group), worker_(worker), node_of_(std::move(node_of)), opts_(opts),
-      traffic_(traffic) {
+      traffic_(traffic), notice_(notice) {
   for (int r = 0; r < group_.size; ++r) peers_.push_back(std::unique_ptr<Peer>(new Peer{this}));
+  listen();
+}
+
+void UcxCollectives::listen() {
+  notice_in_ = std::make_unique<NoticeWire>();
+  ucp_request_param_t p{};
+  p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA |
+                   UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+  p.cb.recv = notice_cb;
+  p.user_data = notice_in_.get();
+  ucs_status_ptr_t r =
+      ucp_tag_recv_nbx(worker_.get(), &notice_in_->msg, sizeof(notice_in_->msg),
+                       ucx_wire::notice_tag(0), ~ucx_wire::kNoticeSrcMask, &p);
+  // Without it, a broken group is still found by each rank's own waits.
+  if (UCS_PTR_IS_PTR(r)) notice_req_ = r;
 }
 
 UcxCollectives::~UcxCollectives() {
@@ -126,6 +168,7 @@ void UcxCollectives::begin(const OpDesc& desc, Deadline deadline) {
   desc_ = desc;
   deadline_ = deadline;
   begun_ = true;
+  check_notice();  // heard of already: this op fails at once
 }
 
 UcxCollectives::Op& UcxCollectives::new_op(bool is_send, int peer, const void* buf, size_t bytes,
@@ -323,7 +366,7 @@ std::string UcxCollectives::outstanding(bool only_failed_peers) const {
 void UcxCollectives::wait() {
   if (nops_ == 0) return;
   const auto spin_end = Clock::now() + std::chrono::microseconds(opts_.spin_us);
-  Clock::time_point mismatch_at{};
+  Clock::time_point mismatch_at{}, peer_gone_at{};
   for (;;) {
     bool busy = worker_.progress();
     while (!completed_.empty()) {
@@ -331,8 +374,23 @@ void UcxCollectives::wait() {
       completed_.pop_back();
       handle(*s);  // may post (and complete at once) a payload receive
     }
-    if (!peer_error_.empty()) fail(ErrorKind::kPeer, peer_error_);
-    if (open_ == 0) break;
+    check_notice();
+    std::string gone = peer_error_;
+    if (gone.empty() && peer_failed_) {
+      std::string who = outstanding(true);
+      if (!who.empty())
+        gone = detail::cat(group_.me(), ": ", desc_.describe(), " failed while waiting for ", who,
+                           " (the peer exited, or gave up after an error of its own)");
+    }
+    if (!gone.empty()) {
+      // A peer that gave up has sent its notice before closing: a moment
+      // for it (or its node's) to arrive and say why.
+      auto now = Clock::now();
+      if (peer_gone_at == Clock::time_point{}) peer_gone_at = now;
+      else if (now - peer_gone_at >= kNoticeGrace) fail(ErrorKind::kPeer, gone);
+    } else if (open_ == 0) {
+      break;
+    }
     if (aborted_.load()) {
       std::string why;
       {
@@ -340,13 +398,6 @@ void UcxCollectives::wait() {
         why = abort_why_;
       }
       fail(ErrorKind::kPeer, why);
-    }
-    if (peer_failed_) {
-      std::string who = outstanding(true);
-      if (!who.empty())
-        fail(ErrorKind::kPeer,
-             detail::cat(group_.me(), ": ", desc_.describe(), " failed while waiting for ", who,
-                         " (the peer exited, or gave up after an error of its own)"));
     }
     if (deadline_.expired())
       fail(ErrorKind::kTimeout,
@@ -359,7 +410,8 @@ void UcxCollectives::wait() {
       if (mismatch_at == Clock::time_point{}) mismatch_at = now;
       else if (now - mismatch_at > kMismatchGrace) fail(ErrorKind::kMismatch, mismatch_);
     }
-    if (!busy && Clock::now() >= spin_end) worker_.sleep(kSleepSliceMs);
+    if (!busy && Clock::now() >= spin_end)
+      worker_.sleep(peer_gone_at == Clock::time_point{} ? kSleepSliceMs : 5);
   }
   nops_ = 0;
   if (!mismatch_.empty()) {
@@ -378,7 +430,43 @@ void UcxCollectives::abort(const std::string& why) {
   worker_.signal();
 }
 
+void UcxCollectives::check_notice() {
+  if (!heard_remote_ && notice_in_ && notice_in_->done && notice_in_->status == UCS_OK) {
+    heard_remote_ = true;
+    const auto& m = notice_in_->msg;
+    const size_t head = offsetof(NoticeWire::Msg, text);
+    Failure f;
+    f.origin = m.origin;
+    if (notice_in_->length >= head && m.magic == ucx_wire::kNoticeMagic &&
+        m.kind <= static_cast<uint32_t>(ErrorKind::kSystem)) {
+      f.kind = static_cast<ErrorKind>(m.kind);
+      f.text.assign(m.text, std::min<size_t>({m.len, kNoticeTextBytes, notice_in_->length - head}));
+    } else {
+      f.text = "a malformed failure notice arrived (is every rank running the same torch_rsdp?)";
+    }
+    if (notice_) notice_->post(f);  // this node's members learn it too
+    fail(f.kind, Notice::heard(group_.me(), desc_.describe(), f));
+  }
+  if (notice_ && notice_->posted()) fail(ErrorKind::kPeer, "");
+}
+
 void UcxCollectives::fail(ErrorKind kind, std::string msg) {
+  // The first failure posted on the node's notice is the group's (an empty
+  // msg: only heard of); a rank that failed on its own account after that
+  // raises that one too, naming its reporter. The rank that reported it
+  // first-hand tells the other nodes before it closes its endpoints.
+  Failure own{me(), kind, msg};
+  if (notice_ && !heard_remote_ && !msg.empty()) notice_->post(own);
+  Failure f = notice_ ? notice_->read() : own;
+  if (f.origin >= 0 && f.origin != me()) {
+    kind = f.kind;
+    msg = Notice::heard(group_.me(), desc_.describe(), f);
+  } else if (msg.empty()) {
+    msg = f.origin == me() ? group_.me() + ": " + f.text
+                           : group_.me() + ": " + desc_.describe() +
+                                 ": another member gave up (its report could not be read)";
+  }
+  if (!heard_remote_ && f.origin == me()) tell_others(f);
   broken_ = msg;
   begun_ = false;
   release_requests();
@@ -387,6 +475,51 @@ void UcxCollectives::fail(ErrorKind kind, std::string msg) {
   RSDP_FAIL(kind, msg, "; the group is unusable from now on");
 }
 
+void UcxCollectives::spread() {
+  if (!broken_.empty() || !notice_ || !notice_->posted()) return;
+  Failure f = notice_->read();
+  if (f.origin == me()) tell_others(f);
+  broken_ = f.origin == me() ? group_.me() + ": " + f.text : Notice::heard(group_.me(), "", f);
+  begun_ = false;
+  release_requests();
+  mismatch_.clear();
+  peer_error_.clear();
+}
+
+void UcxCollectives::tell_others(const Failure& f) {
+  if (told_) return;
+  told_ = true;
+  notice_out_ = std::make_unique<NoticeWire>();
+  auto& m = notice_out_->msg;
+  const std::string text = without_rank_prefix(f.text);
+  m.magic = ucx_wire::kNoticeMagic;
+  m.origin = f.origin;
+  m.kind = static_cast<uint32_t>(f.kind);
+  m.len = static_cast<uint32_t>(std::min(text.size(), kNoticeTextBytes));
+  std::memcpy(m.text, text.data(), m.len);
+  // Members on this node read the node's notice; those on others get it here.
+  std::vector<void*> sent;
+  for (int r = 0; r < group_.size; ++r) {
+    if (r == group_.rank || node_of_[r] == node_of_[group_.rank] || !peers_[r]->ep) continue;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
+    p.datatype = ucp_dt_make_contig(1);
+    ucs_status_ptr_t s = ucp_tag_send_nbx(peers_[r]->ep, &m, offsetof(NoticeWire::Msg, text) + m.len,
+                                          ucx_wire::notice_tag(group_.rank), &p);
+    if (UCS_PTR_IS_PTR(s)) sent.push_back(s);
+  }
+  // Bounded: a peer that is gone cannot hold the failure up.
+  Deadline dl(std::chrono::duration_cast<std::chrono::milliseconds>(kTellBound));
+  for (;;) {
+    bool pending = false;
+    for (void* s : sent) pending |= ucp_request_check_status(s) == UCS_INPROGRESS;
+    if (!pending || dl.expired()) break;
+    if (!worker_.progress()) worker_.sleep(1);
+  }
+  // One still in flight is released when UCX completes it (the endpoint
+  // closes next); its buffer lives as long as this object.
+  for (void* s : sent) ucp_request_free(s);
+}
 // Cancels the receives, closes every endpoint (which fails the sends) and
 // progresses until UCX gave back every request, so that no buffer is touched
 // after this returns. Bounded: a request UCX still holds after that is
@@ -400,6 +533,8 @@ void UcxCollectives::release_requests() {
   each_pending([&](Op& op, Slot& s) {
     if (!op.is_send) ucp_request_cancel(worker_.get(), s.req);
   });
+  // No notice is listened for after this: the group is broken, or going.
+  if (notice_req_ && !notice_in_->done) ucp_request_cancel(worker_.get(), notice_req_);
   std::vector<UcxWorker::Closing> eps;
   for (auto& p : peers_) eps.push_back({&p->ep, broken_.empty() && p->sent});
   worker_.close_endpoints(eps, std::chrono::milliseconds(2000));
@@ -407,6 +542,7 @@ void UcxCollectives::release_requests() {
   for (;;) {
     bool pending = false;
     each_pending([&](Op&, Slot&) { pending = true; });
+    if (notice_req_ && !notice_in_->done) pending = true;
     if (!pending || dl.expired()) break;
     if (!worker_.progress()) worker_.sleep(5);
   }
@@ -415,6 +551,8 @@ void UcxCollectives::release_requests() {
       if (s->req) ucp_request_free(s->req);
       s->req = nullptr;
     }
+  if (notice_req_) ucp_request_free(notice_req_);
+  notice_req_ = nullptr;
   nops_ = open_ = 0;
   completed_.clear();
 }

@@ -9,6 +9,16 @@
 // moving the data), so the sender's send completes and the group stays usable.
 // A timeout, a dead peer or abort() instead cancels and closes everything and
 // leaves the group unusable.
+//
+// [Note: the notice across nodes]
+// A member that finds the group broken posts the failure on its node's notice
+// (core/notice.h) and, if it was the first there to see it first-hand, sends
+// it to every member on another node (ucx_wire.h's notice tag) before it
+// closes its endpoints. Every member keeps one receive posted for such a
+// message, so wait() sees it between two progress calls, posts it on its own
+// node and raises it; wait() polls its node's notice as well, for members of
+// this node that gave up. A peer whose endpoint fails gets a moment's grace
+// for its notice to arrive, which says why (it exited, or gave up).
 #pragma once
 
 #include <atomic>
@@ -20,6 +30,7 @@
 #include "core/deadline.h"
 #include "core/error.h"
 #include "core/group.h"
+#include "core/notice.h"
 #include "core/op_desc.h"
 #include "core/options.h"
 #include "core/traffic.h"
@@ -29,9 +40,10 @@ namespace rsdp {
 
 class UcxCollectives {
  public:
-  // `group` and `worker` must outlive this object.
+  // `group`, `worker` and `notice` (null: none; this node's members are
+  // then not told) must outlive this object.
   UcxCollectives(const Group& group, UcxWorker& worker, std::vector<int> node_of,
-                 const Options& opts, Traffic* traffic);
+                 const Options& opts, Traffic* traffic, Notice* notice);
   ~UcxCollectives();  // gives back every request, closes the endpoints
   UcxCollectives(const UcxCollectives&) = delete;
   UcxCollectives& operator=(const UcxCollectives&) = delete;
@@ -45,10 +57,15 @@ class UcxCollectives {
   void wait();
   // Any thread.
   void abort(const std::string& why);
+  // After a failure outside this engine (on the node's shared memory, or an
+  // abort): if the node's notice holds a failure this rank reported, send it
+  // to the other nodes; either way the engine is broken from now on.
+  void spread();
 
   struct Op;
   struct Slot;
   struct Peer;
+  struct NoticeWire;
 
  private:
   Op& new_op(bool is_send, int peer, const void* buf, size_t bytes, uint32_t step);
@@ -61,6 +78,12 @@ class UcxCollectives {
   std::string outstanding(bool only_failed_peers) const;
   void release_requests();
   void check_usable(const char* what) const;
+  void listen();
+  // A notice that arrived, or this node's: raises it (as fail()).
+  void check_notice();
+  // Sends `f` to every member on another node, and waits (bounded) until sent.
+  void tell_others(const Failure& f);
+  int me() const { return group_.global(group_.rank); }
   // msg by value: callers pass members (peer_error_, mismatch_) that fail() clears.
   [[noreturn]] void fail(ErrorKind kind, std::string msg);
 
@@ -81,6 +104,12 @@ class UcxCollectives {
   std::string peer_error_;        // first op that failed because of a peer
   std::string mismatch_;          // first mismatch of this wait()
   std::string broken_;
+
+  Notice* notice_;
+  std::unique_ptr<NoticeWire> notice_in_, notice_out_;
+  void* notice_req_ = nullptr;  // the posted notice receive
+  bool heard_remote_ = false;   // the failure being raised came in a notice
+  bool told_ = false;           // this rank's notice went out
 
   std::atomic<bool> aborted_{false};
   std::mutex abort_mu_;

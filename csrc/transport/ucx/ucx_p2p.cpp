@@ -73,13 +73,14 @@ std::exception_ptr make_err(ErrorKind kind, const std::string& msg) {
 }  // namespace
 
 UcxP2P::UcxP2P(const Group& group, UcxWorker& worker, std::vector<std::string> addresses,
-               std::vector<int> node_of, Traffic* traffic, bool debug)
+               std::vector<int> node_of, Traffic* traffic, bool debug, Notice* notice)
     : group_(group),
       worker_(worker),
       addresses_(std::move(addresses)),
       node_of_(std::move(node_of)),
       traffic_(traffic),
-      debug_(debug) {
+      debug_(debug),
+      notice_(notice) {
   for (int r = 0; r < group_.size; ++r) peers_.push_back(std::unique_ptr<Peer>(new Peer{this, r}));
 }
 
@@ -159,20 +160,28 @@ void UcxP2P::run() {
   for (;;) {
     std::vector<std::unique_ptr<Op>> fresh;
     std::string aborted;
+    ErrorKind aborted_kind;
     bool stop;
     {
       std::lock_guard<std::mutex> g(mu_);
+      if (aborted_.empty() && notice_ && notice_->posted()) {
+        // The group broke: the failure that broke it ends this engine too.
+        Failure f = notice_->read();
+        aborted_ = Notice::heard(group_.me(), "send/recv", f);
+        aborted_kind_ = f.kind;
+      }
       fresh.swap(submitted_);
       aborted = aborted_;
+      aborted_kind = aborted_kind_;
       stop = stop_;
     }
     if (!aborted.empty() && !abort_handled_) {
       abort_handled_ = true;
-      fail_all(aborted);
+      fail_all(aborted, aborted_kind);
     }
     for (auto& op : fresh) {
       if (!aborted.empty() || stop) {
-        finish(*op, make_err(ErrorKind::kPeer,
+        finish(*op, make_err(stop ? ErrorKind::kPeer : aborted_kind,
                              stop ? group_.me() + ": " + op->what(group_) +
                                         ": the process group was destroyed while it was pending"
                                   : aborted),
@@ -342,13 +351,13 @@ void UcxP2P::fail_peer(int p, const std::string& why) {
   }
 }
 
-void UcxP2P::fail_all(const std::string& why) {
+void UcxP2P::fail_all(const std::string& why, ErrorKind kind) {
   for (auto& op : active_) {
     Op& o = *op;
     if (o.reported) continue;
     if (!o.is_send && !o.completed) ucp_request_cancel(worker_.get(), o.req);
     if (o.completed && o.status == UCS_OK) continue;
-    finish(o, make_err(ErrorKind::kPeer, why), -1);
+    finish(o, make_err(kind, why), -1);
   }
 }
 

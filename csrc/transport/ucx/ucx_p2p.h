@@ -10,7 +10,8 @@
 // fails with kTimeout. A send that times out can only be taken back by closing
 // the endpoint, so every later operation with that peer fails too (like a
 // torn stream in the shared-memory engine). UCX's peer error handling fails
-// the operations of a peer that died with kPeer.
+// the operations of a peer that died with kPeer. Once the node's notice holds
+// a failure (core/notice.h), what is pending and what comes later fails with it.
 #pragma once
 
 #include <chrono>
@@ -25,6 +26,7 @@
 #include <vector>
 
 #include "core/group.h"
+#include "core/notice.h"
 #include "core/traffic.h"
 #include "transport/ucx/ucx_worker.h"
 
@@ -37,7 +39,7 @@ class UcxP2P {
   // `addresses[r]`: group rank r's p2p worker address. `worker` must outlive
   // this object.
   UcxP2P(const Group& group, UcxWorker& worker, std::vector<std::string> addresses,
-         std::vector<int> node_of, Traffic* traffic, bool debug);
+         std::vector<int> node_of, Traffic* traffic, bool debug, Notice* notice = nullptr);
   ~UcxP2P();  // fails what is pending, joins the thread, closes endpoints
 
   void send(const void* buf, size_t bytes, int dst, int tag, std::chrono::milliseconds timeout,
@@ -57,7 +59,7 @@ class UcxP2P {
   void reap();
   void check_deadlines();
   void fail_peer(int p, const std::string& why);
-  void fail_all(const std::string& why);
+  void fail_all(const std::string& why, ErrorKind kind = ErrorKind::kPeer);
   void shutdown();
   void finish(Op& op, std::exception_ptr err, int src);
   ucp_ep_h endpoint(int p);
@@ -68,11 +70,13 @@ class UcxP2P {
   std::vector<int> node_of_;
   Traffic* traffic_;
   bool debug_;
+  Notice* notice_;
 
   std::mutex mu_;
   std::vector<std::unique_ptr<Op>> submitted_;  // guarded by mu_
   bool stop_ = false;                           // guarded by mu_
   std::string aborted_;                         // guarded by mu_
+  ErrorKind aborted_kind_ = ErrorKind::kPeer;   // guarded by mu_
   std::thread thread_;                          // started by the first submit
 
   // Progress-thread state.

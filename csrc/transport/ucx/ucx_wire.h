@@ -6,6 +6,8 @@
 //   collective: bit 63 = 0 | src group rank (20) | op seq low 22 bits |
 //               header bit (1) | step (20)
 //   p2p:        bit 63 = 1 | zero (11) | src group rank (20) | user tag low 32 bits
+//   notice:     bit 63 = 1 | zero (43) | src group rank (20)   (collective worker;
+//               a broken group's failure, ucx_coll.h, received from any source)
 // A receive always matches the full tag (the source included), except a p2p
 // any-source receive, which masks the source bits out; so messages of
 // different ops, steps, peers and the two message kinds never match each
@@ -54,6 +56,10 @@ inline uint64_t p2p_tag(int src, int user_tag) {
 }
 constexpr uint64_t kP2PSrcMask = kRankMask << 32;
 inline int p2p_src(uint64_t tag) { return static_cast<int>((tag >> 32) & kRankMask); }
+
+inline uint64_t notice_tag(int src) { return kP2PBit | (static_cast<uint64_t>(src) & kRankMask); }
+constexpr uint64_t kNoticeSrcMask = kRankMask;
+constexpr uint32_t kNoticeMagic = 0x4e435552;  // "RUCN"
 
 // The sender's view of the message: its op descriptor, the step and the
 // payload size. Fixed layout (no padding), compared field by field.
