@@ -17,8 +17,9 @@ its output into one (or raise on a plain input). FSDP2 swaps unsharded plain ten
 modules around each forward; a replica needs no gathering, so :func:`compute_with_locals`
 does less: the module's class gains a ``__getattr__`` that, while a forward of the model or
 of a module holding replicas runs (forward hooks count them), returns ``p.to_local()`` for
-its replicated DTensor parameters, and the parameter itself otherwise. ``to_local`` is differentiable, so the gradient flows back to
-the DTensor parameter as a ``Replicate()`` DTensor holding this rank's gradient (the plan's
+its replicated DTensor parameters, and the parameter itself otherwise (so ``a.weight is
+b.weight`` still tells a tie). ``to_local`` is differentiable: the gradient flows back to the
+DTensor parameter as a ``Replicate()`` DTensor holding this rank's gradient (the plan's
 gradient sync then averages its local tensor in place). ``named_parameters``, ``state_dict``
 and optimizers read ``_parameters`` directly and see the DTensors. RSDP's own layers pass
 their DTensor shards to autograd functions that compute from the flat storage and return
@@ -37,8 +38,9 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
-__all__ = ["dtensor_param", "local", "local_grad", "set_grad", "mesh_of_group",
-           "compute_with_locals", "replicate_params", "shard_spec", "like_param", "wrap_like", "refuse_ddp", "Shard", "Replicate"]
+__all__ = ["dtensor_param", "local", "local_grad", "set_grad", "wrap_like", "like_param",
+           "mesh_of_group", "compute_with_locals", "replicate_params", "refuse_ddp", "Shard",
+           "Replicate"]
 
 _MESHES: Dict[Tuple[int, str], DeviceMesh] = {}
 
@@ -69,11 +71,6 @@ def dtensor_param(local_tensor: torch.Tensor, mesh: DeviceMesh,
     dt = DTensor.from_local(local_tensor.detach(), mesh, list(placements), run_check=False,
                             shape=torch.Size(shape), stride=_contiguous_stride(shape))
     return nn.Parameter(dt, requires_grad=requires_grad)
-
-
-def shard_spec(p) -> Optional[Tuple[DeviceMesh, tuple]]:
-    """(mesh, placements) of a DTensor, else None."""
-    return (p.device_mesh, tuple(p.placements)) if isinstance(p, DTensor) else None
 
 
 def local(t: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
