@@ -1,0 +1,222 @@
+"""torchft's own process-group tests, run on torch_rsdp.torchft.ProcessGroupRSDP.
+
+torchft ships its tests in the package (torchft/process_group_test.py). Its multi-rank suite
+(``MultiPgBaseTest``: ranks as threads of one process sharing a TCPStore, every collective
+checked exactly, and a rank that shuts down mid-run while the others must fail and report) is
+subclassed here with ProcessGroupRSDP, over every collective, reduce-scatter and all-to-all
+included (torchft skips those for gloo). Its single-rank checks (``test_gloo_apis``,
+``test_gloo_timeout``, ``test_functional_collectives``) are hard-wired to ProcessGroupGloo,
+so they are repeated here with torchft's ``_test_pg`` helper. Our own checks: reduce-scatter
+on CPU (torchft's helper returns early on CPU), configure again at another world size,
+abort() failing pending ops, errored() after an abort and after a lost peer.
+
+Skipped as a whole without torchft (scripts/setup.sh installs it, with parameterized, which
+torchft's test module imports).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+
+import pytest
+
+ftt = pytest.importorskip("torchft.process_group_test")
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from parameterized import parameterized  # noqa: E402
+from torch.distributed import TCPStore  # noqa: E402
+from torch.distributed.distributed_c10d import (  # noqa: E402
+    AllreduceOptions,
+    ReduceOp,
+    ReduceScatterOptions,
+)
+
+import torch_rsdp  # noqa: E402,F401
+from torch_rsdp.torchft import ProcessGroupRSDP  # noqa: E402
+
+ALL = ftt._ALL_COLLECTIVES
+
+
+class RSDPMultiPgTest(ftt.MultiPgBaseTest):
+    """torchft's ``NormalGlooMultiPgTest`` with ProcessGroupRSDP and nothing skipped."""
+
+    BACKEND = "rsdp"
+    WORLD_SIZE = 3
+
+    @classmethod
+    def _create_pg(cls, backend: str):
+        assert backend == "rsdp"
+        return ProcessGroupRSDP(timeout=timedelta(seconds=10))
+
+    @parameterized.expand(ALL)
+    def test_collective(self, collective: str) -> None:
+        self._run_parallel(collective, device="cpu")
+
+    @parameterized.expand(ALL)
+    def test_collective_with_resiliency(self, collective: str) -> None:
+        self._run_with_resiliency(collective, device="cpu")
+
+
+def _store():
+    return TCPStore("localhost", 0, is_master=True, wait_for_workers=False)
+
+
+def _on_ranks(fn, world_size: int, timeout: float = 30.0):
+    """fn(rank) on one thread per rank; results in rank order, the first error raised."""
+    with ThreadPoolExecutor(world_size) as ex:
+        futs = [ex.submit(fn, r) for r in range(world_size)]
+        return [f.result(timeout=timeout) for f in futs]
+
+
+def _configure(pgs, store, prefix: str, world_size: int):
+    addr = f"localhost:{store.port}/{prefix}"
+    _on_ranks(lambda r: pgs[r].configure(addr, "0", r, world_size), world_size)
+
+
+# ---- torchft's ProcessGroupTest, single-rank checks repeated for ProcessGroupRSDP ----
+
+def test_apis_one_rank_and_ddp():
+    """torchft's test_gloo_apis: every collective through _test_pg, then DDP over the pg."""
+    store = _store()
+    pg = ProcessGroupRSDP()
+    pg.configure(f"localhost:{store.port}/prefix", "0", 0, 1)
+    assert pg.size() == 1 and pg.getBackendName() == "torchft-rsdp"
+    works = ftt._test_pg(pg, torch.tensor([2]))
+    # nothing refused: reduce_scatter and its coalesced form ran too
+    assert set(works) >= {"reduce_scatter", "reduce_scatter_tensor_coalesced", "alltoall_base"}
+    m = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 4), process_group=pg)
+    m(torch.rand(2, 3)).sum().backward()
+    pg.shutdown()
+
+
+def test_configure_timeout():
+    """torchft's test_gloo_timeout: a peer that never joins makes configure raise in time."""
+    store = _store()
+    pg = ProcessGroupRSDP(timeout=timedelta(seconds=0.01))
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="(?i)time"):
+        pg.configure(f"localhost:{store.port}/prefix", "0", 0, 2)
+    assert time.monotonic() - t0 < 10
+
+
+def test_functional_collectives():
+    """torchft's test_functional_collectives: register() makes the pg resolvable by name."""
+    from torch.distributed import _functional_collectives as fc
+    from torch._C._distributed_c10d import _resolve_process_group
+
+    ftt.dummy_init_pg()
+    store = _store()
+    pg = ProcessGroupRSDP().register("test_rsdp_func_col")
+    pg.configure(f"localhost:{store.port}/prefix", "0", 0, 1)
+    assert pg.group_name == str(dist.get_pg_count() - 1)
+    assert _resolve_process_group(pg.group_name) is pg
+    try:
+        t = torch.ones(10)
+        out = fc.all_reduce(t, "sum", pg)
+        torch.testing.assert_close(fc.wait_tensor(out), torch.ones(10))
+    finally:
+        pg.unregister()
+
+
+# ---- our own checks ----
+
+def test_reduce_scatter_cpu():
+    """reduce_scatter (list form, SUM and AVG) and the coalesced tensor form at 3 ranks,
+    exact; torchft's gloo group refuses both and its helper skips CPU."""
+    W = 3
+    store = _store()
+    pgs = [ProcessGroupRSDP(timeout=timedelta(seconds=10)) for _ in range(W)]
+    _configure(pgs, store, "rs", W)
+
+    def run(r):
+        pg = pgs[r]
+        inp = [torch.arange(4, dtype=torch.float32) + 100 * i + r for i in range(W)]
+        out = torch.empty(4)
+        pg.reduce_scatter([out], [inp], ReduceScatterOptions()).wait()
+        torch.testing.assert_close(out, W * (torch.arange(4.0) + 100 * r) + sum(range(W)))
+        opts = ReduceScatterOptions()
+        opts.reduceOp = ReduceOp.AVG
+        pg.reduce_scatter([out], [inp], opts).wait()
+        torch.testing.assert_close(out, torch.arange(4.0) + 100 * r + 1)
+        ftt.run_reduce_scatter_tensor_coalesced_test(pg, r, torch.tensor([r + 1]))
+
+    _on_ranks(run, W)
+    for pg in pgs:
+        pg.shutdown()
+
+
+def test_reconfigure_other_world_size():
+    """configure at 3 ranks, then again at 2 (rank 2 gone) and back to 3: every
+    configuration computes with its own world size and the old backend is gone."""
+    store = _store()
+    pgs = [ProcessGroupRSDP(timeout=timedelta(seconds=10)) for _ in range(3)]
+    for step, W in enumerate([3, 2, 3]):
+        _configure(pgs[:W], store, f"quorum_{step}", W)
+        backends = {id(pg._backend) for pg in pgs[:W]}
+        assert len(backends) == W
+
+        def run(r):
+            assert pgs[r].size() == W
+            ftt.run_allreduce_test(pgs[r], r, torch.tensor([r + 1]))
+            ftt.run_reduce_scatter_tensor_coalesced_test(pgs[r], r, torch.tensor([r + 1]))
+            ftt.run_alltoall_test(pgs[r], r, torch.tensor([r + 1]))
+
+        _on_ranks(run, W)
+        assert all(pg.errored() is None for pg in pgs[:W])
+    for pg in pgs:
+        pg.shutdown()
+
+
+def test_abort_fails_pending_ops_and_errored_reports():
+    """rank 0 waits in an all-reduce that rank 1 never joins; abort() from another thread
+    makes the wait raise at once (not at the 30 s deadline), errored() names the abort, and a
+    new configure() gives a working group with errored() cleared."""
+    store = _store()
+    pgs = [ProcessGroupRSDP(timeout=timedelta(seconds=30)) for _ in range(2)]
+    _configure(pgs, store, "a", 2)
+    work = pgs[0].allreduce([torch.ones(8)], AllreduceOptions())
+    threading.Timer(0.3, pgs[0].abort).start()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError):
+        work.wait()
+    assert time.monotonic() - t0 < 5
+    err = pgs[0].errored()
+    assert isinstance(err, RuntimeError) and "rank 0" in str(err) and "aborted" in str(err)
+    with pytest.raises(Exception):
+        pgs[0].allreduce([torch.ones(8)], AllreduceOptions()).wait()
+    pgs[1].abort()
+
+    _configure(pgs, store, "b", 2)
+    assert [pg.errored() for pg in pgs] == [None, None]
+    _on_ranks(lambda r: ftt.run_allreduce_test(pgs[r], r, torch.tensor([r + 1])), 2)
+    for pg in pgs:
+        pg.shutdown()
+
+
+def test_errored_after_lost_peer():
+    """A peer aborted mid-run (as a crashed replica): the survivor's op fails within the
+    timeout and errored() reports the broken group until the next configure()."""
+    store = _store()
+    pgs = [ProcessGroupRSDP(timeout=timedelta(seconds=2)) for _ in range(2)]
+    _configure(pgs, store, "a", 2)
+    assert pgs[1].errored() is None
+    pgs[0].abort()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError):
+        pgs[1].allreduce([torch.ones(8)], AllreduceOptions()).wait()
+    assert time.monotonic() - t0 < 5
+    err = _errored_soon(pgs[1])
+    assert isinstance(err, RuntimeError) and "rank 1" in str(err), err
+    pgs[1].abort()
+
+
+def _errored_soon(pg, within: float = 2.0):
+    """pg.errored() once it reports: the backend records a failure for get_error just after
+    the failed op's wait() has raised, so a poll right after the raise may still see None."""
+    deadline = time.monotonic() + within
+    while pg.errored() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return pg.errored()
