@@ -220,3 +220,64 @@ def _errored_soon(pg, within: float = 2.0):
     while pg.errored() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     return pg.errored()
+
+
+def _crash_worker(rank: int, port: int, results) -> None:
+    """One replica's process: a 3-rank group, rank 2 SIGKILLed after one all-reduce, the
+    survivors fail, see errored(), and carry on in a 2-rank group (torchft's recovery)."""
+    import os
+    import signal
+
+    try:
+        from torch_rsdp.torchft import ProcessGroupRSDP
+
+        pg = ProcessGroupRSDP(timeout=timedelta(seconds=10))
+        pg.configure(f"localhost:{port}/quorum_1", "0", rank, 3)
+        ftt.run_allreduce_test(pg, rank, torch.tensor([rank + 1]))
+        if rank == 2:
+            os.kill(os.getpid(), signal.SIGKILL)
+        t0 = time.monotonic()
+        try:
+            ftt.run_allreduce_test(pg, rank, torch.tensor([rank + 1]))
+            raise AssertionError(f"rank {rank}: all-reduce with a dead peer did not fail")
+        except RuntimeError as e:
+            failed_after, msg = time.monotonic() - t0, str(e)
+        err = _errored_soon(pg)
+        pg.configure(f"localhost:{port}/quorum_2", "0", rank, 2)
+        assert pg.errored() is None
+        ftt.run_allreduce_test(pg, rank, torch.tensor([rank + 1]))
+        ftt.run_reduce_scatter_tensor_coalesced_test(pg, rank, torch.tensor([rank + 1]))
+        pg.shutdown()
+        results.put((rank, "ok", failed_after, msg, str(err)))
+    except BaseException as e:  # reported to the test, which names the rank
+        results.put((rank, "error", 0.0, repr(e), ""))
+
+
+def test_rank_sigkilled_then_reconfigured():
+    """A replica process dies (SIGKILL) mid-training: the survivors' next op fails within a
+    few seconds (not the 10 s timeout), errored() reports, and configure() at world size 2
+    gives a group whose all-reduce and reduce-scatter are exact."""
+    import multiprocessing as mp
+
+    store = _store()
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_crash_worker, args=(r, store.port, results)) for r in range(3)]
+    for p in procs:
+        p.start()
+    try:
+        got = {}
+        for _ in range(2):
+            rank, status, failed_after, msg, err = results.get(timeout=60)
+            got[rank] = (status, failed_after, msg, err)
+        for rank in (0, 1):
+            status, failed_after, msg, err = got[rank]
+            assert status == "ok", f"rank {rank}: {msg}"
+            assert failed_after < 5, f"rank {rank} failed after {failed_after:.1f}s: {msg}"
+            assert f"rank {rank}" in err and "broken" in err, err
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    assert procs[2].exitcode == -9
