@@ -6,9 +6,12 @@ checked exactly, and a rank that shuts down mid-run while the others must fail a
 subclassed here with ProcessGroupRSDP, over every collective, reduce-scatter and all-to-all
 included (torchft skips those for gloo). Its single-rank checks (``test_gloo_apis``,
 ``test_gloo_timeout``, ``test_functional_collectives``) are hard-wired to ProcessGroupGloo,
-so they are repeated here with torchft's ``_test_pg`` helper. Our own checks: reduce-scatter
+so they are repeated here with torchft's ``_test_pg`` helper. torchft's Manager integration
+tests (manager_integ_test.py: lighthouse, quorum, DDP, injected failures, live recovery) run
+with ProcessGroupRSDP patched in where their train loops build ProcessGroupGloo. Our own checks: reduce-scatter
 on CPU (torchft's helper returns early on CPU), configure again at another world size,
-abort() failing pending ops, errored() after an abort and after a lost peer.
+abort() failing pending ops, errored() after an abort and after a lost peer, a replica
+process SIGKILLed and the survivors reconfigured.
 
 Skipped as a whole without torchft (scripts/setup.sh installs it, with parameterized, which
 torchft's test module imports).
@@ -281,3 +284,36 @@ def test_rank_sigkilled_then_reconfigured():
             if p.is_alive():
                 p.kill()
     assert procs[2].exitcode == -9
+
+
+# ---- torchft's Manager integration tests (lighthouse, quorum, DDP, live recovery) ----
+
+MANAGER_TESTS = [
+    "test_ddp_healthy",
+    "test_ddp_recovery_0_async_quorum",
+    "test_ddp_recovery_1_sync_quorum",
+    "test_ddp_recovery_multi_rank",
+    "test_ddp_skip_init_sync",
+    "test_manager_allreduce_1",  # the CPU case
+]
+
+
+@pytest.mark.parametrize("name", MANAGER_TESTS)
+def test_manager_integration(name):
+    """torchft's ManagerIntegTest (replicas as threads, a real lighthouse, injected failures,
+    recovery from a live peer's checkpoint, final weights equal on every replica) with
+    ProcessGroupRSDP where its train loops build ProcessGroupGloo; every configure the
+    Manager made is counted, so a run that never reached our group fails."""
+    from unittest.mock import patch
+
+    mit = pytest.importorskip("torchft.manager_integ_test")
+    configured = []
+
+    class Counted(ProcessGroupRSDP):
+        def configure(self, store_addr, replica_id, rank, world_size, *args, **kwargs):
+            configured.append((rank, world_size))
+            super().configure(store_addr, replica_id, rank, world_size, *args, **kwargs)
+
+    with patch.object(mit, "ProcessGroupGloo", Counted):
+        mit.ManagerIntegTest(name).debug()  # raises what the test raises
+    assert configured and all(ws == 2 for _, ws in configured), configured
