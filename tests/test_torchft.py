@@ -317,3 +317,24 @@ def test_manager_integration(name):
     with patch.object(mit, "ProcessGroupGloo", Counted):
         mit.ManagerIntegTest(name).debug()  # raises what the test raises
     assert configured and all(ws == 2 for _, ws in configured), configured
+
+
+def test_torchft_is_optional():
+    """Without torchft, import torch_rsdp works and torch_rsdp.torchft raises ImportError
+    saying how to install it (torchft hidden from a fresh interpreter)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torchft'] = None\n"
+        "import torch_rsdp\n"
+        "assert 'torch_rsdp.torchft' not in sys.modules\n"
+        "try:\n"
+        "    import torch_rsdp.torchft\n"
+        "except ImportError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "pip install torchft" in out.stdout, out.stdout
