@@ -52,7 +52,9 @@ fi
 missing=$($PY - <<'PY'
 import importlib.util, shutil, sys
 mods = {"pytest": "pytest", "numpy": "numpy", "matplotlib": "matplotlib", "ninja": "ninja",
-        "transformers": "transformers", "hypothesis": "hypothesis"}
+        "transformers": "transformers", "hypothesis": "hypothesis",
+        # torch_rsdp.torchft and its tests (torchft's test module imports parameterized)
+        "torchft": "torchft==0.2.0", "parameterized": "parameterized"}
 if shutil.which("mpicc"):
     mods["mpi4py"] = "mpi4py"
 elif importlib.util.find_spec("mpi4py") is None:
