@@ -26,7 +26,10 @@ void WorkRSDP::complete(std::exception_ptr err, int src) {
   const std::exception_ptr raw = err;
   // The future first, then wake wait(): code that reads get_future().value()
   // right after wait() must find it complete (gloo orders it the same way).
+  // The group's error before either: getError() right after wait() raised
+  // must already say what broke it.
   if (err) {
+    if (tracker_) tracker_->failed(raw);
     err = to_torch_exception(err);
     future_->setError(err);
     finish(err);

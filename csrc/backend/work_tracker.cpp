@@ -39,13 +39,14 @@ void WorkTracker::issued(const c10::intrusive_ptr<WorkRSDP>& work) {
   if (coalescing_) coalesced_.push_back(work);
 }
 
+void WorkTracker::failed(std::exception_ptr err) {
+  auto kind = classify(err);
+  auto none = c10d::ErrorType::SUCCESS;
+  if (kind != none) error_.compare_exchange_strong(none, kind);  // the first one stays
+}
+
 void WorkTracker::completed(WorkRSDP& work, std::exception_ptr err) {
   const auto now = std::chrono::steady_clock::now();
-  if (err) {
-    auto kind = classify(err);
-    auto none = c10d::ErrorType::SUCCESS;
-    if (kind != none) error_.compare_exchange_strong(none, kind);  // the first one stays
-  }
   Hook hook;
   if (has_hook_.load(std::memory_order_acquire)) {  // no copy per op without a hook
     std::lock_guard<std::mutex> g(mu_);

@@ -29,6 +29,10 @@ class WorkTracker {
 
   // Before the Work can complete (a blocking op may complete inline).
   void issued(const c10::intrusive_ptr<WorkRSDP>& work);
+  // From WorkRSDP::complete, before waiters are woken: a failure that broke
+  // the group is what getError() says from then on, so a caller whose wait()
+  // raised finds it there at once (torchft's errored() asks right away).
+  void failed(std::exception_ptr err);
   // From WorkRSDP::complete, after waiters were woken; err as the op threw it.
   void completed(WorkRSDP& work, std::exception_ptr err);
 
