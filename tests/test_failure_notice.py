@@ -48,6 +48,18 @@ def _stream(ctx, i: int) -> None:
         assert bool((t == W * (W + 1) / 2).all()), f"step {i}: {t[:3].tolist()}"
 
 
+def _stream_until_broken(ctx, before_step):
+    """Runs the stream, calling ``before_step(i)`` before step ``i``, until a step raises:
+    ``(i, when it raised, the message)``, or None if none did."""
+    for i in range(10_000):
+        before_step(i)
+        try:
+            _stream(ctx, i)
+        except RuntimeError as e:
+            return i, time.time(), str(e)
+    return None
+
+
 def _kill_worker(ctx, victims):
     """The lowest victim SIGKILLs the other victims, then itself, at a step that depends on
     who dies, so that the survivors wait in different collectives from case to case."""
@@ -55,21 +67,19 @@ def _kill_worker(ctx, victims):
     r = ctx.rank
     pids = [int(p) for p in ctx.store_sync("pid", str(os.getpid()).encode())]
     kill_at = KILL_ITER + sum(victims) % 3
-    for i in range(10_000):
+
+    def kill(i):
         if r == min(victims) and i == kill_at:
             ctx.store.set("killed_at", repr(time.time()))
             for v in victims:
                 if v != r:
                     os.kill(pids[v], signal.SIGKILL)
             os.kill(os.getpid(), signal.SIGKILL)
-        try:
-            _stream(ctx, i)
-        except RuntimeError as e:
-            raised = time.time()
-            msg = str(e)
-            break
-    else:
+
+    broken = _stream_until_broken(ctx, kill)
+    if broken is None:
         return {"outcome": "no failure seen"}
+    i, raised, msg = broken
     t0 = time.monotonic()
     try:
         _stream(ctx, i + 1)
@@ -150,17 +160,15 @@ def _frozen_worker(ctx, victim, stopper):
     r = ctx.rank
     aborted = _abort_tells(ctx, victim)
     pids = [int(p) for p in ctx.store_sync("pid", str(os.getpid()).encode())]
-    for i in range(10_000):
+
+    def stop(i):
         if r == stopper and i == KILL_ITER:
             os.kill(pids[victim], signal.SIGSTOP)
-        try:
-            _stream(ctx, i)
-        except RuntimeError as e:
-            raised = time.time()
-            msg = str(e)
-            break
-    else:
+
+    broken = _stream_until_broken(ctx, stop)
+    if broken is None:
         return {"outcome": "no failure seen"}
+    i, raised, msg = broken
     error = str(torch_rsdp.group_error())
     survivors = [q for q in range(ctx.world_size) if q != victim]
     ctx.store_sync("raised", ranks=survivors)
