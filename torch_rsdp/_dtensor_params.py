@@ -121,8 +121,9 @@ def like_param(p: torch.Tensor, value, what: str):
     elif tuple(value.shape) == tuple(mine.shape):
         part = value
     else:
-        raise ValueError(f"torch_rsdp: {what} has shape {tuple(value.shape)}; the model holds "
-                         f"it as {tuple(p.shape)} ({tuple(mine.shape)} on this rank)")
+        raise ValueError(f"torch_rsdp rank {dist.get_rank()}: {what} has shape "
+                         f"{tuple(value.shape)}; the model holds it as {tuple(p.shape)} "
+                         f"({tuple(mine.shape)} on this rank)")
     return DTensor.from_local(part, p.device_mesh, p.placements, run_check=False,
                               shape=p.shape, stride=p.stride())
 
