@@ -6,7 +6,7 @@
 Importing the package registers the backend (idempotently) for CPU tensors,
 and for CUDA tensors in a build with CUDA (see :mod:`torch_rsdp.cuda`).
 """
-from . import _shrink_world
+from . import _shrink_world, integrations
 from ._registration import BACKEND_NAME, register
 from .comm_memory import comm_empty, comm_memory_in_use
 from .compression import get_compression, set_compression
@@ -19,6 +19,7 @@ __version__ = "0.1.0"
 
 register()
 _shrink_world.install()
+integrations.install()  # the stock trainers over sharded models (torch_rsdp.integrations)
 
 __all__ = [
     "BACKEND_NAME",

@@ -41,6 +41,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .. import _checkpoint_hooks
+from .._apply_guard import guard_apply
 from .._dtensor_params import local, mesh_of_group, refuse_ddp, replicate_params
 from .._grad_sync import GradSync
 from .._utils import broadcast_module_states
@@ -248,6 +249,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
                         reduce_dtype=mp_policy.reduce_dtype if mp_policy else None)
     model._rsdp_root = RSDPState(ring, sharded, replicated, sync, whole, full_numel, model)
     refuse_ddp(model)
+    guard_apply(model)  # model.to() would swap the parameters away from their hooks
     if checkpoint_hooks:
         _install_checkpoint_hooks(model)
     return model
