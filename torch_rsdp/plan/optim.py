@@ -165,6 +165,8 @@ class OptimizerSharding:
             self.owned[r].append(p)
         mine = {id(p) for p in self.owned[self.rank]}
         self.not_mine = [p for p in sharded if id(p) not in mine]
+        for p in self.not_mine:  # loaded before the first step (a full state dict): the owner's
+            opt.state.pop(p, None)
         self.sends = [self.buckets(self.owned[r]) for r in range(self.world)]  # per owner
         self._aside: List[Optional[torch.Tensor]] = []
         opt.register_step_pre_hook(self._before_step)
