@@ -27,6 +27,8 @@ HF_CASES = ["none", "rsdp", "no_shard", "shard_optim", "full_shard", "shard_grad
             "hybrid_shard", "rotate", "split:2", "mix", "auto", "none+bf16", "rotate+bf16",
             "mix+bf16"]
 RESUME_AT_1 = ["none", "rotate", "mix", "shard_optim"]
+LIGHTNING_CASES = ["none", "rsdp", "no_shard", "shard_optim", "full_shard", "shard_grad_op",
+                   "hybrid_shard", "rotate", "split:2", "mix", "auto"]
 
 
 def _torchrun(nproc: int, script: str, *args, timeout=900):
@@ -103,3 +105,35 @@ def test_hf_trainer_resumes_at_another_world_size(hf_runs, case):
     _close(again["resumed_loss"], got["loss"][3:], 1e-5, f"{case} resumed at 1 rank")
     _same_weights(_weights(hf_runs / case / "resumed_w1"), _weights(hf_runs / case / "final"),
                   1e-5, f"{case} model resumed at 1 rank")
+
+
+@pytest.fixture(scope="module")
+def lightning_runs(tmp_path_factory):
+    pytest.importorskip("lightning")
+    out = tmp_path_factory.mktemp("lightning")
+    _torchrun(2, "trainer_lightning_worker.py", str(out), *LIGHTNING_CASES)
+    return out
+
+
+def _ckpt_weights(path):
+    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+@pytest.mark.parametrize("case", [c for c in LIGHTNING_CASES if c != "none"])
+def test_lightning_trains_and_checkpoints_like_unsharded(lightning_runs, case):
+    got, ref = _result(lightning_runs, ".", f"{case}.json"), _result(lightning_runs, ".",
+                                                                      "none.json")
+    _close(got["loss"], ref["loss"], 1e-5, f"{case} loss")
+    # the checkpoint Lightning wrote holds the whole model, equal to the unsharded run's
+    _same_weights(_ckpt_weights(lightning_runs / case / "step=6.ckpt"),
+                  _ckpt_weights(lightning_runs / "none" / "step=6.ckpt"), 1e-5,
+                  f"{case} checkpoint")
+
+
+@pytest.mark.parametrize("case", LIGHTNING_CASES)
+def test_lightning_resumes_exactly(lightning_runs, case):
+    got = _result(lightning_runs, ".", f"{case}.json")
+    _close(got["resumed_loss"], got["loss"][len(got["loss"]) // 2:], 1e-6, f"{case} resumed")
+    _same_weights(_ckpt_weights(lightning_runs / case / "again" / "step=6.ckpt"),
+                  _ckpt_weights(lightning_runs / case / "step=6.ckpt"), 1e-6,
+                  f"{case} resumed checkpoint")

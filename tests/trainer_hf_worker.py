@@ -33,8 +33,11 @@ MIX = {"model.embed_tokens": "rotate", "model.layers.0.self_attn": "full_shard",
 
 
 class Tokens(torch.utils.data.Dataset):
+    def __init__(self, n: int = 64):
+        self.n = n
+
     def __len__(self):
-        return 64
+        return self.n
 
     def __getitem__(self, i):
         ids = torch.randint(0, VOCAB, (SEQ,), generator=torch.Generator().manual_seed(i))
