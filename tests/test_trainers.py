@@ -6,6 +6,8 @@ checkpoints), every strategy against the unsharded model under the same trainer:
   linear decay, bf16 autocast; every logged loss and gradient norm, the model
   ``save_model`` writes (loaded back with ``from_pretrained``), a resume from the mid-run
   checkpoint at 2 ranks and at 1 rank.
+* accelerate's own loop (``Accelerator.prepare``, ``accumulate``, ``clip_grad_norm_``,
+  ``save_model``): the same, without the Trainer.
 * Lightning (tests/trainer_lightning_worker.py): its stock DDP strategy, gradient
   accumulation and clipping, a checkpoint resumed.
 """
@@ -27,6 +29,7 @@ HF_CASES = ["none", "rsdp", "no_shard", "shard_optim", "full_shard", "shard_grad
             "hybrid_shard", "rotate", "split:2", "mix", "auto", "none+bf16", "rotate+bf16",
             "mix+bf16"]
 RESUME_AT_1 = ["none", "rotate", "mix", "shard_optim"]
+ACCELERATE_CASES = ["none", "rotate", "mix"]
 LIGHTNING_CASES = ["none", "rsdp", "no_shard", "shard_optim", "full_shard", "shard_grad_op",
                    "hybrid_shard", "rotate", "split:2", "mix", "auto"]
 
@@ -62,7 +65,10 @@ def _same_weights(got, want, atol, what):
 def hf_runs(tmp_path_factory):
     pytest.importorskip("transformers")
     out = tmp_path_factory.mktemp("hf_trainer")
-    _torchrun(2, "trainer_hf_worker.py", str(out), *HF_CASES)
+    # accelerate's loop first: a Trainer leaves its mixed precision in accelerate's
+    # process-wide state, which a later Accelerator() would take over
+    _torchrun(2, "trainer_hf_worker.py", str(out), *[f"accelerate-{c}" for c in ACCELERATE_CASES],
+              *HF_CASES)
     _torchrun(1, "trainer_hf_worker.py", str(out), "--resume", *RESUME_AT_1)
     return out
 
@@ -105,6 +111,19 @@ def test_hf_trainer_resumes_at_another_world_size(hf_runs, case):
     _close(again["resumed_loss"], got["loss"][3:], 1e-5, f"{case} resumed at 1 rank")
     _same_weights(_weights(hf_runs / case / "resumed_w1"), _weights(hf_runs / case / "final"),
                   1e-5, f"{case} model resumed at 1 rank")
+
+
+@pytest.mark.parametrize("case", [c for c in ACCELERATE_CASES if c != "none"])
+def test_accelerate_loop_like_unsharded(hf_runs, case):
+    from safetensors.torch import load_file
+
+    got = _result(hf_runs, f"accelerate-{case}")
+    ref = _result(hf_runs, "accelerate-none")
+    _close(got["loss"], ref["loss"], 1e-5, f"accelerate {case} loss")
+    _close(got["grad_norm"], ref["grad_norm"], 1e-5, f"accelerate {case} clipped norm")
+    _same_weights(load_file(str(hf_runs / f"accelerate-{case}" / "model.safetensors")),
+                  load_file(str(hf_runs / "accelerate-none" / "model.safetensors")), 1e-5,
+                  f"accelerate {case} save_model")
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,8 @@ its mid-run checkpoint.
     torchrun --nproc_per_node 2 tests/trainer_hf_worker.py OUT CASE [CASE ...]
     torchrun --nproc_per_node 1 tests/trainer_hf_worker.py OUT --resume CASE [CASE ...]
 
-A case is ``how[+bf16]`` with ``how`` one of ``none``, ``rsdp``, a strategy name, ``mix``
+A case is ``how[+bf16]``, or ``accelerate-how`` (accelerate's own loop, no Trainer), with
+``how`` one of ``none``, ``rsdp``, a strategy name, ``mix``
 (the seven strategies in one Llama) or ``auto`` (``plan.auto`` under a memory budget). Writes
 ``OUT/CASE/result.json`` (rank 0): the logged losses and gradient norms of the whole run and of
 the resumed one; the saved models are in ``OUT/CASE/final`` and ``OUT/CASE/resumed``. With ``--resume``, only
@@ -87,7 +88,41 @@ def resume_only(case: str, root: str) -> None:
             json.dump({"resumed_loss": logged(tr, "loss", after=SAVE_AT)}, f)
 
 
+def accelerate_loop(how: str, root: str) -> None:
+    """accelerate's own loop: ``prepare`` (model, optimizer, data, scheduler),
+    ``accumulate``, ``backward``, ``clip_grad_norm_``, ``save_model``."""
+    from accelerate import Accelerator
+
+    acc = Accelerator(cpu=True, gradient_accumulation_steps=2)
+    model = build(how)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.LinearLR(opt, 1.0, 0.1, total_iters=STEPS)
+    loader = torch.utils.data.DataLoader(Tokens(), batch_size=2)
+    model, opt, loader, sched = acc.prepare(model, opt, loader, sched)
+    losses, norms = [], []
+    for batch in loader:
+        with acc.accumulate(model):
+            loss = model(**batch).loss
+            acc.backward(loss)
+            losses.append(float(acc.reduce(loss.detach(), "mean")))
+            if acc.sync_gradients:
+                norms.append(float(acc.clip_grad_norm_(model.parameters(), 1.0)))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+        if len(norms) == STEPS:
+            break
+    out = os.path.join(root, f"accelerate-{how}")
+    acc.wait_for_everyone()
+    acc.save_model(model, out)
+    if acc.is_main_process:
+        with open(os.path.join(out, "result.json"), "w") as f:
+            json.dump({"loss": losses, "grad_norm": norms}, f)
+
+
 def run(case: str, root: str) -> None:
+    if case.startswith("accelerate-"):
+        return accelerate_loop(case[len("accelerate-"):], root)
     how, _, extra = case.partition("+")
     out = os.path.join(root, case)
     tr = trainer(build(how), out, bf16=extra == "bf16")

@@ -17,7 +17,8 @@ FSDP and DeepSpeed plugins shard a model themselves and refuse a sharded one.
 from __future__ import annotations
 
 from .patching import wrap_method
-from .sharded import clip_grad_norm_, full_model_state_dict, is_sharded
+from .sharded import clip_grad_norm_ as one_process_clip
+from .sharded import full_model_state_dict, is_sharded
 
 __all__ = ["patch"]
 
@@ -63,7 +64,7 @@ def _clip_grad_norm(original):
             inner = _unwrap(model)
             if is_sharded(inner) and ids == {id(p) for p in inner.parameters()}:
                 self.unscale_gradients()
-                return clip_grad_norm_(inner, max_norm, norm_type)
+                return one_process_clip(inner, max_norm, norm_type)
         return original(self, parameters, max_norm, norm_type)
     return clip_grad_norm_
 
