@@ -375,15 +375,16 @@ def fault_run(args, out: str, quiet: bool = False) -> dict:
 def print_recovery(rec: dict) -> None:
     print(f"\nrecovery of replica group {rec['killed_group']} (rank {rec['killed_rank']} "
           f"SIGKILLed during step {rec['kill_at_step']}), seconds after the kill:")
-    print(f"  survivors' step failed (not committed)  {rec['survivor_first_failure_s']:.3f}"
-          if rec["survivor_first_failure_s"] is not None else
-          "  survivors: no step failed")
-    print(f"  group stopped and restarted            {rec['respawned_s']:.3f}")
-    print(f"  restarted ranks imported torch         {rec['imported_s']:.3f}")
-    print(f"  model, Manager and groups built        {rec['ready_s']:.3f}")
-    print(f"  in the quorum, healed (step {rec['healed_at_step']})        {rec['healed_s']:.3f}")
-    print(f"  first step done (step {rec['first_step']})            {rec['first_step_s']:.3f}")
-    print(f"  survivors' longest step: {rec['survivor_longest_step_s']:.3f} s")
+    rows = [("the survivors' step ended, not committed", rec["survivor_first_failure_s"]),
+            ("the group stopped and started again", rec["respawned_s"]),
+            ("its new ranks have imported torch", rec["imported_s"]),
+            ("model, Manager and groups built", rec["ready_s"]),
+            (f"in the quorum, healed to step {rec['healed_at_step']}", rec["healed_s"]),
+            (f"first step done (step {rec['first_step']})", rec["first_step_s"])]
+    for label, v in rows:
+        print(f"  {label:44s} " + ("-" if v is None else f"{v:7.3f}"))
+    print(f"  the survivors' longest step: {rec['survivor_longest_step_s']:.3f} s (the lost "
+          f"group is left out of the quorum once its heartbeat times out)")
 
 
 BENCH_NAMES = {"plain": "plain DDP over rsdp (no fault tolerance)",
