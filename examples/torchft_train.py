@@ -102,8 +102,6 @@ class Job:
                 "--timeout", str(a.timeout), "--dim", str(a.dim), "--layers", str(a.layers),
                 "--seq", str(a.seq), "--batch", str(a.batch), "--lr", str(a.lr),
                 "--out", self.out]
-        if a.async_quorum:
-            argv.append("--async-quorum")
         return argv
 
     def start_group(self, g: int) -> None:
@@ -457,7 +455,6 @@ def main(argv=None) -> int:
                         "ended (0.5: mid-way through the next step)")
     p.add_argument("--max-restarts", type=int, default=3)
     p.add_argument("--min-replicas", type=int, default=1)
-    p.add_argument("--async-quorum", action="store_true")
     p.add_argument("--heartbeat-timeout-ms", type=int, default=1000,
                    help="the lighthouse's: how soon a silent replica group is dropped")
     p.add_argument("--join-timeout-ms", type=int, default=5000)

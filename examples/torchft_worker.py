@@ -305,7 +305,9 @@ class FTReplica:
             world_size=world, store_addr=store_addr, store_port=store_port,
             lighthouse_addr=lighthouse, timeout=timeout,
             quorum_timeout=timedelta(seconds=args.timeout * 2),
-            use_async_quorum=args.async_quorum,
+            # the quorum (and healing) completes in zero_grad(), before the forward pass, so a
+            # healed replica's first step already computes with the weights it received
+            use_async_quorum=False,
         )
         self.comm_s = 0.0  # this step's time in the cross-replica all-reduces (waited)
         if args.mode == "hsdp":
@@ -426,9 +428,6 @@ def parse(argv=None) -> argparse.Namespace:
                    help="stop (with an error) here if not every replica group is back "
                         "(default 0: no limit; the survivors train on while one is away)")
     p.add_argument("--min-replicas", type=int, default=1)
-    p.add_argument("--async-quorum", action="store_true",
-                   help="overlap the quorum with the forward pass (a healing replica then "
-                        "computes its first step on its old weights and heals before stepping)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds, every op and RPC")
     p.add_argument("--vocab", type=int, default=256)
     p.add_argument("--dim", type=int, default=128)
