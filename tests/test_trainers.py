@@ -90,6 +90,8 @@ def test_hf_trainer_trains_and_saves_like_unsharded(hf_runs, case):
     # save_model writes the whole model, which from_pretrained loads: the unsharded run's
     _same_weights(_weights(hf_runs / case / "final"), _weights(hf_runs / ref_case / "final"),
                   2e-2 if bf16 else 1e-5, f"{case} saved model")
+    _same_weights(_weights(hf_runs / case / "pretrained"), _weights(hf_runs / case / "final"),
+                  0.0, f"{case} save_pretrained")
 
 
 @pytest.mark.parametrize("case", HF_CASES)

@@ -128,6 +128,9 @@ def run(case: str, root: str) -> None:
     tr = trainer(build(how), out, bf16=extra == "bf16")
     tr.train()
     tr.save_model(os.path.join(out, "final"))
+    # the model itself, saved on every rank as transformers documents for distributed runs
+    tr.model.save_pretrained(os.path.join(out, "pretrained"),
+                             is_main_process=dist.get_rank() == 0)
     result = {"loss": logged(tr, "loss"), "grad_norm": logged(tr, "grad_norm")}
     again = trainer(build(how), out, bf16=extra == "bf16")
     again.train(resume_from_checkpoint=os.path.join(out, f"checkpoint-{SAVE_AT}"))

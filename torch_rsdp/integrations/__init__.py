@@ -15,7 +15,7 @@ which changes nothing for a model torch_rsdp did not shard:
 * ``transformers`` (:mod:`.trainer_hooks`): ``Trainer.save_model`` and the checkpoints of
   ``save_strategy`` write the whole model (what ``from_pretrained`` loads) and the whole
   optimizer state, which ``resume_from_checkpoint`` loads back at any world size; gradient
-  clipping is one process's.
+  clipping is one process's; ``save_pretrained`` called on every rank gathers the whole model.
 * ``lightning`` / ``pytorch_lightning`` (:mod:`.lightning_hooks`): the DDP strategies keep a
   module holding sharded parameters unwrapped, and checkpoints hold whole tensors.
 
@@ -45,5 +45,6 @@ def install() -> None:
 
     when_imported("accelerate.accelerator", accelerate_hooks.patch)
     when_imported("transformers.trainer", trainer_hooks.patch)
+    when_imported("transformers.modeling_utils", trainer_hooks.patch_pretrained)
     when_imported("lightning.pytorch.strategies.ddp", lightning_hooks.patch)
     when_imported("pytorch_lightning.strategies.ddp", lightning_hooks.patch)

@@ -14,7 +14,10 @@ and a checkpoint's ``optimizer.pt`` is rank 0's optimizer state. So, for a shard
   the same or another world size (the model's weights come back through ``load_state_dict``
   of the whole tensors, which every sharded parameter takes its part of);
 * gradient clipping (``max_grad_norm``) and the logged gradient norm are one process's
-  (``plan.clip_grad_norm_`` for a planned model).
+  (``plan.clip_grad_norm_`` for a planned model);
+* ``model.save_pretrained(dir, is_main_process=...)`` called on every rank (transformers'
+  distributed convention) gathers the whole model; called on rank 0 alone it waits for the
+  others until the group's timeout, as any collective would.
 """
 from __future__ import annotations
 
@@ -86,6 +89,21 @@ def _get_grad_norm(original):
             grad_norm = clip_grad_norm_(self.model, float("inf"))
         return original(self, model, grad_norm)
     return _get_grad_norm
+
+
+def _save_pretrained(original):
+    def save_pretrained(self, save_directory, *args, state_dict=None, **kwargs):
+        if state_dict is None and is_sharded(self):
+            # collective: every rank calls save_pretrained (is_main_process says who writes),
+            # as transformers documents it for distributed training
+            state_dict = full_model_state_dict(self)
+        return original(self, save_directory, *args, state_dict=state_dict, **kwargs)
+    return save_pretrained
+
+
+def patch_pretrained(module) -> None:
+    """Patches ``module.PreTrainedModel.save_pretrained`` (``transformers.modeling_utils``)."""
+    wrap_method(module.PreTrainedModel, "save_pretrained", _save_pretrained)
 
 
 def patch(module) -> None:
