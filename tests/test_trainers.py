@@ -21,6 +21,8 @@ import sys
 import pytest
 import torch
 
+from harness import launch
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
@@ -158,3 +160,34 @@ def test_lightning_resumes_exactly(lightning_runs, case):
     _same_weights(_ckpt_weights(lightning_runs / case / "again" / "step=6.ckpt"),
                   _ckpt_weights(lightning_runs / case / "step=6.ckpt"), 1e-6,
                   f"{case} resumed checkpoint")
+
+
+def _to_on_sharded(ctx, how):
+    """``model.to()`` that changes nothing keeps the gradient sync (the replicas stay equal);
+    a cast raises, naming the rank and the tensor, and leaves the model as it was."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    from torch_rsdp import plan, rsdp
+    from plan_cases import make_llama
+
+    model = make_llama()
+    rsdp.shard(model) if how == "rsdp" else plan.apply(model, how)
+    model.to("cpu")
+    model.to(torch.device("cpu"), torch.float32)
+    ids = torch.randint(0, 50, (2, 5), generator=torch.Generator().manual_seed(ctx.rank))
+    model(input_ids=ids, labels=ids).loss.backward()
+    g = model.model.norm.weight.grad
+    g = g.to_local() if isinstance(g, DTensor) else g
+    mean = g.clone()
+    dist.all_reduce(mean)
+    assert torch.allclose(g, mean / ctx.world_size), "replicated gradient not averaged after .to()"
+    before = model.model.norm.weight
+    with pytest.raises(ValueError, match=rf"rank {ctx.rank}: .*would replace '.*'"):
+        model.to(torch.bfloat16)
+    assert model.model.norm.weight is before and before.dtype == torch.float32
+
+
+@pytest.mark.parametrize("how", ["no_shard", "rotate", "rsdp"])
+def test_to_on_a_sharded_model(how):
+    launch(_to_on_sharded, 2, (how,))
