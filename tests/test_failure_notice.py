@@ -106,6 +106,9 @@ CASES = {
     "2x2-leader-node1": (4, [0, 0, 1, 1], [2]),
     "2x2-nonleader-node1": (4, [0, 0, 1, 1], [3]),
     "2x2-whole-node1": (4, [0, 0, 1, 1], [2, 3]),
+    # a 3-node ring: the middle node's only rank; a leader of the last node of three
+    "3x1-node1": (3, [0, 1, 2], [1]),
+    "3x2-leader-node2": (6, [0, 0, 1, 1, 2, 2], [4]),
 }
 
 
