@@ -191,3 +191,23 @@ def _to_on_sharded(ctx, how):
 @pytest.mark.parametrize("how", ["no_shard", "rotate", "rsdp"])
 def test_to_on_a_sharded_model(how):
     launch(_to_on_sharded, 2, (how,))
+
+
+def _lightning_fsdp_refuses(ctx):
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from torch_rsdp import plan
+    from plan_cases import make_llama
+    from trainer_lightning_worker import LitLM
+
+    model = make_llama()
+    plan.apply(model, "rotate")
+    strategy = FSDPStrategy()
+    strategy.model = LitLM(model)
+    with pytest.raises(ValueError, match=rf"FSDPStrategy \(rank {ctx.rank}\).*DDP strategy"):
+        strategy.setup(None)
+
+
+def test_lightning_sharding_strategies_refuse_a_sharded_model():
+    pytest.importorskip("lightning")
+    launch(_lightning_fsdp_refuses, 2)

@@ -48,3 +48,6 @@ def install() -> None:
     when_imported("transformers.modeling_utils", trainer_hooks.patch_pretrained)
     when_imported("lightning.pytorch.strategies.ddp", lightning_hooks.patch)
     when_imported("pytorch_lightning.strategies.ddp", lightning_hooks.patch)
+    for pkg in ("lightning.pytorch", "pytorch_lightning"):
+        for mod in ("fsdp", "deepspeed", "model_parallel"):
+            when_imported(f"{pkg}.strategies.{mod}", lightning_hooks.patch_sharding_strategy)

@@ -9,6 +9,9 @@ and barriers included, is Lightning's own). Gradient accumulation
 same gradient), and ``gradient_clip_val`` goes through torch's ``clip_grad_norm_``, exact
 over torch_rsdp's DTensor parameters.
 
+Lightning's FSDP, DeepSpeed and ModelParallel strategies would shard the model again: they
+refuse a sharded one at setup, naming the DDP strategy.
+
 Checkpoints: Lightning builds the checkpoint dictionary on every rank and rank 0 writes it,
 so ``lightning_module_state_dict`` gathers the whole model and ``optimizer_state`` the whole
 optimizer state (collectives, every rank is there); ``ckpt_path=`` loads them back on every
@@ -58,6 +61,28 @@ def _optimizer_state(original):
             return original(self, optimizer)
         return full_optimizer_state_dict(module, _inner(optimizer))
     return optimizer_state
+
+
+def _refuse_sharding_again(original):
+    def setup(self, trainer):
+        if is_sharded(self.model):
+            import torch.distributed as dist
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            raise ValueError(
+                f"{type(self).__name__} (rank {rank}): the model is sharded by torch_rsdp "
+                f"already, and this strategy would shard it again; use the DDP strategy "
+                f"(strategy=\"ddp\", or devices=N), which trains it as torch_rsdp shards it")
+        return original(self, trainer)
+    return setup
+
+
+def patch_sharding_strategy(module) -> None:
+    """Makes the strategies of ``module`` that shard a model themselves (FSDP, DeepSpeed,
+    ModelParallel) refuse one torch_rsdp sharded, at setup."""
+    for name in ("FSDPStrategy", "DeepSpeedStrategy", "ModelParallelStrategy"):
+        cls = getattr(module, name, None)
+        if cls is not None:
+            wrap_method(cls, "setup", _refuse_sharding_again)
 
 
 def patch(module) -> None:
