@@ -27,21 +27,9 @@ from torch_rsdp import plan
 import transformers as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from chess_data import IGNORE, PAD, ChessMoves  # noqa: E402
+from chess_data import ChessMoves  # noqa: E402
+from chess_lm import Games, chess_llama  # noqa: E402
 
-
-class Games(torch.utils.data.Dataset):
-    def __init__(self, data: ChessMoves, n: int, offset: int = 0):
-        self.data, self.n, self.offset = data, n, offset
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        ids = self.data.tokens(self.offset + i)[:-1]
-        labels = ids.clone()
-        labels[labels == PAD] = IGNORE  # padding is not learnt
-        return {"input_ids": ids, "labels": labels}
 
 
 def held_out_loss(model, data: ChessMoves, n: int = 64) -> float:
@@ -63,11 +51,7 @@ def main() -> None:
 
     dist.init_process_group("rsdp")
     data = ChessMoves(seq_len=64)
-    config = tf.LlamaConfig(vocab_size=data.vocab_size, hidden_size=128, intermediate_size=256,
-                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                            max_position_embeddings=64, pad_token_id=PAD)
-    torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(config)
+    model = chess_llama(data)
     before = held_out_loss(model, data) if dist.get_rank() == 0 else None
 
     if args.plan == "auto":

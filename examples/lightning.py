@@ -28,24 +28,11 @@ import lightning as L  # noqa: E402
 
 import torch_rsdp  # noqa: E402,F401  (registers "rsdp", lets Lightning take sharded models)
 from torch_rsdp import plan  # noqa: E402
-import transformers as tf  # noqa: E402
 
 sys.path.append(HERE)
-from chess_data import IGNORE, PAD, ChessMoves  # noqa: E402
+from chess_data import ChessMoves  # noqa: E402
+from chess_lm import Games, chess_llama  # noqa: E402
 
-
-class Games(torch.utils.data.Dataset):
-    def __init__(self, data: ChessMoves, n: int, offset: int = 0):
-        self.data, self.n, self.offset = data, n, offset
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        ids = self.data.tokens(self.offset + i)[:-1]
-        labels = ids.clone()
-        labels[labels == PAD] = IGNORE
-        return {"input_ids": ids, "labels": labels}
 
 
 class ChessLM(L.LightningModule):
@@ -74,11 +61,7 @@ def main() -> None:
 
     dist.init_process_group("rsdp")
     data = ChessMoves(seq_len=64)
-    config = tf.LlamaConfig(vocab_size=data.vocab_size, hidden_size=128, intermediate_size=256,
-                            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                            max_position_embeddings=64, pad_token_id=PAD)
-    torch.manual_seed(0)
-    model = tf.LlamaForCausalLM(config)
+    model = chess_llama(data)
     if args.plan != "none":
         plan.apply(model, args.plan)
 
