@@ -267,7 +267,7 @@ def _adopt_early_state(opt: torch.optim.Optimizer) -> None:
 def _on_any_step(opt, args, kwargs) -> None:
     if not getattr(opt, "_rsdp_checkpoint_hooks", False):
         hook_optimizer(opt)
-        if getattr(opt, "_rsdp_checkpoint_hooks", False) and opt.state:
+        if opt.state:
             _adopt_early_state(opt)
 
 
