@@ -104,7 +104,7 @@ DEFAULT_COMPARE = "rsdp:rsdp,fsdp2:rsdp,ddp:rsdp,fsdp2:gloo,plan=auto:rsdp"
 #: gathers whole (and their gradients), RSDP a 1/W shard plus two shards of one layer.
 PRESETS = {
     "weights": dict(d_model=512, ffn=2048, heads=8, kv_heads=4, layers=4,
-                    batch_size_per_device=2, steps=100, lr=2e-3, warmup_steps=10,
+                    batch_size_per_device=2, steps=80, lr=2e-3, warmup_steps=10,
                     log_every=20, runs="rsdp:rsdp,fsdp2:rsdp,ddp:rsdp"),
 }
 
