@@ -89,15 +89,22 @@ def _native_geometry(C, mod):
     return geo
 
 
-def _whole_grad(tokens: int, fin: int, fout: int) -> bool:
-    """[Note: whole gradients of small layers]
-    A weight gradient computed shard by shard reads all of the layer's input once per shard
-    (and the matmul library packs it again each time): for a layer smaller than its
-    activations that costs more than the arithmetic. There the backward computes this rank's
-    contribution to the whole weight's gradient in one matmul and sends each shard its part: a
-    temporary as large as the layer, no larger than the input and output it already holds.
-    Layers larger than their activations (the case RSDP is for) never make one."""
-    return fin * fout <= tokens * (fin + fout)
+#: Small layers compute whole in the native schedules (``_whole``); ``False`` keeps every
+#: layer shard by shard.
+WHOLE_SMALL = True
+
+
+def _whole(tokens: int, fin: int, fout: int) -> bool:
+    """[Note: whole small layers] (csrc/rsdp/linear_schedule.cpp)
+    A product computed shard by shard reads all of the layer's input (forward, weight
+    gradient) or output gradient (input gradient) once per shard, and the matmul library packs
+    it again each time: for a layer smaller than its activations that costs more than the
+    arithmetic. There the native schedules copy the passing shards into one whole weight and
+    compute the output and the input gradient in one matmul each, and this rank's contribution
+    to the whole weight's gradient in one matmul whose parts ride home: temporaries as large as
+    the layer, no larger than the input and output it already holds. Layers larger than their
+    activations (the case RSDP is for) never make one, so no large layer is ever whole."""
+    return WHOLE_SMALL and fin * fout <= tokens * (fin + fout)
 
 
 class _LinearFn(torch.autograd.Function):
@@ -118,9 +125,10 @@ class _LinearFn(torch.autograd.Function):
         C = _native(st, src)
         if C is not None:
             W = ring.world
+            whole = _whole(x2.shape[0], fin, fout)
             bufs = [alloc_buffer(src.numel(), src.dtype, src.device) for _ in range(min(2, W - 1))]
             y = C._rsdp_linear_forward(ring.backend(src), _native_geometry(C, mod), x2, src, bufs,
-                                       ring.origin_lists[1][:W])
+                                       ring.origin_lists[1][:W], whole)
             release_buffers(*bufs)
             ring.hops += W - 1
             st.release(src)
@@ -184,7 +192,7 @@ class _LinearFn(torch.autograd.Function):
             gx = C._rsdp_linear_backward(ring.backend(src), _native_geometry(C, mod), x2, dy2,
                                          src if need_x else None, wbuf, acc, local,
                                          ring.origin_lists[-1], need_x,
-                                         _whole_grad(x2.shape[0], fin, fout))
+                                         _whole(x2.shape[0], fin, fout))
             release_buffers(wbuf, local)
             ring.hops += (W - 1) * (int(need_x) + int(need_w))
             st.release(src)
