@@ -48,7 +48,7 @@ def table(results) -> str:
     return tm.md_table(hdr, rows)
 
 
-def _plot_loss(ok, path) -> None:
+def _plot_loss(ok, path, title="") -> None:
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for r in ok:
@@ -57,7 +57,7 @@ def _plot_loss(ok, path) -> None:
     ax.set_xlabel("training time (s)")
     ax.set_ylabel("loss (mean over ranks)")
     ax.set_yscale("log")
-    ax.set_title("loss against time, per run")
+    ax.set_title("loss against time, per run" + (f"\n{title}" if title else ""), fontsize=10)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -65,7 +65,7 @@ def _plot_loss(ok, path) -> None:
     plt.close(fig)
 
 
-def _plot_memory(ok, path) -> None:
+def _plot_memory(ok, path, title="") -> None:
     import matplotlib.pyplot as plt
     fig, (ax, bx) = plt.subplots(1, 2, figsize=(12, 4.5))
     names = [_label(r) for r in ok]
@@ -74,6 +74,8 @@ def _plot_memory(ok, path) -> None:
         vals = [r["mem_breakdown_bytes"].get(c, 0.0) / 2**20 for r in ok]
         ax.bar(names, vals, bottom=bottom, label=c)
         bottom = [b + v for b, v in zip(bottom, vals)]
+    for i, total in enumerate(bottom):
+        ax.text(i, total, f"{total:.0f}", ha="center", va="bottom", fontsize=8)
     ax.set_ylabel("MiB per rank at the peak of a step")
     ax.set_title("peak memory per rank, split")
     ax.legend(fontsize=8)
@@ -83,6 +85,8 @@ def _plot_memory(ok, path) -> None:
     for a in (ax, bx):
         a.tick_params(axis="x", labelrotation=30, labelsize=8)
         a.grid(True, axis="y", alpha=0.3)
+    if title:
+        fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -104,5 +108,5 @@ def write(results, meta: dict, out_dir: str) -> List[str]:
     if ok:
         for name, fn in (("chess_loss.png", _plot_loss), ("chess_memory.png", _plot_memory)):
             paths.append(os.path.join(out_dir, name))
-            fn(ok, paths[-1])
+            fn(ok, paths[-1], meta.get("title", ""))
     return paths

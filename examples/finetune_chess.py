@@ -5,6 +5,7 @@
     python examples/finetune_chess.py --strategy rsdp --nproc 2          # spawns its own ranks
     python examples/finetune_chess.py --strategy fsdp2 --backend gloo --nproc 2
     python examples/finetune_chess.py --compare --nproc 2                # all strategies, one table
+    python examples/finetune_chess.py --compare --preset weights --nproc 2  # where weights dominate
     python examples/finetune_chess.py --strategy plan --plan auto --memory-budget 80MiB --nproc 2
     python examples/finetune_chess.py --nproc 2 --save /tmp/chess.pt     # then, to fine-tune it:
     python examples/finetune_chess.py --nproc 2 --init-from /tmp/chess.pt --lr 3e-4 --seed 1
@@ -45,6 +46,11 @@ it can only grow). Backends other than ``--backend`` run on extra process groups
 ``--out DIR`` rank 0 writes ``chess.json`` (every figure), ``chess_loss.png`` (loss against
 time per run) and ``chess_memory.png`` (memory split and throughput per run) there
 (examples/chess_report.py).
+
+``--preset weights`` (the main job's second comparison: ``--compare --preset weights``) trains a
+wider Llama (15.7 M parameters) on 2 games per rank with RSDP, FSDP2 and DDP: there the
+weights, gradients and optimizer state dominate each rank's memory, and RSDP's peak per rank is
+well below FSDP2's and DDP's (the table's and plot's split shows where it goes).
 
 ``--checkpoint-dir DIR`` saves a checkpoint every ``--checkpoint-every`` steps
 (``torch.distributed.checkpoint``: every rank writes its own shards; model, optimizer,
@@ -90,6 +96,18 @@ import training_models as tm  # noqa: E402
 
 DEFAULT_COMPARE = "rsdp:rsdp,fsdp2:rsdp,ddp:rsdp,fsdp2:gloo,plan=auto:rsdp"
 
+#: ``--preset NAME``: defaults for a whole setting (any option given explicitly still wins).
+#: ``weights``: the main job's second comparison, where the weights dominate memory -- a wider
+#: Llama (hidden 512, FFN 2048, 15.7 M parameters) on 2 games per rank: parameters, gradients
+#: and AdamW's state are four times the activations, so how a strategy holds the weights
+#: decides its peak: DDP holds everything on every rank, FSDP2 a 1/W shard plus the layers it
+#: gathers whole (and their gradients), RSDP a 1/W shard plus two shards of one layer.
+PRESETS = {
+    "weights": dict(d_model=512, ffn=2048, heads=8, kv_heads=4, layers=4,
+                    batch_size_per_device=2, steps=80, lr=2e-3, warmup_steps=10,
+                    log_every=20, runs="rsdp:rsdp,fsdp2:rsdp,ddp:rsdp"),
+}
+
 
 def build_parser():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -103,6 +121,9 @@ def build_parser():
                         "planner predicts them)")
     p.add_argument("--backend", default="rsdp", help="rsdp, gloo (CPU) or nccl (GPU)")
     p.add_argument("--compare", action="store_true", help="train every run of --runs in turn")
+    p.add_argument("--preset", choices=sorted(PRESETS), default=None,
+                   help="defaults for a whole setting; 'weights': a wider model on small "
+                        "batches, where weights, gradients and optimizer state dominate memory")
     p.add_argument("--runs", default=DEFAULT_COMPARE, help="strategy:backend list for --compare")
     p.add_argument("--nproc", type=int, default=None,
                    help="spawn this many ranks on this machine (instead of torchrun)")
@@ -587,9 +608,13 @@ def process_main(args) -> int:
     log(f"\nmemory = {tm.METHOD}\nlegal moves: held-out games cut after 1 to "
         f"{eval_max_plies(args.seq_len)} moves, greedy next move; opening/middle/end: the "
         f"thirds of those cuts\nload average now: {tm.load_average()}", flush=True)
+    n_params = next((r["params"] for r in results if "params" in r), 0)
     meta = {"args": {k: v for k, v in vars(args).items() if k != "runs"},
             "runs": [f"{s}:{b}" for s, b in runs], "world_size": world,
-            "load_average": tm.load_average()}
+            "load_average": tm.load_average(),
+            "title": (f"{args.model} {n_params / 1e6:.1f} M parameters, batch "
+                      f"{args.batch_size_per_device}x{args.seq_len} per rank, {world} ranks"
+                      + (f" (--preset {args.preset})" if args.preset else ""))}
     if rank == 0 and args.json_out:
         with open(args.json_out, "w") as f:
             json.dump({**meta, "results": results}, f, indent=1)
@@ -651,7 +676,11 @@ def spawned(local_rank, args, port):
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    preset = parser.parse_known_args(argv)[0].preset
+    if preset:
+        parser.set_defaults(**PRESETS[preset])
+    args = parser.parse_args(argv)
     runs = []
     for item in args.runs.split(","):
         s, _, b = item.strip().partition(":")

@@ -7,7 +7,10 @@
 #      against the best uniform plans printed), from the same weights on the same batches --
 #      progress, then one table (tokens/s, memory per rank split, losses, legal next moves),
 #      JSON and plots in examples/results/;
-#   2. the collective benchmark, 2 ranks, rsdp (plain and communication-memory buffers) vs
+#   2. the same fine-tuning where the weights dominate memory (--preset weights: a wider
+#      Llama, 15.7 M parameters, 2 games per rank) with RSDP, FSDP2 and DDP: RSDP's peak
+#      memory per rank is well below both; table, JSON and plots in examples/results/weights/;
+#   3. the collective benchmark, 2 ranks, rsdp (plain and communication-memory buffers) vs
 #      gloo, with Open MPI as a reference (table, JSON, PNG in benchmarks/results/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -26,6 +29,8 @@ esac
 bash scripts/setup.sh
 start=$(date +%s)
 python3 examples/finetune_chess.py --compare --nproc "$NPROC" --out examples/results
+python3 examples/finetune_chess.py --compare --preset weights --nproc "$NPROC" \
+  --out examples/results/weights
 python3 benchmarks/bench_collectives.py --backends rsdp,rsdp:pool,gloo --peers mpi --world-size 2 \
   --dtypes float32 --max-bytes 16M --rounds 2
 echo "main job: $(( $(date +%s) - start )) s after set-up"

@@ -97,6 +97,59 @@ def _async_worker(ctx):
     assert torch.equal(fut.wait()[0], torch.full((1000,), float(((r - 1) % w) * 1000)))
 
 
+def _step_worker(ctx):
+    """Ring steps on the caller's thread (BackendRSDP.ring_step, what RSDP's layers use): open
+    while other ops are issued, a second step finishing the first, collectives after ring
+    steps, shifts larger than a staging half."""
+    import torch.distributed as dist
+
+    import torch_rsdp
+    from torch_rsdp.ring import rsdp_backend
+
+    r, w = ctx.rank, ctx.world_size
+    prev, nxt = (r - 1) % w, (r + 1) % w
+    b = rsdp_backend()
+    for n in (0, 5, 100_003):  # 100 003 float32 stream through many 32 KiB halves
+        x = _value(r, n, torch.float32)
+        out = torch.empty_like(x)
+        step = b.ring_step(x, out, 1, None)
+        # an op issued while the step is open runs after it (and does not wait for it)
+        t = torch.full((3,), float(r))
+        dist.all_reduce(t)
+        assert torch.equal(t, torch.full((3,), float(sum(range(w)))))
+        step.wait()
+        step.wait()  # a second wait is a no-op
+        assert torch.equal(out, _value(prev, n, torch.float32)), n
+        # a second step finishes the first; either order of waits
+        o1, o2 = torch.empty_like(x), torch.empty_like(x)
+        s1 = b.ring_step(x, o1, 1, None)
+        s2 = b.ring_step(x, o2, -1, None)
+        s2.wait()
+        s1.wait()
+        assert torch.equal(o1, _value(prev, n, torch.float32)) and torch.equal(
+            o2, _value(nxt, n, torch.float32)), n
+        # shift-reduce, in place, then an async collective after it
+        acc = _value(r, n, torch.float32)
+        s3 = b.ring_step(acc, acc, 1, torch.ones_like(acc))
+        work = dist.all_reduce(torch.ones(4), async_op=True)
+        s3.wait()
+        work.wait()
+        assert torch.equal(acc, _value(prev, n, torch.float32) + 1), n
+    # a whole rotation by ring steps with work in between, then a collective of every rank
+    z = _value(r, 1000, torch.float32)
+    home = z.clone()
+    for _ in range(w):
+        step = b.ring_step(z, z, 1, None)
+        torch.mm(torch.ones(64, 64), torch.ones(64, 64))
+        step.wait()
+    assert torch.equal(z, home)
+    gathered = [torch.empty(1000) for _ in range(w)]
+    dist.all_gather(gathered, z)
+    for q in range(w):
+        assert torch.equal(gathered[q], _value(q, 1000, torch.float32))
+    assert torch_rsdp.ring_shift(torch.ones(3)).sum() == 3
+
+
 def _bad_input_worker(ctx):
     import torch_rsdp
 
@@ -130,6 +183,11 @@ def test_ring_shift_reduce_carries_gradients_home(world):
 @pytest.mark.parametrize("world", [2, 3])
 def test_ring_shift_many_in_flight(world):
     launch(_async_worker, world, deadline=120)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+def test_ring_steps_on_the_callers_thread(world):
+    launch(_step_worker, world, deadline=120)
 
 
 def test_ring_shift_bad_input():

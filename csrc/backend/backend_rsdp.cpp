@@ -6,6 +6,7 @@
 #include "algorithms/collectives.h"
 #include "algorithms/group_comm.h"
 #include "backend/op_queue.h"
+#include "backend/ring_step.h"
 #include "backend/store_bootstrap.h"
 #include "core/group.h"
 #include "transport/shm/p2p_engine.h"
@@ -54,6 +55,8 @@ void BackendRSDP::abort() {
 void BackendRSDP::stop(bool drain) {
   if (shut_down_.exchange(true)) return;
   // Order matters: stop producers of completions before the comm goes away.
+  // An open ring step holds the queue: finish it (an abort makes it fail).
+  finish_open_step();
   // The queue object stays (stopped): a racing enqueue gets its task cancelled.
   if (queue_) queue_->stop(drain);
   // An abort broke the group: the other nodes hear of it before the
@@ -88,6 +91,8 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
                                                     bool async_op, c10::Device device) {
   RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", title,
              " called after the process group was shut down");
+  // An open ring step holds the queue and keeps its place in issue order.
+  finish_open_step();
 #ifdef RSDP_WITH_CUDA
   if (device.is_cuda())
     return enqueue_cuda(type, title, std::move(outputs), std::move(body), async_op, device);

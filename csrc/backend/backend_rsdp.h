@@ -29,6 +29,7 @@ struct Topology;
 struct Traffic;
 class OpQueue;
 class P2PEngine;
+class RingStep;
 class StoreBootstrap;
 struct CudaState;  // backend/cuda/cuda_state.h, in CUDA builds
 
@@ -173,6 +174,13 @@ class BackendRSDP : public c10d::Backend {
                                             bool async_op,
                                             const std::optional<at::Tensor>& residual);
   // {rank this one sends to, rank it receives from} for a direction.
+  // A ring shift run on the calling thread in two halves ([Note: ring steps on
+  // the caller's thread], backend_ring.cpp): staged and posted now, finished
+  // by RingStep::wait(). Null where it cannot run so (not a dense CPU tensor
+  // of a one-node group, or ops queued on the worker): use ring_shift then.
+  std::shared_ptr<RingStep> ring_step(const at::Tensor& send, const at::Tensor& recv,
+                                      int direction, const std::optional<at::Tensor>& add);
+  void finish_ring_step(RingStep& step);
   std::vector<int> ring_neighbours(int direction) const;
   const std::vector<int>& ring_order() const { return ring_order_; }
   // Where the group's ranks live (core/topology.h), and its traffic counters.
@@ -237,6 +245,12 @@ class BackendRSDP : public c10d::Backend {
   std::mutex p2p_mu_;
   std::unique_ptr<P2PEngine> p2p_;  // started by the first send/recv
   std::atomic<uint64_t> seq_{0};
+  // The ring step open on this group (at most one: a new one, any queued op
+  // and shutdown finish it first); guards the RingSteps' state.
+  std::mutex ring_mu_;
+  std::shared_ptr<RingStep> open_step_;
+  void finish_step_locked(RingStep& step);
+  void finish_open_step();
   void stop(bool drain);
   std::atomic<bool> shut_down_{false};
 };

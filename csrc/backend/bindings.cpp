@@ -7,6 +7,8 @@
 #include <torch/csrc/utils/pybind.h>
 
 #include "backend/backend_rsdp.h"
+#include "backend/ring_step.h"
+#include "rsdp/linear_schedule.h"
 #include "core/quantize.h"
 #include "core/topology.h"
 #include "core/traffic.h"
@@ -22,6 +24,53 @@ PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_rsdp native extension: the 'rsdp' c10d backend";
   // The base class must be registered with pybind before we derive from it.
   py::module::import("torch.distributed");
+
+  py::class_<rsdp::RingStep, std::shared_ptr<rsdp::RingStep>>(
+      m, "RingStep", "A ring shift in flight on the caller's thread (BackendRSDP.ring_step).")
+      .def("wait", &rsdp::RingStep::wait, py::call_guard<py::gil_scoped_release>(),
+           "Finishes the shift: waits for the neighbour's post, copies (or adds) it.")
+      .def("is_completed", &rsdp::RingStep::completed);
+
+  py::class_<rsdp::LinearGeometry>(m, "LinearGeometry",
+                                   "A sharded Linear's shape and flat layout "
+                                   "(csrc/rsdp/linear_schedule.h).")
+      .def(py::init([](bool split_out, bool transposed, int64_t fin, int64_t fout,
+                       std::vector<int64_t> sizes, std::vector<int64_t> starts, int64_t w_off,
+                       int64_t b_off) {
+             rsdp::LinearGeometry g;
+             g.split_out = split_out;
+             g.transposed = transposed;
+             g.fin = fin;
+             g.fout = fout;
+             g.sizes = std::move(sizes);
+             g.starts = std::move(starts);
+             g.w_off = w_off;
+             g.b_off = b_off;
+             return g;
+           }),
+           py::arg("split_out"), py::arg("transposed"), py::arg("fin"), py::arg("fout"),
+           py::arg("sizes"), py::arg("starts"), py::arg("w_off"), py::arg("b_off"));
+  m.def("_rsdp_linear_forward", &rsdp::linear_forward, py::arg("backend"), py::arg("geometry"),
+        py::arg("x2"), py::arg("src"), py::arg("bufs"), py::arg("origins"),
+        py::arg("whole") = false, py::call_guard<py::gil_scoped_release>());
+  m.def("_rsdp_linear_backward",
+        [](rsdp::BackendRSDP& b, const rsdp::LinearGeometry& g, const at::Tensor& x2,
+           const at::Tensor& dy2, const std::optional<at::Tensor>& src,
+           const std::optional<at::Tensor>& wbuf, const std::optional<at::Tensor>& acc,
+           const std::optional<at::Tensor>& local, const std::vector<int64_t>& origins,
+           bool need_x, bool whole) -> std::optional<at::Tensor> {
+          at::Tensor gx = rsdp::linear_backward(b, g, x2, dy2, src.value_or(at::Tensor()),
+                                                wbuf.value_or(at::Tensor()),
+                                                acc.value_or(at::Tensor()),
+                                                local.value_or(at::Tensor()), origins, need_x,
+                                                whole);
+          if (!gx.defined()) return std::nullopt;
+          return gx;
+        },
+        py::arg("backend"),
+        py::arg("geometry"), py::arg("x2"), py::arg("dy2"), py::arg("src"), py::arg("wbuf"),
+        py::arg("acc"), py::arg("local"), py::arg("origins"), py::arg("need_x"),
+        py::arg("whole") = false, py::call_guard<py::gil_scoped_release>());
 
   py::class_<rsdp::BackendRSDP, c10d::Backend, c10::intrusive_ptr<rsdp::BackendRSDP>>(
       m, "BackendRSDP")
@@ -43,6 +92,27 @@ PYBIND11_MODULE(_C, m) {
       .def("ring_shift", &rsdp::BackendRSDP::ring_shift, py::arg("send"), py::arg("recv"),
            py::arg("direction") = 1, py::arg("add") = std::nullopt, py::arg("async_op") = true,
            py::arg("residual") = std::nullopt, py::call_guard<py::gil_scoped_release>())
+      .def(
+          "ring_step",
+          [](rsdp::BackendRSDP& b, const at::Tensor& send, const at::Tensor& recv, int direction,
+             const std::optional<at::Tensor>& add) -> py::object {
+            std::shared_ptr<rsdp::RingStep> step;
+            {
+              py::gil_scoped_release nogil;
+              step = b.ring_step(send, recv, direction, add);
+            }
+            if (step) return py::cast(step);
+            c10::intrusive_ptr<c10d::Work> work;
+            {
+              py::gil_scoped_release nogil;
+              work = b.ring_shift(send, recv, direction, add, true, std::nullopt);
+            }
+            return py::cast(work);
+          },
+          py::arg("send"), py::arg("recv"), py::arg("direction") = 1,
+          py::arg("add") = std::nullopt,
+          "ring_shift(async_op=True) run on the calling thread where it can: staged and "
+          "posted now, finished by wait() (a RingStep); else the queued op's Work.")
       .def(
           "topology",
           [](const rsdp::BackendRSDP& b) {

@@ -72,4 +72,21 @@ bool OpQueue::run_inline_if_idle(const Task& task) {
   return true;
 }
 
+bool OpQueue::try_reserve() {
+  std::lock_guard<std::mutex> g(mu_);
+  if (stop_ || busy_ || !tasks_.empty()) return false;
+  busy_ = true;
+  return true;
+}
+
+void OpQueue::release() {
+  bool queued;
+  {
+    std::lock_guard<std::mutex> g(mu_);
+    busy_ = false;
+    queued = !tasks_.empty() || stop_;
+  }
+  if (queued) cv_.notify_all();
+}
+
 }  // namespace rsdp

@@ -25,6 +25,11 @@ class OpQueue {
   // issue order is kept) and returns true; else returns false. A blocking
   // collective then costs no thread hand-off.
   bool run_inline_if_idle(const Task& task);
+  // The same in two halves, for an op the caller runs in pieces on its own
+  // thread (BackendRSDP::ring_step): true if the queue was idle and is now
+  // held (tasks pushed meanwhile wait); release() lets them run.
+  bool try_reserve();
+  void release();
   // Finishes the running task, then drains or cancels the rest; joins.
   void stop(bool drain);
 

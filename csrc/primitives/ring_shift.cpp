@@ -1,22 +1,33 @@
 // ring_shift over one node's shared memory.
 //
-// Per step each rank stages up to `half` bytes of its send buffer; after the
-// exchange it copies (or, for ring_shift_reduce, adds into) its receive buffer
-// from the neighbour's half. Every rank writes S and reads S per rotation: the
-// minimum for moving S bytes between processes through shared memory.
+// Per step each rank stages up to `half` bytes of its send buffer and posts
+// it; once its ring predecessor (in the shift's direction) has posted the same
+// step, it copies (or, for ring_shift_reduce, adds into) its receive buffer
+// from that neighbour's half. Every rank writes S and reads S per rotation: the
+// minimum for moving S bytes between processes through shared memory. A step
+// waits for the two neighbours only (shm_comm.h).
 #include "primitives/ring_shift.h"
 
 #include <cstring>
 
 #include "core/reduce_kernels.h"
 #include "patterns/chunks.h"
-#include "patterns/ring_order.h"
 
 namespace rsdp {
+namespace {
 
-void ring_shift(ShmComm& c, const std::vector<int>& order, const void* send, void* recv,
-                size_t count, DType dt, int direction, const void* add,
-                std::chrono::milliseconds timeout) {
+void stage_segment(RingShiftOp& op) {
+  const size_t n = clip(op.bytes, op.off, op.seg);
+  char* stage = op.c->ring_stage();
+  if (n) std::memcpy(stage, op.in + op.off, n);
+  op.c->ring_post(n, op.nb.send_to);
+}
+
+}  // namespace
+
+void ring_shift_start(ShmComm& c, RingShiftOp& op, const std::vector<int>& order,
+                      const void* send, void* recv, size_t count, DType dt, int direction,
+                      const void* add, std::chrono::milliseconds timeout) {
   OpDesc d;
   d.kind = OpKind::kRingShift;
   d.dtype = dt;
@@ -24,26 +35,43 @@ void ring_shift(ShmComm& c, const std::vector<int>& order, const void* send, voi
   d.direction = direction >= 0 ? 1 : -1;
   d.redop = add ? RedOp::kSum : RedOp::kMax;  // tells shift and shift_reduce apart
   c.begin(d, timeout);
-  const RingNeighbours nb = ring_neighbours(order, c.rank(), direction);
-  const size_t es = dtype_size(dt), bytes = count * es;
-  const size_t seg = c.half_bytes() / es * es;
-  const char* in = static_cast<const char*>(send);
-  char* out = static_cast<char*>(recv);
-  const char* extra = static_cast<const char*>(add);
-  size_t off = 0;
-  do {
-    const size_t n = clip(bytes, off, seg);
-    std::memcpy(c.stage(), in + off, n);
-    c.exchange(n);
-    const char* theirs = c.peer(nb.recv_from);
-    if (extra) {
-      const void* srcs[2] = {theirs, extra + off};
-      reduce_n(out + off, srcs, 2, n / es, dt, RedOp::kSum, 1);
-    } else {
-      std::memcpy(out + off, theirs, n);
+  op.c = &c;
+  op.nb = ring_neighbours(order, c.rank(), direction);
+  op.es = dtype_size(dt);
+  op.dt = dt;
+  op.bytes = count * op.es;
+  op.seg = c.half_bytes() / op.es * op.es;
+  op.in = static_cast<const char*>(send);
+  op.out = static_cast<char*>(recv);
+  op.extra = static_cast<const char*>(add);
+  op.off = 0;
+  stage_segment(op);
+}
+
+void ring_shift_finish(RingShiftOp& op) {
+  ShmComm& c = *op.c;
+  for (;;) {
+    const size_t n = clip(op.bytes, op.off, op.seg);
+    c.ring_wait(op.nb.recv_from);
+    const char* theirs = c.peer(op.nb.recv_from);
+    if (op.extra) {
+      const void* srcs[2] = {theirs, op.extra + op.off};
+      if (n) reduce_n(op.out + op.off, srcs, 2, n / op.es, op.dt, RedOp::kSum, 1);
+    } else if (n) {
+      std::memcpy(op.out + op.off, theirs, n);
     }
-    off += seg;
-  } while (off < bytes);
+    op.off += op.seg;
+    if (op.off >= op.bytes) return;
+    stage_segment(op);
+  }
+}
+
+void ring_shift(ShmComm& c, const std::vector<int>& order, const void* send, void* recv,
+                size_t count, DType dt, int direction, const void* add,
+                std::chrono::milliseconds timeout) {
+  RingShiftOp op;
+  ring_shift_start(c, op, order, send, recv, count, dt, direction, add, timeout);
+  ring_shift_finish(op);
 }
 
 }  // namespace rsdp

@@ -16,7 +16,8 @@ packages use (:class:`RSDPState`: sharded and replicated parameters, gradient sy
 :class:`FullTensors` and :func:`local_shard_of` for state dicts; :func:`can_rotate`).
 Mixed precision is FSDP2's ``torch.distributed.fsdp.MixedPrecisionPolicy``.
 
-May import: torch, ``torch_rsdp.ring`` (the ring primitive), ``torch_rsdp._utils`` and
+May import: torch, ``torch_rsdp.ring`` (the ring primitive), ``torch_rsdp._C`` (the backend
+and the layers' native ring schedules, csrc/rsdp), ``torch_rsdp._utils`` and
 ``torch_rsdp._grad_sync``; never ``torch_rsdp.plan`` (which builds on this package).
 """
 from .api import RSDPState, rsdp_state, shard

@@ -26,14 +26,15 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
-from ..ring import ring_neighbours, ring_shift, ring_shift_reduce
+from ..ring import ring_neighbours, ring_shift, rsdp_backend
 from ..topology import topology
 
 __all__ = ["Ring", "Pending"]
 
 
 class Pending:
-    """An issued ring op; ``wait()`` blocks (inside a ``RSDP::...::wait`` profiler range)."""
+    """An issued ring op; ``wait()`` blocks (inside a ``RSDP::...::wait`` profiler range while
+    a profiler records)."""
 
     __slots__ = ("_work", "_label")
 
@@ -42,10 +43,27 @@ class Pending:
         self._label = label
 
     def wait(self) -> None:
-        if self._work is not None:
-            with record_function(self._label + "::wait"):
-                self._work.wait()
+        work = self._work
+        if work is not None:
             self._work = None
+            if _profiling():
+                with record_function(self._label + "::wait"):
+                    work.wait()
+            else:
+                work.wait()
+
+
+#: Hops run as ring steps on the calling thread where the backend can (``BackendRSDP.ring_step``:
+#: one node, CPU tensors; see [Note: ring steps on the caller's thread] in
+#: csrc/backend/backend_ring.cpp); ``False`` sends every hop through the backend's worker queue
+#: (``BackendRSDP.ring_shift``), for comparison.
+RING_STEPS = True
+
+
+def _profiling() -> bool:
+    """Whether a profiler records now (then every ring op gets its labelled range; without one
+    the range would cost more than issuing a small op)."""
+    return torch._C._autograd._profiler_enabled()
 
 
 class Ring:
@@ -68,11 +86,22 @@ class Ring:
                     raise RuntimeError(f"torch_rsdp.rsdp: ring direction {d} does not visit every "
                                        f"rank once (origins {seq} on rank {self.rank})")
                 self._origins[d] = seq
+        self._backends = {}
+        #: ring ops issued through this ring so far (shifts and shift-reduces, the layers'
+        #: native schedules included)
+        self.hops = 0
         self._remote = {d: False for d in (1, -1)}
+        #: every rank on one node: the layers' native schedules (csrc/rsdp) can run
+        self.one_node = True
         if self.world > 1:
-            node = {r: i for i, ranks in enumerate(topology(group)["nodes"]) for r in ranks}
+            nodes = topology(group)["nodes"]
+            node = {r: i for i, ranks in enumerate(nodes) for r in ranks}
             for d in (1, -1):
                 self._remote[d] = node[ring_neighbours(group, d)[0]] != node[self.rank]
+            self.one_node = len(nodes) == 1
+        # origin(d, t) for t = 0 .. world, as lists (the native schedules take them)
+        self.origin_lists = {d: [self.origin(d, t) for t in range(self.world + 1)]
+                             for d in (1, -1)}
 
     def compresses_sums(self) -> bool:
         """Whether the group compresses ``ring_shift_reduce`` between nodes (the same on
@@ -91,11 +120,24 @@ class Ring:
         """Group rank whose tensor this rank holds after ``hops`` hops in ``direction``."""
         return self._origins[direction][hops % self.world]
 
+    def backend(self, t: torch.Tensor):
+        """The BackendRSDP serving ``t``'s device."""
+        return self._backend(t)
+
+    def _backend(self, t: torch.Tensor):
+        """The BackendRSDP serving ``t``'s device (looked up once per device type)."""
+        dev = t.device.type
+        b = self._backends.get(dev)
+        if b is None:
+            b = self._backends[dev] = rsdp_backend(self.group, t.device)
+        return b
+
     def shift(self, src: torch.Tensor, out: torch.Tensor, direction: int, label: str) -> Pending:
         """Async ``ring_shift(src) -> out`` (``out`` may be ``src``)."""
-        with record_function(label):
-            work = ring_shift(src, out, group=self.group, direction=direction, async_op=True)
-        return Pending(work, label)
+        if _profiling():
+            with record_function(label):
+                return Pending(self._issue(src, out, direction, None, None), label)
+        return Pending(self._issue(src, out, direction, None, None), label)
 
     def shift_reduce(self, src: torch.Tensor, local: torch.Tensor, out: torch.Tensor,
                      direction: int, label: str,
@@ -103,7 +145,14 @@ class Ring:
         """Async ``out = neighbour's src + local`` (``out`` may be ``src``; ``local`` must stay
         untouched until the op is waited on); ``residual``: error feedback of a quantised
         send (:func:`torch_rsdp.ring_shift_reduce`)."""
-        with record_function(label):
-            work = ring_shift_reduce(src, local, out, group=self.group, direction=direction,
-                                     async_op=True, residual=residual)
-        return Pending(work, label)
+        if _profiling():
+            with record_function(label):
+                return Pending(self._issue(src, out, direction, local, residual), label)
+        return Pending(self._issue(src, out, direction, local, residual), label)
+
+    def _issue(self, src, out, direction, local, residual):
+        self.hops += 1
+        b = self._backend(src)
+        if RING_STEPS and residual is None:
+            return b.ring_step(src, out, direction, local)  # or the queued op's Work
+        return b.ring_shift(src, out, direction, local, True, residual)

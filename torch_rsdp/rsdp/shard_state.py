@@ -23,7 +23,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
-from .._dtensor_params import Shard, dtensor_param, local, mesh_of_group, wrap_like
+from .._dtensor_params import Shard, dtensor_param, local, mesh_of_group
 from .flat_shard import FlatLayout, chunk_sizes
 from .memory import alloc_buffer, release_buffers
 from .ring_feedback import RingFeedback
@@ -97,15 +97,27 @@ class ShardState:
             return self._assemble(name, shards)
         return torch.cat(shards, dim=self.dims[name])
 
+    def _owners(self):
+        """``[(name, module holding it, attribute)]``, resolved once."""
+        owners = self.__dict__.get("_owner_list")
+        if owners is None:
+            owners = self._owner_list = [(n, *_owner(self.module_ref, n)) for n in self.names]
+        return owners
+
     def local_flat(self) -> torch.Tensor:
         """This rank's flat storage, rebuilt first if a parameter no longer views it."""
-        r = self.ring.rank
+        flat = self.flat
+        lay, r = self.layout, self.ring.rank
         stale = False
-        for n in self.names:
-            p, v = local(self.param(n)), self.layout.view(self.flat, n, r)
-            if (p.dtype != self.flat.dtype or p.device != self.flat.device or p.shape != v.shape
-                    or (p.numel() and p.data_ptr() != v.data_ptr())):
+        for n, owner, attr in self._owners():
+            p = owner._parameters[attr]
+            t = p._local_tensor if isinstance(p, DTensor) else p
+            off = lay.offsets[n]
+            if (t.dtype != flat.dtype or t.device != flat.device
+                    or tuple(t.shape) != lay.shapes[n][r]
+                    or (t.numel() and t.data_ptr() != flat.data_ptr() + off * flat.itemsize)):
                 stale = True
+                break
         if stale:
             p0 = local(self.param(self.names[0]))
             flat = torch.zeros(self.layout.numel, dtype=p0.dtype, device=p0.device)
@@ -147,9 +159,14 @@ class ShardState:
         if acc.dtype != self.flat.dtype:
             acc = acc.to(self.flat.dtype)
         out = {}
-        for n in self.names:
-            # autograd wants a gradient of the parameter's kind
-            out[n] = wrap_like(self.param(n), self.layout.view(acc, n, self.ring.rank))
+        lay, r = self.layout, self.ring.rank
+        for n, owner, attr in self._owners():
+            # autograd wants a gradient of the parameter's kind: a DTensor of the parameter's
+            # spec, built directly (DTensor.from_local's checks and autograd node cost more
+            # than the rest of a small layer's bookkeeping)
+            p = owner._parameters[attr]
+            v = lay.view(acc, n, r)
+            out[n] = DTensor(v, p._spec, requires_grad=False) if isinstance(p, DTensor) else v
         return out
 
 

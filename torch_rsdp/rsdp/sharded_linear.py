@@ -22,11 +22,14 @@ order (like FSDP); every rank's input may have its own batch size.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .flat_shard import chunk_sizes, chunk_starts
+from .memory import alloc_buffer, release_buffers
 from .rotation import counter_rotate, rotate
 from .ring_order import Ring
 from .shard_state import ShardState
@@ -51,6 +54,59 @@ def _geometry(mod):
     return mod._rsdp_in, mod._rsdp_out, mod._rsdp_split, mod._rsdp_transposed
 
 
+# [Note: native schedules]
+# On one node, for CPU tensors of one dtype, a layer's whole forward or backward ring schedule
+# runs in C++ (csrc/rsdp/linear_schedule.cpp: the same hops and matmuls as the Python
+# schedules below, with the hops as ring steps on this thread): in Python each hop cost as
+# much interpreter and dispatch time as a small layer's matmul. The buffers are still made by
+# alloc_buffer (MemoryTracker sees them). Elsewhere (across nodes: compressed hops and their
+# error feedback; mixed precision) the Python schedules run. ``NATIVE = False`` forces them.
+NATIVE = True
+_GEOMETRY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def _native(st: ShardState, src: torch.Tensor, grad_dtype=None):
+    """The C++ extension if ``st``'s schedules can run natively on ``src``, else None."""
+    if not (NATIVE and st.ring.one_node and src.device.type == "cpu"
+            and (grad_dtype is None or grad_dtype == src.dtype)):
+        return None
+    from .. import _C
+    return _C
+
+
+def _native_geometry(C, mod):
+    geo = _GEOMETRY.get(mod)
+    if geo is None:
+        st: ShardState = mod._rsdp
+        fin, fout, split, tr = _geometry(mod)
+        W = st.ring.world
+        n = fout if split == "out" else fin
+        lay = st.layout
+        geo = _GEOMETRY[mod] = C.LinearGeometry(
+            split_out=split == "out", transposed=tr, fin=fin, fout=fout,
+            sizes=chunk_sizes(n, W), starts=chunk_starts(n, W), w_off=lay.offsets["weight"],
+            b_off=lay.offsets["bias"] if "bias" in lay.shapes else -1)
+    return geo
+
+
+#: Small layers compute whole in the native schedules (``_whole``); ``False`` keeps every
+#: layer shard by shard.
+WHOLE_SMALL = True
+
+
+def _whole(tokens: int, fin: int, fout: int) -> bool:
+    """[Note: whole small layers] (csrc/rsdp/linear_schedule.cpp)
+    A product computed shard by shard reads all of the layer's input (forward, weight
+    gradient) or output gradient (input gradient) once per shard, and the matmul library packs
+    it again each time: for a layer smaller than its activations that costs more than the
+    arithmetic. There the native schedules copy the passing shards into one whole weight and
+    compute the output and the input gradient in one matmul each, and this rank's contribution
+    to the whole weight's gradient in one matmul whose parts ride home: temporaries as large as
+    the layer, no larger than the input and output it already holds. Layers larger than their
+    activations (the case RSDP is for) never make one, so no large layer is ever whole."""
+    return WHOLE_SMALL and fin * fout <= tokens * (fin + fout)
+
+
 class _LinearFn(torch.autograd.Function):
     """``y = linear(x, W, b)`` with ``W`` / ``b`` this rank's shards of a sharded Linear
     (or ``Conv1D``)."""
@@ -66,6 +122,21 @@ class _LinearFn(torch.autograd.Function):
             raise ValueError(f"{type(mod).__name__} {name!r}: input of shape {tuple(x.shape)} "
                              f"does not end with in_features={fin}")
         x2 = x.reshape(-1, fin).to(src.dtype)
+        C = _native(st, src)
+        if C is not None:
+            W = ring.world
+            whole = _whole(x2.shape[0], fin, fout)
+            bufs = [alloc_buffer(src.numel(), src.dtype, src.device) for _ in range(min(2, W - 1))]
+            y = C._rsdp_linear_forward(ring.backend(src), _native_geometry(C, mod), x2, src, bufs,
+                                       ring.origin_lists[1][:W], whole)
+            release_buffers(*bufs)
+            ring.hops += W - 1
+            st.release(src)
+            del src, bufs
+            ctx.mod = mod
+            ctx.x_dtype = x.dtype
+            ctx.save_for_backward(x2)
+            return y.view(*x.shape[:-1], fout).to(st.mp.output_dtype or y.dtype)
 
         def w_io(buf, j):
             w = lay.view(buf, "weight", j)
@@ -111,6 +182,28 @@ class _LinearFn(torch.autograd.Function):
             return None, None, None, None
         src = st.compute_flat() if need_x else st.local_flat()
         dy2 = dy.reshape(-1, fout).to(x2.dtype)
+        C = _native(st, src, st.grad_dtype)
+        if C is not None:
+            W = ring.world
+            n, dt, dev = src.numel(), src.dtype, src.device
+            wbuf = alloc_buffer(n, dt, dev) if need_x and W > 1 else None
+            acc = alloc_buffer(n, dt, dev, zero=True) if need_w else None
+            local = alloc_buffer(n, dt, dev, zero=True) if need_w and W > 1 else None
+            gx = C._rsdp_linear_backward(ring.backend(src), _native_geometry(C, mod), x2, dy2,
+                                         src if need_x else None, wbuf, acc, local,
+                                         ring.origin_lists[-1], need_x,
+                                         _whole(x2.shape[0], fin, fout))
+            release_buffers(wbuf, local)
+            ring.hops += (W - 1) * (int(need_x) + int(need_w))
+            st.release(src)
+            del src, wbuf, local
+            grads = st.grads_from(acc) if acc is not None else {}
+            del acc
+            gw = grads.get("weight") if ctx.needs_input_grad[1] else None
+            gb = grads.get("bias") if ctx.needs_input_grad[2] else None
+            if gx is not None:
+                gx = gx.view(*dy.shape[:-1], fin).to(ctx.x_dtype)
+            return gx, gw, gb, None
         gx = torch.zeros_like(x2) if need_x else None
         has_bias = "bias" in lay.shapes
         n_split = fout if split == "out" else fin

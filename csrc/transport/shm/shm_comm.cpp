@@ -123,6 +123,12 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
   desc_ = desc;
   deadline_ = Deadline(timeout);
   if (notice_->posted()) fail(ErrorKind::kPeer, "");  // another member gave up
+  if (lazy_ && desc.kind != OpKind::kRingShift) {
+    // After ring steps: every peer reaches the last one before a collective
+    // writes its halves ([Note: ring steps wait for neighbours only]).
+    for (int i = 1; i < group_.size; ++i) wait_step((group_.rank + i) % group_.size, step_);
+    lazy_ = false;
+  }
 }
 
 char* ShmComm::stage() { return seg_->data() + layout_.stage_offset(group_.rank, step_ + 1); }
@@ -153,23 +159,58 @@ void ShmComm::exchange(size_t staged, uint64_t buf_off) {
   if (me.step_sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&me.step);
   const int n = group_.size;
   for (int i = 1; i < n; ++i) wait_step((group_.rank + i) % n, s);
-  for (int p = 0; p < n; ++p) {
-    if (p == group_.rank) continue;
-    const OpDesc& theirs = ctl(p).desc[s & 1];
-    // Same step but a different collective number: the step counters have
-    // diverged (e.g. different algorithms were chosen); nothing can realign them.
-    if (theirs.seq != desc_.seq)
-      fail(ErrorKind::kMismatch,
-           detail::cat(group_.me(), ": collective mismatch: this rank is at ", desc_.describe(),
-                       " but ", group_.who(p), " is at ", theirs.describe(),
-                       " in the same step; the ranks ran different numbers of steps (do all "
-                       "ranks use the same RSDP_* settings?)"));
-    if (!(theirs == desc_))
-      RSDP_FAIL(ErrorKind::kMismatch, group_.me(), ": collective mismatch: this rank called ",
-                desc_.describe(), " but ", group_.who(p), " called ", theirs.describe(),
-                ". All ranks must issue the same collectives, in the same order, with the same "
-                "sizes and dtypes");
+  for (int p = 0; p < n; ++p)
+    if (p != group_.rank) check_desc(p, s);
+  reader_[s & 1] = kAllPeers;
+  lazy_ = false;
+}
+
+void ShmComm::check_desc(int p, uint32_t s) {
+  const OpDesc& theirs = ctl(p).desc[s & 1];
+  // Same step but a different collective number: the step counters have
+  // diverged (e.g. different algorithms were chosen); nothing can realign them.
+  if (theirs.seq != desc_.seq)
+    fail(ErrorKind::kMismatch,
+         detail::cat(group_.me(), ": collective mismatch: this rank is at ", desc_.describe(),
+                     " but ", group_.who(p), " is at ", theirs.describe(),
+                     " in the same step; the ranks ran different numbers of steps (do all "
+                     "ranks use the same RSDP_* settings?)"));
+  if (!(theirs == desc_))
+    RSDP_FAIL(ErrorKind::kMismatch, group_.me(), ": collective mismatch: this rank called ",
+              desc_.describe(), " but ", group_.who(p), " called ", theirs.describe(),
+              ". All ranks must issue the same collectives, in the same order, with the same "
+              "sizes and dtypes");
+}
+
+char* ShmComm::ring_stage() {
+  // The half of step s = step_ + 1 was last used at step s - 2; its readers
+  // have finished with it once they posted s - 1.
+  const uint32_t s = step_ + 1;
+  const int r = reader_[s & 1];
+  if (r == kAllPeers) {
+    for (int i = 1; i < group_.size; ++i) wait_step((group_.rank + i) % group_.size, s - 1);
+  } else if (r != group_.rank) {
+    wait_step(r, s - 1);
   }
+  return stage();
+}
+
+void ShmComm::ring_post(size_t staged, int reader) {
+  if (traffic_ && staged && group_.size > 1) traffic_->add(true, staged);
+  const uint32_t s = ++step_;
+  RankCtl& me = ctl(group_.rank);
+  me.desc[s & 1] = desc_;
+  me.buf_off[s & 1] = kNotInPool;
+  me.step.store(s, std::memory_order_seq_cst);
+  if (me.step_sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&me.step);
+  reader_[s & 1] = reader;
+  lazy_ = true;
+}
+
+void ShmComm::ring_wait(int src) {
+  if (src == group_.rank) return;
+  wait_step(src, step_);
+  check_desc(src, step_);
 }
 
 void ShmComm::wait_step(int p, uint32_t s) {

@@ -11,6 +11,20 @@
 // s + 1 -- and a peer posts s + 1 only once it has finished reading step s.
 // So no trailing barrier is needed: the next step's wait is the release.
 //
+// [Note: ring steps wait for neighbours only]
+// A ring step (ring_shift, primitives/ring_shift.h) has one reader of each
+// rank's half: the ring successor. ring_post() publishes the step without
+// waiting; ring_wait(src) waits only for the rank whose half this rank reads.
+// The two-halves argument above then needs one more check, made when the half
+// is written again (ring_stage()): the rank(s) that read its previous use,
+// two steps back, have posted the step after it. A collective's first step
+// after ring steps first waits for every peer to reach the last step (begin()),
+// so collectives keep the all-peers guarantee. Ranks may then drift apart by
+// up to one step per hop of ring distance; a rank reads a descriptor only of
+// the peer it waits for, which cannot have moved on two steps (it would need
+// this rank to post the next step first). A slow rank thus stalls its two
+// neighbours at once and the rest of the ring only as the delay travels.
+//
 // Waiting spins for RSDP_SPIN_US, then sleeps on a futex in the peer's control
 // block. While asleep it checks the op's deadline, the peer's liveness and the
 // group's notice (core/notice.h), so a dead or missing peer, or a member that
@@ -66,6 +80,17 @@ class ShmComm {
   void exchange(size_t staged = 0, uint64_t buf_off = kNotInPool);
   const char* peer(int p) const;  // p's half of the last exchanged step
 
+  // --- ring steps ([Note: ring steps wait for neighbours only]) ---
+  // This rank's half for the next step, once whoever read its previous use
+  // has moved on.
+  char* ring_stage();
+  // Publishes the next step (`staged` bytes for `reader`, the one rank that
+  // reads this half) without waiting for anyone.
+  void ring_post(size_t staged, int reader);
+  // Waits until `src` has posted the step just posted by this rank and
+  // checks its descriptor; then peer(src) is readable.
+  void ring_wait(int src);
+
   // --- communication memory (shm_pool.h) ---
   // This rank's pool; null for a group of one rank or with RSDP_POOL_BYTES=0.
   const std::shared_ptr<ShmPool>& pool() const { return pool_; }
@@ -112,6 +137,12 @@ class ShmComm {
   std::unique_ptr<Notice> notice_;
   uint32_t step_ = 0;
   uint64_t seq_ = 0;
+  // Who read this rank's half of the last step of each parity: a group rank,
+  // or kAllPeers after a collective step.
+  static constexpr int kAllPeers = -1;
+  int reader_[2] = {kAllPeers, kAllPeers};
+  bool lazy_ = false;  // the last step was a ring step: peers may not have reached it
+  void check_desc(int p, uint32_t s);
   OpDesc desc_;
   Deadline deadline_;
   std::string broken_;

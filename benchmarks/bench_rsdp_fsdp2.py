@@ -1,0 +1,372 @@
+#!/usr/bin/env python3
+"""RSDP against FSDP2 in one run: throughput ratio, step-time spread under load, peak memory.
+
+    python benchmarks/bench_rsdp_fsdp2.py                        # both settings, 4 and 2 ranks
+    python benchmarks/bench_rsdp_fsdp2.py --settings act --world-sizes 4 --load 1
+    python benchmarks/bench_rsdp_fsdp2.py --quick                # the CI guard's short mode
+
+A Hugging Face ``LlamaForCausalLM`` built from a config, in two settings:
+
+* ``act`` (activations dominate): 4.2 M parameters (hidden 256, 4 layers, FFN 768, vocab
+  2048), 4 sequences of 64 tokens per rank;
+* ``weights`` (weights dominate): 18.7 M parameters (hidden 256, 4 layers, FFN 512, vocab
+  32,000, untied head), 1 sequence of 32 tokens per rank.
+
+In one launch per (setting, world size) every variant is built in the same processes from the
+same initial weights and trained with AdamW on the same batches: ``rsdp`` (``rsdp.shard``:
+every layer rotates on its own), ``rsdp-units`` (``tp_plan="auto"``: attention and MLP rotate
+as units), ``fsdp2`` (``fully_shard`` per decoder layer and on the root, over the rsdp
+backend). The variants take turns step by step, each round starting with the next one, so a
+slow spell of the shared machine touches each alike. A step is forward, backward and the
+optimizer step after a barrier; its time is the slowest rank's.
+
+Reported per variant: median step time, tokens/s, **throughput ratio to FSDP2** (FSDP2's
+median / the variant's: > 1 is faster), step-time **spread** (max / median over the timed
+steps) and its ratio to FSDP2's, the same under load when ``--load N`` (N competing processes,
+each a busy loop, run during a second timed phase of the same launch), and **peak memory per
+rank** (torch's ``MemTracker`` over one step: every tensor torch allocates; max over ranks;
+without its per-module split, whose hooks raise inside rotation units' backward), split into
+parameters, gradients with optimizer state, and the rest (activations, gathered or rotating
+weights, temporaries), with its ratio to FSDP2. The final
+losses of all variants are printed too: they must agree (same math, other summation order).
+
+``--quick`` (the CI guard, ``tests/test_perf_guard.py``): the ``act`` setting at 2 ranks,
+``rsdp`` and ``fsdp2``, 6 timed steps, no memory step, plus an all-reduce of 4 MiB over rsdp
+and gloo in the same processes; the JSON then also holds ``allreduce_speedup`` (gloo time /
+rsdp time).
+
+Outputs in ``--out`` (default benchmarks/results/): ``rsdp_fsdp2.md`` and ``rsdp_fsdp2.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import training_models as tm  # noqa: E402
+
+SETTINGS = {
+    "act": dict(vocab=2048, hidden=256, ffn=768, layers=4, heads=8, kv=4, seq=64, batch=4),
+    "weights": dict(vocab=32000, hidden=256, ffn=512, layers=4, heads=8, kv=4, seq=32, batch=1),
+}
+VARIANTS = {"rsdp": dict(), "rsdp-units": dict(tp_plan="auto"),
+            "rsdp-units-keep": dict(tp_plan="auto", unit_recompute=False), "fsdp2": None}
+MEM_CATS = ("params", "grads+optim", "rest")
+
+_BUSY = "import time\nt = time.time() + {secs}\nx = 0\nwhile time.time() < t:\n    x += 1\n"
+
+
+def build_model(cfg):
+    import torch
+    import transformers as tf
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    return tf.LlamaForCausalLM(tf.LlamaConfig(
+        vocab_size=cfg["vocab"], hidden_size=cfg["hidden"], intermediate_size=cfg["ffn"],
+        num_hidden_layers=cfg["layers"], num_attention_heads=cfg["heads"],
+        num_key_value_heads=cfg["kv"], max_position_embeddings=cfg["seq"],
+        tie_word_embeddings=False, use_cache=False, bos_token_id=0, eos_token_id=1))
+
+
+def wrap(model, variant):
+    import torch.distributed as dist
+    if VARIANTS[variant] is not None:
+        import torch_rsdp.rsdp as rsdp
+        return rsdp.shard(model, **VARIANTS[variant])
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    for blk in model.model.layers:
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _worker(rank, world, port, cfg, variants, a, out_path):
+    import torch
+    import torch.distributed as dist
+    tm.tune_for_oversubscription(world)
+    import torch_rsdp  # noqa: F401  (registers "rsdp")
+    torch.set_num_threads(a.threads or tm.default_threads(world))
+    dist.init_process_group("rsdp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    models = {v: wrap(build_model(cfg), v) for v in variants}
+    opts = {v: torch.optim.AdamW(m.parameters(), lr=1e-4) for v, m in models.items()}
+    losses = {v: [] for v in variants}
+
+    def batch(i):
+        g = torch.Generator().manual_seed(1000 * i + rank)
+        return torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
+
+    def step(v, i):
+        ids = batch(i)
+        loss = models[v](input_ids=ids, labels=ids).loss
+        loss.backward()
+        opts[v].step()
+        opts[v].zero_grad(set_to_none=True)
+        losses[v].append(loss.item())
+
+    def phase(n_steps, first):
+        times = {v: [] for v in variants}
+        for s in range(n_steps):
+            k = s % len(variants)
+            for v in variants[k:] + variants[:k]:
+                dist.barrier()
+                t0 = time.perf_counter()
+                step(v, first + s)
+                times[v].append(time.perf_counter() - t0)
+        out = {}
+        for v in variants:  # the slowest rank's time per step
+            t = torch.tensor(times[v], dtype=torch.float64)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            out[v] = t.tolist()
+        return out
+
+    res = {"quiet": None, "loaded": None, "memory": {}, "allreduce": None}
+    phase(a.warmup, 0)
+    res["quiet"] = phase(a.steps, a.warmup)
+    if a.load:
+        dist.barrier()
+        busy = []
+        if rank == 0:
+            busy = [subprocess.Popen([sys.executable, "-c", _BUSY.format(secs=3600)])
+                    for _ in range(a.load)]
+        dist.barrier()
+        try:
+            res["loaded"] = phase(a.steps, a.warmup + a.steps)
+        finally:
+            for p in busy:
+                p.kill()
+                p.wait()
+    # the losses of the timed steps: every variant saw the same batches
+    res["final_loss"] = {v: sum(losses[v][-3:]) / 3 for v in variants}
+    if not a.no_memory:
+        for v in variants:
+            res["memory"][v] = _memory(models[v], opts[v], lambda: step(v, 10_000), world)
+    if a.allreduce:
+        res["allreduce"] = _allreduce_ratio(world)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(res, f)
+    dist.destroy_process_group()
+
+
+class _NoModuleTracking:
+    """Stands in for MemTracker's module tracker: this benchmark needs the step's peak, not
+    its split by module, and the module tracker's gradient hooks raise inside a rotation
+    unit's backward (it runs ``autograd.grad`` on each shard's graph). Without it every
+    allocation outside parameters, gradients and optimizer state counts as an activation."""
+
+    is_bw = False
+    parents: set = set()
+
+    def register_user_hooks(self, *hooks):
+        pass
+
+    def clear_user_hooks(self):
+        pass
+
+    def get_known_fqn(self, module):
+        return ""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _memory(model, opt, run_step, world):
+    """Peak memory per rank over one step, max over ranks: torch's MemTracker (every tensor
+    torch allocates), split at the peak into parameters, gradients with optimizer state, and
+    the rest (activations, gathered or rotating weights, temporaries)."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed._tools.mem_tracker import MemTracker
+    mt = MemTracker()
+    mt._mod_tracker = _NoModuleTracking()
+    mt.track_external(model, opt)
+    dist.barrier()
+    with mt:
+        run_step()
+    snap = mt.get_tracker_snapshot("peak")
+    peak = max(snap.values(), key=lambda d: d.get("Total", 0)) if snap else {}
+    total = float(peak.get("Total", 0))
+    # gradients that are views of a strategy's flat buffers (RSDP's, DDP's buckets) land in
+    # MemTracker's optimizer-state category: the two are reported together
+    cats = [float(peak.get("Parameter", 0)),
+            float(peak.get("Gradient", 0)) + float(peak.get("Optstate", 0))]
+    vals = [total] + cats + [total - sum(cats)]
+    t = torch.tensor(vals, dtype=torch.float64)
+    gathered = [torch.zeros_like(t) for _ in range(world)]
+    dist.all_gather(gathered, t)
+    top = max(gathered, key=lambda x: x[0].item()).tolist()
+    return dict(total=top[0], **dict(zip(MEM_CATS, top[1:])))
+
+
+def _allreduce_ratio(world, nbytes=4 << 20, iters=10):
+    """Median all-reduce time over rsdp and gloo (both in this process group's processes)."""
+    import torch
+    import torch.distributed as dist
+    gloo = dist.new_group(backend="gloo")
+    t = torch.ones(nbytes // 4)
+    out = {}
+    for name, g in (("rsdp", None), ("gloo", gloo), ("rsdp", None), ("gloo", gloo)):
+        for _ in range(2):
+            dist.all_reduce(t, group=g)
+        ts = []
+        for _ in range(iters):
+            dist.barrier()
+            t0 = time.perf_counter()
+            dist.all_reduce(t, group=g)
+            ts.append(time.perf_counter() - t0)
+        x = torch.tensor(ts, dtype=torch.float64)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        out.setdefault(name, []).extend(x.tolist())
+    dist.destroy_process_group(gloo)
+    return {k: statistics.median(v) for k, v in out.items()}
+
+
+def run_one(setting, world, variants, a):
+    import tempfile
+
+    import torch.multiprocessing as mp
+    cfg = SETTINGS[setting]
+    fd, path = tempfile.mkstemp(suffix=".json")
+    os.close(fd)
+    try:
+        mp.spawn(_worker, args=(world, tm.free_port(), cfg, variants, a, path), nprocs=world)
+        with open(path) as f:
+            return json.load(f)
+    finally:
+        os.unlink(path)
+
+
+def summarise(setting, world, variants, raw, cfg):
+    tokens = world * cfg["batch"] * cfg["seq"]
+    rows = {}
+    for v in variants:
+        r = {}
+        for ph in ("quiet", "loaded"):
+            ts = raw[ph][v] if raw.get(ph) else None
+            if ts:
+                med = statistics.median(ts)
+                r[ph] = dict(step_s=med, tokens_per_s=tokens / med, spread=max(ts) / med,
+                             steps=ts)
+        if v in raw.get("memory", {}):
+            r["memory"] = raw["memory"][v]
+        r["final_loss"] = raw["final_loss"][v]
+        rows[v] = r
+    base = rows.get("fsdp2")
+    for v, r in rows.items():
+        for ph in ("quiet", "loaded"):
+            if base and ph in r and ph in base:
+                r[ph]["x_fsdp2"] = base[ph]["step_s"] / r[ph]["step_s"]
+                r[ph]["spread_vs_fsdp2"] = r[ph]["spread"] / base[ph]["spread"]
+        if base and "memory" in r and "memory" in base:
+            r["memory"]["x_fsdp2"] = r["memory"]["total"] / base["memory"]["total"]
+    out = dict(setting=setting, world_size=world, config=cfg, rows=rows,
+               params=None)
+    if raw.get("allreduce"):
+        ar = raw["allreduce"]
+        out["allreduce"] = dict(ar, speedup=ar["gloo"] / ar["rsdp"])
+    return out
+
+
+def render(results, a) -> str:
+    lines = ["# RSDP vs FSDP2", "",
+             f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average at "
+             f"start {a.load_at_start}, {a.steps} timed steps after {a.warmup} warm-up, "
+             f"competing processes in the loaded phase: {a.load}. Memory: torch's MemTracker "
+             f"(every tensor allocated) over one step, peak per rank, max over ranks.", ""]
+    for res in results:
+        cfg = res["config"]
+        lines += [f"## {res['setting']}, {res['world_size']} ranks "
+                  f"(batch {cfg['batch']}x{cfg['seq']} per rank, vocab {cfg['vocab']})", ""]
+        hdr = ["variant", "step ms", "tokens/s", "x FSDP2", "spread", "spread / FSDP2's"]
+        if a.load:
+            hdr += ["loaded ms", "loaded x FSDP2", "loaded spread", "/ FSDP2's"]
+        if not a.no_memory:
+            hdr += ["peak/rank", "x FSDP2 mem", "params", "grads + optim",
+                    "activations, buffers, temporaries"]
+        hdr += ["final loss"]
+        body = []
+        for v, r in res["rows"].items():
+            q = r.get("quiet", {})
+            row = [v, f"{q.get('step_s', 0) * 1e3:.1f}", f"{q.get('tokens_per_s', 0):,.0f}",
+                   f"{q.get('x_fsdp2', float('nan')):.2f}", f"{q.get('spread', 0):.2f}",
+                   f"{q.get('spread_vs_fsdp2', float('nan')):.2f}"]
+            if a.load:
+                ld = r.get("loaded", {})
+                row += [f"{ld.get('step_s', 0) * 1e3:.1f}",
+                        f"{ld.get('x_fsdp2', float('nan')):.2f}",
+                        f"{ld.get('spread', 0):.2f}",
+                        f"{ld.get('spread_vs_fsdp2', float('nan')):.2f}"]
+            m = r.get("memory")
+            if m:
+                row += [tm.fmt_bytes(m["total"]), f"{m.get('x_fsdp2', float('nan')):.2f}",
+                        *(tm.fmt_bytes(m[c]) for c in MEM_CATS)]
+            elif not a.no_memory:
+                row += ["-"] * 5
+            row.append(f"{r['final_loss']:.4f}")
+            body.append(row)
+        lines += [tm.md_table(hdr, body), ""]
+        if res.get("allreduce"):
+            ar = res["allreduce"]
+            lines += [f"all-reduce 4 MiB: rsdp {ar['rsdp'] * 1e3:.2f} ms, gloo "
+                      f"{ar['gloo'] * 1e3:.2f} ms: {ar['speedup']:.1f}x", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--settings", default="act,weights")
+    p.add_argument("--world-sizes", default="4,2")
+    p.add_argument("--variants", default="rsdp,rsdp-units,fsdp2")
+    p.add_argument("--steps", type=int, default=20, help="timed steps per variant and phase")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--load", type=int, default=0,
+                   help="competing busy processes during a second timed phase")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--no-memory", action="store_true")
+    p.add_argument("--allreduce", action="store_true",
+                   help="also time a 4 MiB all-reduce over rsdp and gloo")
+    p.add_argument("--quick", action="store_true", help="the CI guard's short mode")
+    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--name", default="rsdp_fsdp2")
+    a = p.parse_args(argv)
+    if a.quick:
+        a.settings, a.world_sizes, a.variants = "act", "2", "rsdp,fsdp2"
+        a.steps, a.warmup, a.no_memory, a.allreduce = min(a.steps, 6), 2, True, True
+    for v in a.variants.split(","):
+        if v not in VARIANTS:
+            raise SystemExit(f"unknown variant {v!r}; choose from {list(VARIANTS)}")
+    a.load_at_start = tm.load_average()
+    results = []
+    for setting in a.settings.split(","):
+        for w in (int(x) for x in a.world_sizes.split(",")):
+            variants = a.variants.split(",")
+            t0 = time.time()
+            raw = run_one(setting, w, variants, a)
+            res = summarise(setting, w, variants, raw, SETTINGS[setting])
+            res["wall_s"] = time.time() - t0
+            results.append(res)
+            print(render([res], a).split("\n", 3)[3], flush=True)
+    os.makedirs(a.out, exist_ok=True)
+    md = render(results, a)
+    with open(os.path.join(a.out, a.name + ".md"), "w") as f:
+        f.write(md + "\n")
+    with open(os.path.join(a.out, a.name + ".json"), "w") as f:
+        json.dump(dict(args={k: v for k, v in vars(a).items()}, results=results), f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
