@@ -7,8 +7,8 @@ import pytest
 import torch_rsdp.plan as plan
 from torch_rsdp.plan.planner.cost import Links, unit_choices
 from torch_rsdp.plan.planner.profile import Fit, UnitProfile
+from torch_rsdp.plan.registry import unregister
 from torch_rsdp.plan.strategies import StrategyHandler, handler_for, kinds, register
-from torch_rsdp.plan.strategies import base as strategies_base
 from torch_rsdp.plan.strategies.replicate import NoShard
 
 
@@ -56,7 +56,7 @@ def test_a_new_strategy_is_one_registered_handler():
         with pytest.raises(ValueError, match="registered twice"):
             register(Mirror)
     finally:
-        strategies_base._HANDLERS.pop("mirror", None)
+        unregister("mirror")
     with pytest.raises(ValueError, match="unknown strategy"):
         plan.parse_strategy("mirror")
 
@@ -68,7 +68,7 @@ def test_a_new_strategy_is_one_registered_handler():
         with pytest.raises(TypeError, match="abstract"):
             plan.parse_strategy("incomplete").handler
     finally:
-        strategies_base._HANDLERS.pop("incomplete", None)
+        unregister("incomplete")
 
 
 def _links(world=4, nodes=2, s_per_byte=1e-9):

@@ -55,7 +55,8 @@ from .optim import OptimizerSharding, make_optimizer, optimizer_sharding
 from .planner import (AutoPlan, BudgetError, Cluster, auto, default_units, parse_budget,
                       plan_profile, predict)
 from .report import PlanReport, report
-from .spec import STRATEGIES, Plan, Strategy, parse_strategy, resolve
+from .spec import Plan, Strategy, parse_strategy, resolve
+from .strategies import STRATEGIES
 from .staging import CopyOnceStager
 
 __all__ = [

@@ -21,10 +21,9 @@ it).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
-if TYPE_CHECKING:
-    from .spec import Strategy
+from .spec import Strategy
 
 __all__ = ["parse", "for_unit", "key", "WIRE_RATIO"]
 

@@ -22,6 +22,7 @@ and the layers' native ring schedules, csrc/rsdp), ``torch_rsdp._utils`` and
 """
 from .api import RSDPState, rsdp_state, shard
 from .coverage import LeftWhole, can_rotate
+from .flat_shard import chunk_sizes, chunk_starts
 from .memory import MemoryTracker
 from .state_dict import (FullTensors, full_state_dict, load_full_state_dict, local_shard_of,
                          shard_dim, sharded_owner)
@@ -58,4 +59,6 @@ __all__ = [
     "shard_dim",
     "sharded_owner",
     "RingFeedback",
+    "chunk_sizes",
+    "chunk_starts",
 ]

@@ -46,8 +46,7 @@ class Rotate(StrategyHandler):
               sync_module_states=False, sync_replicated=False, checkpoint_hooks=False)
         st = rsdp_state(unit.module)
         if comp and not comp["error_feedback"]:
-            for m in st.sharded.values():
-                m._rsdp.feedback = None
+            st.set_error_feedback(False)
         sharded = {id(p) for p in st.sharded_parameters()}
         unit.params = {n: p for n, p in qualified_params(unit).items()
                        if id(p) in own or id(p) in sharded}
