@@ -14,7 +14,7 @@ unit's, nor anything else the user sends on the plan's group, are. Inside a node
 stays exact. Gradients keep **error feedback** (what quantising lost is added to the next
 step's): FSDP units through :class:`torch_rsdp.compression.FeedbackReduceScatter`, the
 replicated units' buckets through :class:`torch_rsdp.compression.FeedbackAllReduce`,
-``rotate`` units' ring hops through :class:`torch_rsdp.rsdp.ring_feedback.RingFeedback`. Not
+``rotate`` units' ring hops through :class:`torch_rsdp.rsdp.RingFeedback`. Not
 compressed: ``split:k`` (the slices' own collectives); ``hybrid_shard``'s cross-node
 all-reduce keeps no feedback (FSDP2 issues it itself, with no way to add a residual before
 it).

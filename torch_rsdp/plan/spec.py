@@ -11,6 +11,10 @@ segment (``"model.layers.*"`` matches ``model.layers.3`` but not ``model.layers.
 the most specific wins: an exact name beats any pattern; among patterns, the one with more
 literal characters (``"model.layers.1*"`` beats ``"model.layers.*"``). Two patterns equally
 specific that name different strategies are an error, not a coin toss.
+
+Which strategy names exist is not this module's knowledge: :func:`parse_strategy` reads the
+syntax (``name``, ``name:k``, ``+int8``) and the registry of handlers (:mod:`.registry`, filled
+by :mod:`.strategies`) checks the name; ``Strategy.handler`` asks it for the handler.
 """
 from __future__ import annotations
 
