@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 
 import torch_rsdp.plan as plan
-from torch_rsdp.plan.planner.cost import Links, unit_choices
-from torch_rsdp.plan.planner.profile import Fit, UnitProfile
+from torch_rsdp.plan.cost_terms import Fit, Links, UnitProfile
+from torch_rsdp.plan.planner.cost import unit_choices
+from torch_rsdp.plan.registry import unregister
 from torch_rsdp.plan.strategies import StrategyHandler, handler_for, kinds, register
-from torch_rsdp.plan.strategies import base as strategies_base
 from torch_rsdp.plan.strategies.replicate import NoShard
 
 
@@ -56,7 +56,7 @@ def test_a_new_strategy_is_one_registered_handler():
         with pytest.raises(ValueError, match="registered twice"):
             register(Mirror)
     finally:
-        strategies_base._HANDLERS.pop("mirror", None)
+        unregister("mirror")
     with pytest.raises(ValueError, match="unknown strategy"):
         plan.parse_strategy("mirror")
 
@@ -68,7 +68,7 @@ def test_a_new_strategy_is_one_registered_handler():
         with pytest.raises(TypeError, match="abstract"):
             plan.parse_strategy("incomplete").handler
     finally:
-        strategies_base._HANDLERS.pop("incomplete", None)
+        unregister("incomplete")
 
 
 def _links(world=4, nodes=2, s_per_byte=1e-9):
@@ -132,3 +132,15 @@ def test_applicability_and_fallbacks():
     assert plan.parse_strategy("hybrid_shard").handler.fallback(links1) == "full_shard"
     assert plan.parse_strategy("hybrid_shard").handler.fallback(links2) == "no_shard"
     assert plan.parse_strategy("rotate").handler.fallback(links1) == "no_shard"
+
+
+def test_cost_terms_keep_their_old_homes():
+    """Links, UnitProfile, Fit and Cost live in plan.cost_terms (below both the handlers and
+    the planner) and stay importable where they were."""
+    from torch_rsdp.plan import cost_terms
+    from torch_rsdp.plan.planner import cost, profile
+    from torch_rsdp.plan.strategies import Cost, base
+    assert cost.Links is cost_terms.Links and cost.kernel_s_per_byte is cost_terms.kernel_s_per_byte
+    assert profile.UnitProfile is cost_terms.UnitProfile and profile.Fit is cost_terms.Fit
+    assert Cost is base.Cost is cost_terms.Cost
+    assert base.register is plan.registry.register and base.handler_for is handler_for

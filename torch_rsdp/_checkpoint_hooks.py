@@ -1,6 +1,6 @@
 """State dicts of sharded models: private copies, loads of any form, and layouts refused.
 
-Neutral ground (torch only): :func:`torch_rsdp.rsdp.shard` and :func:`torch_rsdp.plan.apply`
+Neutral ground (torch and :mod:`torch_rsdp._dtensor_params` only): :func:`torch_rsdp.rsdp.shard` and :func:`torch_rsdp.plan.apply`
 both install these hooks.
 
 Every sharded parameter is a ``DTensor`` (:mod:`torch_rsdp._dtensor_params`), so

@@ -34,9 +34,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
+from . import _C
 from .ring import rsdp_backend
 
-__all__ = ["set_compression", "get_compression", "quantize_roundtrip", "LEVELS",
+__all__ = ["set_compression", "get_compression", "quantize_roundtrip", "quantize_seconds",
+           "LEVELS",
            "reduce_scatter_feedback", "residual_numel", "FeedbackReduceScatter",
            "FeedbackAllReduce"]
 
@@ -70,8 +72,14 @@ def quantize_roundtrip(x: torch.Tensor, bits: str = "int8", block: int = 512
                        ) -> Tuple[torch.Tensor, int]:
     """``dequantize(quantize(x))`` with the kernels the collectives use, and the bytes the
     quantised form takes (for tests and for choosing a block size)."""
-    from . import _C
     return _C._quantize_roundtrip(x.contiguous(), bits, int(block))
+
+
+def quantize_seconds(numel: int, bits: str = "int8", block: int = 512) -> Tuple[float, float]:
+    """Seconds this machine's kernels take to quantise and to dequantise ``numel`` float32
+    elements (one core; what the planner prices compression with)."""
+    q, d = _C._quant_speed(int(numel), bits, int(block))
+    return q, d
 
 
 def residual_numel(output_numel: int, group: Optional[dist.ProcessGroup] = None) -> int:

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from .. import _C
 from .flat_shard import chunk_sizes, chunk_starts
 from .memory import alloc_buffer, release_buffers
 from .rotation import counter_rotate, rotate
@@ -70,7 +71,6 @@ def _native(st: ShardState, src: torch.Tensor, grad_dtype=None):
     if not (NATIVE and st.ring.one_node and src.device.type == "cpu"
             and (grad_dtype is None or grad_dtype == src.dtype)):
         return None
-    from .. import _C
     return _C
 
 
