@@ -40,7 +40,7 @@ BACKEND = {"torch_rsdp._C", "torch_rsdp._registration", "torch_rsdp._shrink_worl
 BACKEND_API = {"torch_rsdp.ring", "torch_rsdp.topology", "torch_rsdp.compression"}
 #: Neutral ground that ``rsdp`` and ``plan`` both build on (each module's docstring says so).
 SHARED = {"torch_rsdp._utils", "torch_rsdp._dtensor_params", "torch_rsdp._grad_sync",
-          "torch_rsdp._checkpoint_hooks"}
+          "torch_rsdp._checkpoint_hooks", "torch_rsdp._apply_guard"}
 #: plan's bottom: plans as data, the handler registry, units, meshes, mixed precision,
 #: compression settings, and the terms handlers price units in.
 PLAN_BOTTOM = {"torch_rsdp.plan.spec", "torch_rsdp.plan.registry", "torch_rsdp.plan.units",
@@ -60,6 +60,9 @@ RULES: Dict[str, Set[str]] = {
     "torch_rsdp._dtensor_params": set(),                      # torch only
     "torch_rsdp._checkpoint_hooks": {"torch_rsdp._dtensor_params"},
     "torch_rsdp._grad_sync": {"torch_rsdp._dtensor_params", "torch_rsdp.compression"},
+    "torch_rsdp._apply_guard": {"torch_rsdp._dtensor_params"},
+    # The package's entry point: the backend, and the integrations it installs.
+    "torch_rsdp.__init__": BACKEND | SHARED | {"torch_rsdp.integrations"},
     # RSDP: the ring primitive, the backend (_C: native ring schedules), the shared modules.
     "torch_rsdp.rsdp": RSDP | BACKEND_API | {"torch_rsdp._C"} | SHARED,
     # plan, bottom to top.
@@ -77,6 +80,9 @@ RULES: Dict[str, Set[str]] = {
                                 | PLAN_CALLS | RSDP | BACKEND_API | SHARED),
     # The user-facing names: all of plan.
     "torch_rsdp.plan": {"torch_rsdp.plan"} | RSDP | BACKEND_API | SHARED,
+    # The top: patches of the stock trainers over what rsdp and plan shard.
+    "torch_rsdp.integrations": ({"torch_rsdp.integrations", "torch_rsdp.plan"} | RSDP
+                                | BACKEND_API | SHARED),
 }
 
 #: Private modules of torch_rsdp that other packages may import: the shared bottom modules,
@@ -87,8 +93,15 @@ SHARED_PRIVATE = SHARED | {"torch_rsdp._C"}
 PUBLIC_API_ONLY = {"torch_rsdp.rsdp", "torch_rsdp.plan.strategies", "torch_rsdp.plan.planner"}
 
 #: (importing module, imported module) pairs of torch_rsdp that may be imported inside a
-#: function, with the reason. None today.
-LAZY: Dict[Tuple[str, str], str] = {}
+#: function, with the reason.
+_LIGHT_IMPORT = "``import torch_rsdp`` installs the integrations and must not load rsdp or plan"
+LAZY: Dict[Tuple[str, str], str] = {
+    **{("torch_rsdp.integrations", f"torch_rsdp.integrations.{m}"):
+       "a library's hooks load when that library is imported (they import it)"
+       for m in ("accelerate_hooks", "lightning_hooks", "trainer_hooks")},
+    ("torch_rsdp.integrations.sharded", "torch_rsdp.plan"): _LIGHT_IMPORT,
+    ("torch_rsdp.integrations.sharded", "torch_rsdp.rsdp"): _LIGHT_IMPORT,
+}
 
 
 # ---------------------------------------------------------------------------------- checker
@@ -173,7 +186,8 @@ def check_source(source: str, module: str, is_package: bool, root: Path = ROOT,
                  where: str = "", rules: Dict[str, Set[str]] = RULES) -> List[str]:
     """Every rule ``source`` (the source of ``module``) breaks, one line each."""
     where = where or module
-    key, allowed = rule_for(module, rules)
+    # the top package's __init__ has a rule of its own (its key would cover every module)
+    key, allowed = rule_for(module + ".__init__" if module == PACKAGE else module, rules)
     own_package = _package_of(module, is_package)
     out = []
     for line, target, name, in_function in imports_of(source, module, is_package, root):

@@ -20,6 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .._checkpoint_hooks import raw_state_dict
+from .._dtensor_params import local
+
 __all__ = ["is_sharded", "sharded_roots", "full_model_state_dict", "full_optimizer_state_dict",
            "clip_grad_norm_"]
 
@@ -71,9 +74,6 @@ def _is_group_rank0(root: nn.Module) -> bool:
 def full_model_state_dict(module: nn.Module) -> Dict[str, torch.Tensor]:
     """``module.state_dict()`` with whole tensors, on rank 0 of the roots' groups (``{}``
     elsewhere), in ``module.state_dict()``'s key order. Collective."""
-    from .._checkpoint_hooks import raw_state_dict
-    from .._dtensor_params import local
-
     roots = sharded_roots(module)
     whole: Dict[str, torch.Tensor] = {}
     for prefix, root in roots:
