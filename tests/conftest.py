@@ -25,7 +25,7 @@ if importlib.util.find_spec("torch_rsdp") is None and ROOT not in sys.path:
 
 
 def pytest_report_header(config):
-    from harness import backend_under_test
+    from support.harness import backend_under_test
 
     return [f"torch_rsdp tests: backend under test = {backend_under_test()!r} "
             f"(set RSDP_TEST_BACKEND=gloo to validate the tests against gloo)"]
