@@ -10,7 +10,7 @@ at once. A rank frozen with SIGSTOP is found by the (short) timeout: once the fi
 times out, the others raise within NOTICE_S.
 
 One launch per case, a few seconds each. Each case prints its worst notice time (the README's
-"When a rank fails" table comes from `pytest -s tests/test_failure_notice.py`).
+"When a rank fails" table comes from `pytest -s tests/backend/test_failure_notice.py`).
 """
 from __future__ import annotations
 
@@ -23,8 +23,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from support.harness import backend_under_test, launch
 from backend.test_faults import names_rank
+from support.harness import backend_under_test, launch
 
 pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp",
                                 reason="the failure notice is the rsdp backend's (gloo waits)")

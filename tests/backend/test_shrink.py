@@ -3,7 +3,7 @@
 A rank is SIGKILLed in the middle of a collective or of training, or frozen past the timeout;
 the survivors see the failure (the backend names the rank), call ``dist.shrink_group`` as torch
 documents it, and the smaller group must then be exact: all-reduce, all-gather, reduce-scatter,
-broadcast, FSDP2 (``full_shard``) and the seven-strategy mix (tests/plan_cases.py) trained
+broadcast, FSDP2 (``full_shard``) and the seven-strategy mix (tests/support/plan_cases.py) trained
 against the one-process reference. Also: both shrink flags, a non-default group, two emulated
 nodes losing a node leader, torch's documented errors, and ten kill-and-shrink cycles in one
 process without a leak.
@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.distributed_c10d import SHRINK_ABORT, SHRINK_DEFAULT
 
-from support import plan_cases as pc
-from support.harness import backend_under_test, launch
 from backend.test_faults import names_rank
 from backend.test_leaks import RSS_SLACK_KB, measure, settled
+from support import plan_cases as pc
+from support.harness import backend_under_test, launch
 
 pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp",
                                 reason="shrink_group is the rsdp backend's (gloo cannot)")

@@ -4,7 +4,7 @@ Runs everywhere, with or without a GPU (CI has none): ``cuda_built()`` / ``cuda_
 are bools consistent with torch, ``build_info()`` describes the build consistently (no CUDA =>
 no CUDA or NCCL version), and a build without CUDA does not register the backend for CUDA
 tensors. On CPU-only torch no CUDA tensor can be made at all; ops on CUDA tensors (and the
-errors for mixed devices) are tested by tests/test_cuda.py where a GPU exists.
+errors for mixed devices) are tested by tests/cuda/test_cuda.py where a GPU exists.
 """
 
 from __future__ import annotations

@@ -12,8 +12,8 @@ import sys
 import pytest
 import torch
 
-from support.harness import backend_under_test
 from integrations.test_elastic_restart import PLAN, SMALL
+from support.harness import backend_under_test
 
 pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp",
                                 reason="shrink_group is the rsdp backend's")

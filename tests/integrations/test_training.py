@@ -49,7 +49,7 @@ def reference_params(world: int, opt_name: str, steps: int = STEPS,
                      device: torch.device | None = None) -> dict[str, torch.Tensor]:
     """Single process, rank 0's initial weights, mean loss over the concatenated batch.
 
-    device: train there (tests/test_cuda.py: on the GPU); the result is on the CPU."""
+    device: train there (tests/cuda/test_cuda.py: on the GPU); the result is on the CPU."""
     model = make_model(seed=0)
     if device is not None:
         model.to(device)
@@ -71,7 +71,7 @@ def _ddp_worker(ctx):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     r, W = ctx.rank, ctx.world_size
-    dev = getattr(ctx, "device", None)  # tests/test_cuda.py sets a GPU; None: CPU
+    dev = getattr(ctx, "device", None)  # tests/cuda/test_cuda.py sets a GPU; None: CPU
     out = {}
     for variant in ("sgd", "adam", "sgd+allreduce_hook"):
         opt_name = variant.split("+")[0]

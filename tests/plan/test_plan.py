@@ -1,8 +1,8 @@
 """torch_rsdp.plan: every strategy alone and all seven mixed train like one process.
 
-One launch per world size runs the selected families (tests/harness.py ``run_families``):
+One launch per world size runs the selected families (tests/support/harness.py ``run_families``):
 
-* ``strategies``: each strategy alone and the seven-way mix (tests/plan_cases.py ``MIX``), SGD
+* ``strategies``: each strategy alone and the seven-way mix (tests/support/plan_cases.py ``MIX``), SGD
   with momentum and AdamW, three steps, full state dict against one process (fp32, tight);
 * ``hf``: Hugging Face Llama (GQA; tied and untied embeddings) and GPT-2 (``Conv1D``, tied
   embeddings) under mixed plans, and the unwrapped model loading the gathered state dict with

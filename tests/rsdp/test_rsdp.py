@@ -9,8 +9,8 @@ trained on the DDP loss, with replicated parameters bit-identical on every rank.
 bounds the bytes of parameters + gradients + rotation buffers alive per rank.
 
 One launch per world size (1, 2, 3, 4) runs every family inside one process group (see
-tests/harness.py); each family is reported as its own test (test_rsdp[<family>-ws<W>]).
-tests/test_cuda.py runs the forward/backward families on a GPU: a worker that sets ``ctx.device``
+tests/support/harness.py); each family is reported as its own test (test_rsdp[<family>-ws<W>]).
+tests/cuda/test_cuda.py runs the forward/backward families on a GPU: a worker that sets ``ctx.device``
 (and ``ctx.tols``) gets models, inputs and the reference there (see _device / _tols / _on).
 """
 
@@ -38,7 +38,7 @@ ATOL = RTOL = 1e-5
 
 
 def _device(ctx):
-    """The device the families run on: ``ctx.device`` when the caller set one (tests/test_cuda.py
+    """The device the families run on: ``ctx.device`` when the caller set one (tests/cuda/test_cuda.py
     runs some of them on a GPU), otherwise the CPU."""
     return getattr(ctx, "device", None) or torch.device("cpu")
 

@@ -15,11 +15,11 @@ atol/rtol 1e-5:
 * mixed_precision: bf16 compute and rotation, fp32 master shards and gradients;
 * coverage: what stays whole is listed with the reason (filter, min_numel, no rule, ties
   RSDP cannot share), a matrix without a rule warns, bad input names the module;
-* units: rotation units from a tensor-parallel plan (tests/rsdp_unit_families.py).
+* units: rotation units from a tensor-parallel plan (tests/support/rsdp_unit_families.py).
 
-Models and shared helpers: tests/hf_models.py.
+Models and shared helpers: tests/support/hf_models.py.
 
-One launch per world size (2, 3, 4) runs every family (tests/harness.py ``run_families``).
+One launch per world size (2, 3, 4) runs every family (tests/support/harness.py ``run_families``).
 Needs ``transformers`` (scripts/setup.sh installs it).
 """
 

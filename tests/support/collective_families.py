@@ -9,7 +9,7 @@ repeat the matrix under every forced algorithm in reasonable time.
 
 Every tensor a family creates (inputs, output buffers, expected values) comes from torch's
 factory functions without an explicit device, so the families run on whatever device the
-worker made the default: tests/test_cuda.py calls ``torch.set_default_device("cuda:<i>")``
+worker made the default: tests/cuda/test_cuda.py calls ``torch.set_default_device("cuda:<i>")``
 and runs them on GPU tensors.
 """
 

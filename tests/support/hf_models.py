@@ -1,7 +1,7 @@
 """Hugging Face ``transformers`` models for the RSDP tests, built from small configs (nothing
 is downloaded), and the helpers the test families share: per-rank token batches, the
 language-model loss, tolerances, a sharded copy of a reference model, training loops.
-Used inside worker processes (tests/test_rsdp_hf.py, tests/rsdp_unit_families.py).
+Used inside worker processes (tests/rsdp/test_rsdp_hf.py, tests/support/rsdp_unit_families.py).
 """
 
 from __future__ import annotations

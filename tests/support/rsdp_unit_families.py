@@ -1,5 +1,5 @@
 """Test families for RSDP rotation units (``shard(model, tp_plan=...)``): one flat buffer per
-attention block / MLP. Run by tests/test_rsdp_hf.py in the same launches as the other
+attention block / MLP. Run by tests/rsdp/test_rsdp_hf.py in the same launches as the other
 Hugging Face families (``fam_units``).
 """
 

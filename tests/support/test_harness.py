@@ -1,4 +1,4 @@
-"""Self-tests of tests/harness.py: its failure detection must actually fail.
+"""Self-tests of tests/support/harness.py: its failure detection must actually fail.
 
 These run without the backend under test (no process group, backend="gloo" so torch_rsdp is
 not imported) and only check that the launcher reports exceptions, crashes, hangs and
