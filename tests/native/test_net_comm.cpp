@@ -4,7 +4,7 @@
 // rendezvous), descriptor/size mismatches, timeouts, point-to-point with any
 // source and tags, abort, a peer that exits, traffic counters, and that
 // destroying a comm gives back every fd and thread.
-//   g++ -O1 -std=c++17 -I csrc tests/cpp/test_net_comm.cpp csrc/core/{group,op_desc,error,options}.cpp
+//   g++ -O1 -std=c++17 -I csrc tests/native/test_net_comm.cpp csrc/core/{group,op_desc,error,options}.cpp
 //       csrc/transport/ucx/*.cpp $(pkg-config --cflags --libs ucx) -lpthread
 //   UCX_TLS=tcp ./a.out      last line "N passed, M failed"; exit code != 0 on failure
 #include <dirent.h>

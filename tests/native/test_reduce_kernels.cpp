@@ -2,7 +2,7 @@
 // no gtest). Every kernel result is compared with a plain scalar model that
 // shares no code with the kernels except the fp16/bf16 conversions, which are
 // themselves checked against independent double-based references first.
-//   g++ -O2 -std=c++17 -I csrc tests/cpp/test_reduce_kernels.cpp csrc/core/reduce_kernels.cpp
+//   g++ -O2 -std=c++17 -I csrc tests/native/test_reduce_kernels.cpp csrc/core/reduce_kernels.cpp
 //   ./a.out            run the tests; last line "N passed, M failed"
 //   ./a.out --bench    memory-bandwidth micro-benchmark instead
 #include <algorithm>
