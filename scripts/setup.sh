@@ -55,7 +55,7 @@ mods = {"pytest": "pytest", "numpy": "numpy", "matplotlib": "matplotlib", "ninja
         "transformers": "transformers", "hypothesis": "hypothesis",
         # torch_rsdp.torchft and its tests (torchft's test module imports parameterized)
         "torchft": "torchft==0.2.0", "parameterized": "parameterized",
-        # the stock trainers over sharded models (tests/test_trainers.py); accelerate is
+        # the stock trainers over sharded models (tests/integrations/test_trainers.py); accelerate is
         # the Hugging Face Trainer's
         "accelerate": "accelerate", "lightning": "lightning==2.6.6"}
 if shutil.which("mpicc"):

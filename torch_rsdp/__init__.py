@@ -6,7 +6,7 @@
 Importing the package registers the backend (idempotently) for CPU tensors,
 and for CUDA tensors in a build with CUDA (see :mod:`torch_rsdp.cuda`).
 
-Layout, bottom to top (imports point downwards only; ``tests/test_import_rules.py`` checks it):
+Layout, bottom to top (imports point downwards only; ``tests/project/test_import_rules.py`` checks it):
 
 * the backend: the extension ``_C``, its registration, and the public modules over it
   (``ring``, ``topology``, ``compression``, ``comm_memory``, ``cuda``, ``health``);

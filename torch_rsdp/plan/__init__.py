@@ -32,7 +32,7 @@ traffic quantised (``"full_shard+int8"``; ``apply(..., compression=)`` for the w
 :func:`auto` chooses the strategies itself: the fastest plan whose predicted peak memory per
 rank fits a budget, from costs measured here (or for a :class:`Cluster` we do not have).
 
-Layout (what each part owns; imports point downwards only, ``tests/test_import_rules.py``
+Layout (what each part owns; imports point downwards only, ``tests/project/test_import_rules.py``
 checks it):
 
 * the user-facing names, here;
