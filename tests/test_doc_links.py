@@ -20,7 +20,9 @@ README_LIMIT = 12_000
 
 # Directories that hold no documentation of this project (build outputs, vendored code).
 SKIP_DIRS = {".git", "build", "dist", "vendor", "third_party", "node_modules", ".eggs",
-             "__pycache__", ".pytest_cache", ".hypothesis", ".venv", "venv"}
+             "__pycache__", ".pytest_cache", ".hypothesis", ".venv", "venv", ".whl", ".gl"}
+# Generated output (ignored by git): result tables the benchmarks and examples write.
+SKIP_PATHS = {"benchmarks/results", "examples/results"}
 
 _FENCE = re.compile(r"^\s*(```|~~~)")
 _HEADING = re.compile(r"^\s{0,3}(#{1,6})\s+(.*?)\s*#*\s*$")
@@ -33,8 +35,10 @@ _INLINE_CODE = re.compile(r"`+[^`]*`+")
 def markdown_files() -> List[Path]:
     out = []
     for dirpath, dirnames, filenames in os.walk(ROOT):
+        rel = Path(dirpath).relative_to(ROOT)
         dirnames[:] = sorted(d for d in dirnames
-                             if d not in SKIP_DIRS and not d.endswith(".egg-info"))
+                             if d not in SKIP_DIRS and not d.endswith(".egg-info")
+                             and (rel / d).as_posix() not in SKIP_PATHS)
         out += [Path(dirpath) / f for f in sorted(filenames) if f.endswith(".md")]
     return out
 
