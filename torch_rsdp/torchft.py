@@ -27,7 +27,7 @@ import torch
 try:
     from torchft.ddp import DistributedDataParallel as _FTDistributedDataParallel
     from torchft.process_group import ProcessGroupWrapper
-except ImportError as e:  # tests/test_torchft.py::test_torchft_is_optional
+except ImportError as e:  # tests/integrations/test_torchft.py::test_torchft_is_optional
     raise ImportError(
         "torch_rsdp.torchft needs torchft: pip install torchft (torchft==0.2.0 is tested)"
     ) from e

@@ -9,8 +9,9 @@ rank of one node (3 ranks), a leader and a non-leader on each of 2 emulated node
 at once. A rank frozen with SIGSTOP is found by the (short) timeout: once the first survivor
 times out, the others raise within NOTICE_S.
 
-One launch per case, a few seconds each. Each case prints its worst notice time (the README's
-"When a rank fails" table comes from `pytest -s tests/backend/test_failure_notice.py`).
+One launch per case, a few seconds each. Each case prints its worst notice time
+(docs/failures.md's "When a rank fails" table comes from
+`pytest -s tests/backend/test_failure_notice.py`).
 """
 from __future__ import annotations
 

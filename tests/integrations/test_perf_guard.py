@@ -4,7 +4,7 @@ It runs ``benchmarks/bench_rsdp_fsdp2.py --quick``: RSDP and FSDP2 train the sam
 Llama (4.2 M parameters, activations dominate) on 2 ranks, taking turns step by step in the
 same processes, and a 4 MiB all-reduce is timed over rsdp and gloo in the same processes. Only
 ratios measured in one run are checked, against floors well below what the benchmark measures
-(benchmarks/README.md, "RSDP vs FSDP2": the quick mode's spread over repeated runs on a busy
+(docs/benchmarks.md, "RSDP against FSDP2": the quick mode's spread over repeated runs on a busy
 2-core machine), so that noise passes and a change that halves a headline ratio fails:
 
 * RSDP's throughput >= ``RSDP_FLOOR`` x FSDP2's (measured 0.93-1.10 in quick mode);

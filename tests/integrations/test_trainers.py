@@ -2,13 +2,13 @@
 trainers' defaults: DDP wrapping, their own optimizer, gradient clipping at 1.0, their own
 checkpoints), every strategy against the unsharded model under the same trainer:
 
-* Hugging Face ``Trainer`` (tests/trainer_hf_worker.py): gradient accumulation, warm-up and
+* Hugging Face ``Trainer`` (tests/integrations/trainer_hf_worker.py): gradient accumulation, warm-up and
   linear decay, bf16 autocast; every logged loss and gradient norm, the model
   ``save_model`` writes (loaded back with ``from_pretrained``), a resume from the mid-run
   checkpoint at 2 ranks and at 1 rank.
 * accelerate's own loop (``Accelerator.prepare``, ``accumulate``, ``clip_grad_norm_``,
   ``save_model``): the same, without the Trainer.
-* Lightning (tests/trainer_lightning_worker.py): its stock DDP strategy, gradient
+* Lightning (tests/integrations/trainer_lightning_worker.py): its stock DDP strategy, gradient
   accumulation and clipping, a checkpoint resumed.
 """
 from __future__ import annotations
