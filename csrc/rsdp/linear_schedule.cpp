@@ -88,35 +88,12 @@ class WholeWeight {
   at::Tensor w_, b_;
 };
 
-}  // namespace
-
-at::Tensor linear_forward(BackendRSDP& b, const LinearGeometry& g, const at::Tensor& x2,
-                          const at::Tensor& src, const std::vector<at::Tensor>& bufs,
-                          const std::vector<int64_t>& origins, bool whole) {
+// The forward's rotation: visit(j, shard j's flat buffer) for every shard in hand, own first,
+// while the next hop (direction +1) is in flight.
+template <class Visit>
+void rotate(BackendRSDP& b, const at::Tensor& src, const std::vector<at::Tensor>& bufs,
+            const std::vector<int64_t>& origins, Visit&& visit) {
   const int64_t W = static_cast<int64_t>(origins.size());
-  const int64_t N = x2.size(0);
-  if (whole) {
-    WholeWeight ww(g, src, true);
-    at::Tensor cur = src;
-    for (int64_t t = 0; t < W; ++t) {
-      Hop hop;
-      at::Tensor nxt;
-      if (t < W - 1) {
-        nxt = bufs[t % bufs.size()];
-        hop.start(b, cur, nxt, 1, std::nullopt);
-      }
-      ww.place(origins[t], cur);
-      if (t < W - 1) {
-        hop.wait();
-        cur = nxt;
-      }
-    }
-    // split by input features the bias is replicated and added by the caller
-    const at::Tensor& bb = ww.bias_or_undefined();
-    return bb.defined() ? at::addmm(bb, x2, ww.io()) : at::mm(x2, ww.io());
-  }
-  at::Tensor y = g.split_out ? at::empty({N, g.fout}, x2.options())
-                             : at::zeros({N, g.fout}, x2.options());
   at::Tensor cur = src;
   for (int64_t t = 0; t < W; ++t) {
     Hop hop;
@@ -125,23 +102,41 @@ at::Tensor linear_forward(BackendRSDP& b, const LinearGeometry& g, const at::Ten
       nxt = bufs[t % bufs.size()];
       hop.start(b, cur, nxt, 1, std::nullopt);
     }
-    const int64_t j = origins[t];
-    if (g.sizes[j]) {
-      if (g.split_out) {
-        at::Tensor cols = y.narrow(1, g.starts[j], g.sizes[j]);
-        if (g.b_off >= 0)
-          at::addmm_out(cols, bias(g, cur, j), x2, w_io(g, cur, j));
-        else
-          at::mm_out(cols, x2, w_io(g, cur, j));
-      } else {
-        y.addmm_(x2.narrow(1, g.starts[j], g.sizes[j]), w_io(g, cur, j));
-      }
-    }
+    visit(origins[t], cur);
     if (t < W - 1) {
       hop.wait();
       cur = nxt;
     }
   }
+}
+
+}  // namespace
+
+at::Tensor linear_forward(BackendRSDP& b, const LinearGeometry& g, const at::Tensor& x2,
+                          const at::Tensor& src, const std::vector<at::Tensor>& bufs,
+                          const std::vector<int64_t>& origins, bool whole) {
+  const int64_t N = x2.size(0);
+  if (whole) {
+    WholeWeight ww(g, src, true);
+    rotate(b, src, bufs, origins, [&](int64_t j, const at::Tensor& cur) { ww.place(j, cur); });
+    // split by input features the bias is replicated and added by the caller
+    const at::Tensor& bb = ww.bias_or_undefined();
+    return bb.defined() ? at::addmm(bb, x2, ww.io()) : at::mm(x2, ww.io());
+  }
+  at::Tensor y = g.split_out ? at::empty({N, g.fout}, x2.options())
+                             : at::zeros({N, g.fout}, x2.options());
+  rotate(b, src, bufs, origins, [&](int64_t j, const at::Tensor& cur) {
+    if (!g.sizes[j]) return;
+    if (g.split_out) {
+      at::Tensor cols = y.narrow(1, g.starts[j], g.sizes[j]);
+      if (g.b_off >= 0)
+        at::addmm_out(cols, bias(g, cur, j), x2, w_io(g, cur, j));
+      else
+        at::mm_out(cols, x2, w_io(g, cur, j));
+    } else {
+      y.addmm_(x2.narrow(1, g.starts[j], g.sizes[j]), w_io(g, cur, j));
+    }
+  });
   return y;
 }
 

@@ -107,6 +107,17 @@ def _whole(tokens: int, fin: int, fout: int) -> bool:
     return WHOLE_SMALL and fin * fout <= tokens * (fin + fout)
 
 
+def _grads(ctx, st: ShardState, acc, gx, dy, fin: int):
+    """backward's return: the weight / bias gradients from the accumulator ``acc`` (None where
+    not needed), the input gradient in the input's shape and dtype."""
+    grads = st.grads_from(acc) if acc is not None else {}
+    gw = grads.get("weight") if ctx.needs_input_grad[1] else None
+    gb = grads.get("bias") if ctx.needs_input_grad[2] else None
+    if gx is not None:
+        gx = gx.view(*dy.shape[:-1], fin).to(ctx.x_dtype)
+    return gx, gw, gb, None
+
+
 class _LinearFn(torch.autograd.Function):
     """``y = linear(x, W, b)`` with ``W`` / ``b`` this rank's shards of a sharded Linear
     (or ``Conv1D``)."""
@@ -197,13 +208,7 @@ class _LinearFn(torch.autograd.Function):
             ring.hops += (W - 1) * (int(need_x) + int(need_w))
             st.release(src)
             del src, wbuf, local
-            grads = st.grads_from(acc) if acc is not None else {}
-            del acc
-            gw = grads.get("weight") if ctx.needs_input_grad[1] else None
-            gb = grads.get("bias") if ctx.needs_input_grad[2] else None
-            if gx is not None:
-                gx = gx.view(*dy.shape[:-1], fin).to(ctx.x_dtype)
-            return gx, gw, gb, None
+            return _grads(ctx, st, acc, gx, dy, fin)
         gx = torch.zeros_like(x2) if need_x else None
         has_bias = "bias" in lay.shapes
         n_split = fout if split == "out" else fin
@@ -246,13 +251,7 @@ class _LinearFn(torch.autograd.Function):
                              feedback=st.feedback)
         st.release(src)
         del src
-        grads = st.grads_from(acc) if acc is not None else {}
-        del acc
-        gw = grads.get("weight") if ctx.needs_input_grad[1] else None
-        gb = grads.get("bias") if ctx.needs_input_grad[2] else None
-        if gx is not None:
-            gx = gx.view(*dy.shape[:-1], fin).to(ctx.x_dtype)
-        return gx, gw, gb, None
+        return _grads(ctx, st, acc, gx, dy, fin)
 
 
 @torch.compiler.disable  # [Note: ring steps under torch.compile] in .ring_order
