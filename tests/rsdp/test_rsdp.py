@@ -146,8 +146,9 @@ def fam_linear(ctx, rec):
         ("out 6->9 3-d input", 6, 9, True, "out", lambda q: (2, 1 + q, 6)),
         ("in 10->6 bias", 10, 6, True, "in", lambda q: (2 + q, 10)),
         ("in 3->4 nobias", 3, 4, False, "in", lambda q: (2, 3)),
-        # layers smaller than their activations compute whole ([Note: whole small layers]);
-        # here rank 0 computes shard by shard and the others whole, in the same ring
+        # layers smaller than their activations compute whole at 3 or more ranks ([Note:
+        # whole small layers]); here rank 0 computes shard by shard and the others whole, in
+        # the same ring
         ("out 7->10 bias, whole on ranks > 0", 7, 10, True, "out", lambda q: (4 + 8 * q, 7)),
         ("out 6->9 nobias, whole", 6, 9, False, "out", lambda q: (12, 6)),
         ("in 10->6 bias, whole on ranks > 0", 10, 6, True, "in", lambda q: (3 + 12 * q, 10)),

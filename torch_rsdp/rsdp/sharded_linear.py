@@ -94,7 +94,7 @@ def _native_geometry(C, mod):
 WHOLE_SMALL = True
 
 
-def _whole(tokens: int, fin: int, fout: int) -> bool:
+def _whole(world: int, tokens: int, fin: int, fout: int) -> bool:
     """[Note: whole small layers] (csrc/rsdp/linear_schedule.cpp)
     A product computed shard by shard reads all of the layer's input (forward, weight
     gradient) or output gradient (input gradient) once per shard, and the matmul library packs
@@ -103,8 +103,11 @@ def _whole(tokens: int, fin: int, fout: int) -> bool:
     compute the output and the input gradient in one matmul each, and this rank's contribution
     to the whole weight's gradient in one matmul whose parts ride home: temporaries as large as
     the layer, no larger than the input and output it already holds. Layers larger than their
-    activations (the case RSDP is for) never make one, so no large layer is ever whole."""
-    return WHOLE_SMALL and fin * fout <= tokens * (fin + fout)
+    activations (the case RSDP is for) never make one, so no large layer is ever whole.
+    With two shards the split costs about what the copies do (``bench_rsdp_fsdp2.py``, variant
+    ``rsdp-pershard``: 0.95-0.99x FSDP2 whole against 0.97-1.02x shard by shard at 2 ranks,
+    0.89-0.98x against 0.85-0.95x at 4), so two ranks keep every layer shard by shard."""
+    return WHOLE_SMALL and world > 2 and fin * fout <= tokens * (fin + fout)
 
 
 def _grads(ctx, st: ShardState, acc, gx, dy, fin: int):
@@ -136,7 +139,7 @@ class _LinearFn(torch.autograd.Function):
         C = _native(st, src)
         if C is not None:
             W = ring.world
-            whole = _whole(x2.shape[0], fin, fout)
+            whole = _whole(W, x2.shape[0], fin, fout)
             bufs = [alloc_buffer(src.numel(), src.dtype, src.device) for _ in range(min(2, W - 1))]
             y = C._rsdp_linear_forward(ring.backend(src), _native_geometry(C, mod), x2, src, bufs,
                                        ring.origin_lists[1][:W], whole)
@@ -203,7 +206,7 @@ class _LinearFn(torch.autograd.Function):
             gx = C._rsdp_linear_backward(ring.backend(src), _native_geometry(C, mod), x2, dy2,
                                          src if need_x else None, wbuf, acc, local,
                                          ring.origin_lists[-1], need_x,
-                                         _whole(x2.shape[0], fin, fout))
+                                         _whole(W, x2.shape[0], fin, fout))
             release_buffers(wbuf, local)
             ring.hops += (W - 1) * (int(need_x) + int(need_w))
             st.release(src)
