@@ -1,6 +1,8 @@
 // The entry points of every row of algorithms.def, by Algo.
 #include "algorithms/algorithm_table.h"
 
+#include <string_view>
+
 namespace rsdp {
 namespace {
 
@@ -10,6 +12,16 @@ constexpr AlgoEntry kEntries[] = {
 #undef RSDP_ALGORITHM
 };
 static_assert(sizeof(kEntries) / sizeof(kEntries[0]) == kNumAlgos);
+
+constexpr bool rows_well_formed() {
+  for (int i = 0; i < kNumAlgos; ++i) {
+    if (kAlgos[i].ops == 0) return false;
+    for (int j = i + 1; j < kNumAlgos; ++j)
+      if (std::string_view(kAlgos[i].name) == kAlgos[j].name) return false;
+  }
+  return true;
+}
+static_assert(rows_well_formed(), "algorithms.def: every row serves some op, under its own name");
 
 }  // namespace
 

@@ -3,15 +3,17 @@
 // and the dispatch (collectives.cpp).
 //
 // Adding an algorithm:
-//   1. Write it in its own file(s), with an entry point
-//      `void coll::run_<name>(const CollArgs& a)` that runs the ops it serves
-//      (switch on a.op), and, if a forced choice does not fit every group,
-//      `bool coll::<name>_applies(const Choice& c)`.
-//   2. Add its row to algorithms.def (id, name, where, ops, forceable,
-//      applies, run). Its Algo id, name, RSDP_ALGO_<OP> value, the error
-//      messages and the dispatch all follow from the row.
-//   3. Only to have it chosen without RSDP_ALGO_<OP>, change the automatic
-//      policy in select.cpp.
+//   1. Write it in its own file(s) (setup.py finds them) with an entry point
+//      `void coll::run_<name>(const CollArgs& a)` serving its ops (switch on
+//      a.op). Across nodes the dispatch has begun the op on the network; on
+//      one node the algorithm begins it on the ShmComm (OpDesc::make()).
+//      If a forced choice does not fit every group, also write
+//      `bool coll::<name>_applies(const Choice& c)` (else: applies_always).
+//   2. Add its row to algorithms.def. The Algo id, the name in logs and in
+//      RSDP_ALGO_<OP> (and that variable's error message) and the dispatch
+//      follow from the row.
+//   Only for it to be chosen without RSDP_ALGO_<OP>: the automatic policy
+//   in select.cpp.
 //
 // This header needs only core types, so that core/options.cpp (also built
 // alone by the C++ transport test) can read the names without the entry
@@ -124,8 +126,9 @@ struct Choice {
   size_t shm_half_bytes;
 };
 
-// The entry points the rows name (each algorithm's own file defines its
-// own; algorithm_entries.cpp those of the algorithms that predate it).
+// The entry points the rows name, defined in each algorithm's own file
+// (algorithm_entries.cpp: those of the shared-memory, hierarchical and flat
+// network algorithms).
 namespace coll {
 #define RSDP_ALGORITHM(id, name, where, ops, forceable, applies, run) \
   bool applies(const Choice& c);                                      \
