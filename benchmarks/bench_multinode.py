@@ -15,7 +15,7 @@ Sizes are the total tensor, as in nccl-tests: the allreduce tensor, the all-gath
 the reduce-scatter input. For every point: the median time of --iters timed iterations
 (each after a barrier on a side gloo group; an iteration's time is the slowest rank's);
 "link bytes", what the algorithm must send across a node's link in each direction
-(tests/traffic_theory.py; gloo is charged with the flat ring's bytes, the least a flat
+(tests/support/traffic_theory.py; gloo is charged with the flat ring's bytes, the least a flat
 algorithm sends); "link efficiency" = link bytes / time / link rate; and the speed-up over
 gloo (gloo time / time). Each point's result is checked once (exact small integers).
 
@@ -54,12 +54,12 @@ import traceback
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # harness (launcher), traffic_theory
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # support.harness (launcher), support.traffic_theory
 sys.path.insert(0, HERE)
 sys.path.append(ROOT)  # an uninstalled checkout: torch_rsdp from the source tree
 
 import bench_report  # noqa: E402  (fmt_bytes, md_table; no torch)
-from traffic_theory import inter_node_bytes_per_node  # noqa: E402
+from support.traffic_theory import inter_node_bytes_per_node  # noqa: E402
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 VARIANTS = {
@@ -94,7 +94,7 @@ def wire_fraction(variant: str, op: str) -> float:
 
 def tolerance(variant: str, op: str) -> float:
     """Largest error allowed, relative to the largest expected magnitude: half a step per
-    quantisation (tests/test_compression.py checks the exact bounds)."""
+    quantisation (tests/multinode/test_compression.py checks the exact bounds)."""
     comp = COMPRESSION.get(variant)
     if comp is None:
         return 0.0
@@ -265,7 +265,7 @@ def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads):
 
 def run_variant(variant, args, node_of, nodes) -> tuple[list[dict], str, str | None]:
     """(rows, mode, error) of one variant: one launch of every rank."""
-    from harness import LaunchError, launch
+    from support.harness import LaunchError, launch
 
     backend, algo = VARIANTS[variant]
     env = {"OMP_NUM_THREADS": str(args.threads)}

@@ -210,7 +210,7 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
 
 # ------------------------------------------------------------------------------ launcher side
 def run(setting, args, nodes, rate_Bps):
-    from harness import LaunchError, launch
+    from support.harness import LaunchError, launch
     node_of = SETTINGS[setting]
     try:
         res = launch(bench_worker, len(node_of),

@@ -15,7 +15,8 @@ A Hugging Face ``LlamaForCausalLM`` built from a config, in two settings:
 In one launch per (setting, world size) every variant is built in the same processes from the
 same initial weights and trained with AdamW on the same batches: ``rsdp`` (``rsdp.shard``:
 every layer rotates on its own), ``rsdp-units`` (``tp_plan="auto"``: attention and MLP rotate
-as units), ``fsdp2`` (``fully_shard`` per decoder layer and on the root, over the rsdp
+as units), ``rsdp-units-keep`` (``unit_recompute=False``), ``rsdp-pershard`` (``rsdp`` with
+layers smaller than their activations computed shard by shard too), ``fsdp2`` (``fully_shard`` per decoder layer and on the root, over the rsdp
 backend). The variants take turns step by step, each round starting with the next one, so a
 slow spell of the shared machine touches each alike. A step is forward, backward and the
 optimizer step after a barrier; its time is the slowest rank's.
@@ -30,8 +31,8 @@ parameters, gradients with optimizer state, and the rest (activations, gathered 
 weights, temporaries), with its ratio to FSDP2. The final
 losses of all variants are printed too: they must agree (same math, other summation order).
 
-``--quick`` (the CI guard, ``tests/test_perf_guard.py``): the ``act`` setting at 2 ranks,
-``rsdp`` and ``fsdp2``, 6 timed steps, no memory step, plus an all-reduce of 4 MiB over rsdp
+``--quick`` (the CI guard, ``tests/integrations/test_perf_guard.py``): the ``act`` setting at 2
+ranks, ``rsdp`` and ``fsdp2``, 6 timed steps, no memory step, plus an all-reduce of 4 MiB over rsdp
 and gloo in the same processes; the JSON then also holds ``allreduce_speedup`` (gloo time /
 rsdp time).
 
@@ -57,7 +58,10 @@ SETTINGS = {
     "weights": dict(vocab=32000, hidden=256, ffn=512, layers=4, heads=8, kv=4, seq=32, batch=1),
 }
 VARIANTS = {"rsdp": dict(), "rsdp-units": dict(tp_plan="auto"),
-            "rsdp-units-keep": dict(tp_plan="auto", unit_recompute=False), "fsdp2": None}
+            "rsdp-units-keep": dict(tp_plan="auto", unit_recompute=False), "fsdp2": None,
+            "rsdp-pershard": dict()}
+#: variants that compute every layer shard by shard ([Note: whole small layers] off)
+PER_SHARD = {"rsdp-pershard"}
 MEM_CATS = ("params", "grads+optim", "rest")
 
 _BUSY = "import time\nt = time.time() + {secs}\nx = 0\nwhile time.time() < t:\n    x += 1\n"
@@ -94,6 +98,7 @@ def _worker(rank, world, port, cfg, variants, a, out_path):
     import torch.distributed as dist
     tm.tune_for_oversubscription(world)
     import torch_rsdp  # noqa: F401  (registers "rsdp")
+    from torch_rsdp.rsdp import sharded_linear
     torch.set_num_threads(a.threads or tm.default_threads(world))
     dist.init_process_group("rsdp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -106,6 +111,7 @@ def _worker(rank, world, port, cfg, variants, a, out_path):
         return torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
 
     def step(v, i):
+        sharded_linear.WHOLE_SMALL = v not in PER_SHARD
         ids = batch(i)
         loss = models[v](input_ids=ids, labels=ids).loss
         loss.backward()

@@ -11,6 +11,6 @@ $PY -c "import torch, sys; sys.exit(0 if torch.version.cuda else 'torch has no C
 export RSDP_WITH_CUDA=1 PYTHONUNBUFFERED=1
 MAX_JOBS=${MAX_JOBS:-8} bash scripts/setup.sh
 $PY -c "import torch_rsdp; print(torch_rsdp.build_info()); assert torch_rsdp.cuda_available()"
-$PY -m pytest -q -x tests/test_cuda_sources.py tests/test_cuda_unavailable.py tests/test_cuda.py
+$PY -m pytest -q -x tests/cuda/test_cuda_sources.py tests/cuda/test_cuda_unavailable.py tests/cuda/test_cuda.py
 $PY benchmarks/bench_collectives.py --device cuda --world-size "${RSDP_BENCH_RANKS:-2}" --no-plot
 $PY benchmarks/bench_rsdp_training.py --device cuda --single-gpu --world-size 2 --small

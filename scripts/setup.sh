@@ -54,7 +54,10 @@ import importlib.util, shutil, sys
 mods = {"pytest": "pytest", "numpy": "numpy", "matplotlib": "matplotlib", "ninja": "ninja",
         "transformers": "transformers", "hypothesis": "hypothesis",
         # torch_rsdp.torchft and its tests (torchft's test module imports parameterized)
-        "torchft": "torchft==0.2.0", "parameterized": "parameterized"}
+        "torchft": "torchft==0.2.0", "parameterized": "parameterized",
+        # the stock trainers over sharded models (tests/integrations/test_trainers.py); accelerate is
+        # the Hugging Face Trainer's
+        "accelerate": "accelerate", "lightning": "lightning==2.6.6"}
 if shutil.which("mpicc"):
     mods["mpi4py"] = "mpi4py"
 elif importlib.util.find_spec("mpi4py") is None:

@@ -1,6 +1,10 @@
 """Shared pytest setup for the torch_rsdp test-suite.
 
-- tests/ is importable (harness.py, values.py) in spawned workers too (spawn copies sys.path).
+- tests/ is on sys.path, in spawned workers too (spawn copies sys.path): the helpers import as
+  ``support.<module>`` and the test modules as ``<area>.<module>`` (``backend.test_faults``),
+  the names under which the harness pickles their worker functions. tests/cuda/ has no
+  ``__init__.py`` (a package ``cuda`` would hide cuda-python's ``cuda.bindings``, which torch
+  imports): its modules import by their own names (``test_cuda``).
 - When torch_rsdp is not installed (pip install -e), fall back to the source tree so that an
   in-place build (python setup.py build_ext --inplace) is found from any working directory.
 - The backend under test is chosen with RSDP_TEST_BACKEND (default "rsdp"; "gloo" validates
@@ -25,7 +29,7 @@ if importlib.util.find_spec("torch_rsdp") is None and ROOT not in sys.path:
 
 
 def pytest_report_header(config):
-    from harness import backend_under_test
+    from support.harness import backend_under_test
 
     return [f"torch_rsdp tests: backend under test = {backend_under_test()!r} "
             f"(set RSDP_TEST_BACKEND=gloo to validate the tests against gloo)"]

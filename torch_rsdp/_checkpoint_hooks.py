@@ -1,6 +1,6 @@
 """State dicts of sharded models: private copies, loads of any form, and layouts refused.
 
-Neutral ground (torch only): :func:`torch_rsdp.rsdp.shard` and :func:`torch_rsdp.plan.apply`
+Neutral ground (torch and :mod:`torch_rsdp._dtensor_params` only): :func:`torch_rsdp.rsdp.shard` and :func:`torch_rsdp.plan.apply`
 both install these hooks.
 
 Every sharded parameter is a ``DTensor`` (:mod:`torch_rsdp._dtensor_params`), so
@@ -20,9 +20,11 @@ Every sharded parameter is a ``DTensor`` (:mod:`torch_rsdp._dtensor_params`), so
 * ``shard_optim``'s optimizers mark their parameter groups "per_owner" and a full state dict
   missing an owner's state refuses to load (:func:`_check_owned`).
 
-Optimizers are hooked the first time they step (a global step hook: ``set_state_dict`` and
+Optimizers are hooked the first time they step (a global step pre-hook: ``set_state_dict`` and
 ``get_state_dict`` step an optimizer with no state once, with zero gradients and learning
-rate, before they touch its state), or by ``make_optimizer`` at once.
+rate, before they touch its state), or by ``make_optimizer`` at once. State loaded into an
+optimizer before its first step (a trainer resuming from a checkpoint) is taken then, as the
+load hook would have taken it (:func:`_adopt_early_state`).
 
 [Note: copies]
 Every value of the model's and the optimizer's state dicts is a copy of this rank's tensor
@@ -45,7 +47,7 @@ from typing import Callable, Dict, Optional
 import torch
 import torch.nn as nn
 from torch.distributed.tensor import DTensor
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ._dtensor_params import like_param
 
@@ -248,9 +250,25 @@ def hook_optimizer(opt: torch.optim.Optimizer) -> None:
     opt.register_load_state_dict_pre_hook(pre)
 
 
+def _adopt_early_state(opt: torch.optim.Optimizer) -> None:
+    """State loaded before the hooks existed (a trainer resuming loads a checkpoint's optimizer
+    state into the fresh optimizer before its first step): each parameter's state as the load
+    hook would have taken it, so a DTensor parameter's moments are DTensors of its placements,
+    this rank's part of the whole tensors a full optimizer state dict holds."""
+    index = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
+    for p, st in opt.state.items():
+        if not isinstance(p, DTensor) and refusal_of(p) is None:
+            continue
+        for name, v in list(st.items()):
+            if isinstance(v, torch.Tensor) and v.dim() and not isinstance(v, DTensor):
+                st[name] = _take(p, index.get(id(p)), name, v)
+
+
 def _on_any_step(opt, args, kwargs) -> None:
     if not getattr(opt, "_rsdp_checkpoint_hooks", False):
         hook_optimizer(opt)
+        if opt.state:
+            _adopt_early_state(opt)
 
 
-register_optimizer_step_post_hook(_on_any_step)
+register_optimizer_step_pre_hook(_on_any_step)

@@ -124,6 +124,9 @@ def like_param(p: torch.Tensor, value, what: str):
         raise ValueError(f"torch_rsdp rank {dist.get_rank()}: {what} has shape "
                          f"{tuple(value.shape)}; the model holds it as {tuple(p.shape)} "
                          f"({tuple(mine.shape)} on this rank)")
+    if part.stride() != mine.stride():  # a chunk along a later dim is strided: optimizers'
+        # fused kernels take every state tensor laid out as its parameter (as zeros_like makes it)
+        part = torch.empty_like(mine, dtype=part.dtype).copy_(part)
     return DTensor.from_local(part, p.device_mesh, p.placements, run_check=False,
                               shape=p.shape, stride=p.stride())
 

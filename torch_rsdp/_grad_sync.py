@@ -62,6 +62,7 @@ from torch.profiler import record_function
 from torch.utils._pytree import tree_flatten
 
 from ._dtensor_params import local, local_grad, set_grad
+from .compression import FeedbackAllReduce
 
 __all__ = ["GradSync", "pack_buckets", "DEFAULT_BUCKET_BYTES"]
 
@@ -223,7 +224,6 @@ class GradSync:
             b.flags_work = dist.all_reduce(b.flat[n:], group=self.group, async_op=True)
             if feedback:
                 if b.feedback is None:
-                    from .compression import FeedbackAllReduce
                     b.feedback = FeedbackAllReduce(group)
                 b.work = b.feedback.start(b.flat[:n])
             else:

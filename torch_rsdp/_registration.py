@@ -3,13 +3,13 @@ from datetime import timedelta
 
 import torch.distributed as dist
 
+from . import _C
+
 BACKEND_NAME = "rsdp"
 
 
 def _create_backend(dist_opts, backend_opts=None):
     """Factory called by torch.distributed for every process group on rsdp."""
-    from . import _C
-
     size = dist_opts.group_size
     global_ranks = list(dist_opts.global_ranks_in_group or range(size))
     timeout = dist_opts.timeout
@@ -30,8 +30,6 @@ def register() -> None:
     build with CUDA, CUDA tensors. Safe to call more than once."""
     if BACKEND_NAME in dist.Backend.backend_list:
         return
-    from . import _C
-
     # One backend object serves both devices (torch creates one when every
     # device maps to the same backend), dispatching on each op's tensors.
     devices = ["cpu", "cuda"] if _C.build_info()["cuda"] else ["cpu"]

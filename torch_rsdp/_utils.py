@@ -9,6 +9,7 @@ from typing import Dict, Optional, Tuple
 
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.utils import _sync_module_states
 
 __all__ = ["group_rank0", "is_conv1d", "swap_class", "broadcast_module_states",
            "all_gather_tensor", "reduce_scatter_tensor"]
@@ -62,5 +63,4 @@ def broadcast_module_states(model: nn.Module, group: Optional[dist.ProcessGroup]
     construction), in coalesced broadcasts of up to 250 MiB. Collective."""
     if dist.get_world_size(group) == 1:
         return
-    from torch.distributed.utils import _sync_module_states
     _sync_module_states(model, group or dist.group.WORLD, 250 << 20, group_rank0(group), set())

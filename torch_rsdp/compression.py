@@ -2,29 +2,12 @@
 
     torch_rsdp.set_compression(group, all_gather="int8", reduce_scatter="int8")
 
-After this call (on every rank of ``group``, at the same point of its work, like a
-collective) the group's hierarchical all-gather, reduce-scatter and all-reduce send what
-crosses nodes as symmetric block-quantised codes: one float32 scale per ``block`` elements
-(the block's largest finite magnitude / L) and one code per element (int8: L = 126; int4,
-for reductions only: L = 6, two per byte). Inside a node values stay full precision; every
-reduction is taken after dequantising, in float32, never over codes. NaN and ±Inf have codes
-of their own and arrive exactly.
-
-* all-gather: every rank ends with ``dequantize(quantize(x_r))`` for every rank's block,
-  its own included, so all ranks hold identical values (the inputs are not changed).
-* reduce-scatter: the node's partial sums go to the other nodes in one all-to-all,
-  quantised once each (not requantised hop by hop as a ring would); each rank adds its own
-  node's part exactly.
-* all-reduce: that reduce-scatter, then that all-gather among the nodes (int4 applies to the
-  reduction; the sums travel back as int8); small all-reduces (the leaders' path) stay exact.
-
-Exact, as without compression: single-node groups, nodes of unequal size, dtypes other than
-float32/bfloat16/float16, reductions other than SUM/AVG, and every other collective.
-Per element, ``|error| <= scale / 2`` for each quantisation a value went through.
-
-Error feedback (gradients): :func:`reduce_scatter_feedback` and, for FSDP2 modules,
-:class:`FeedbackReduceScatter` keep what quantisation lost and add it to the next step's
-values, so the error is delayed rather than lost.
+:func:`set_compression` makes a group's hierarchical all-gather, reduce-scatter and
+all-reduce (and RSDP's ring hops) send what crosses nodes as int8 or int4 codes, one float32
+scale per block; :func:`reduce_scatter_feedback`, :class:`FeedbackReduceScatter` (FSDP2) and
+:class:`FeedbackAllReduce` carry what quantisation lost into the next step. What is
+compressed, the format and its error bound, what stays exact, and what was measured:
+docs/multinode.md, "Compressed traffic between nodes".
 """
 from __future__ import annotations
 
@@ -34,9 +17,11 @@ import torch
 import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
+from . import _C
 from .ring import rsdp_backend
 
-__all__ = ["set_compression", "get_compression", "quantize_roundtrip", "LEVELS",
+__all__ = ["set_compression", "get_compression", "quantize_roundtrip", "quantize_seconds",
+           "LEVELS",
            "reduce_scatter_feedback", "residual_numel", "FeedbackReduceScatter",
            "FeedbackAllReduce"]
 
@@ -70,8 +55,14 @@ def quantize_roundtrip(x: torch.Tensor, bits: str = "int8", block: int = 512
                        ) -> Tuple[torch.Tensor, int]:
     """``dequantize(quantize(x))`` with the kernels the collectives use, and the bytes the
     quantised form takes (for tests and for choosing a block size)."""
-    from . import _C
     return _C._quantize_roundtrip(x.contiguous(), bits, int(block))
+
+
+def quantize_seconds(numel: int, bits: str = "int8", block: int = 512) -> Tuple[float, float]:
+    """Seconds this machine's kernels take to quantise and to dequantise ``numel`` float32
+    elements (one core; what the planner prices compression with)."""
+    q, d = _C._quant_speed(int(numel), bits, int(block))
+    return q, d
 
 
 def residual_numel(output_numel: int, group: Optional[dist.ProcessGroup] = None) -> int:

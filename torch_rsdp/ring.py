@@ -12,6 +12,8 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
+from . import _C
+
 __all__ = ["ring_shift", "ring_shift_reduce", "ring_neighbours", "rsdp_backend"]
 
 
@@ -22,8 +24,6 @@ def rsdp_backend(group: Optional[dist.ProcessGroup] = None, device: Optional[tor
     tensors (e.g. ``init_process_group("cpu:gloo,cuda:rsdp")``).
     """
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
-    from . import _C
-
     devices = [torch.device(device).type] if device is not None else ["cpu", "cuda"]
     found = []
     for dev in devices:

@@ -10,6 +10,10 @@ backend per configuration, so every collective torchft issues works, reduce-scat
     from torch_rsdp.torchft import ProcessGroupRSDP
     manager = torchft.Manager(pg=ProcessGroupRSDP(timeout=timedelta(seconds=10)), ...)
 
+``DistributedDataParallel`` is torchft's DDP wrapper with a comm hook that survives a failed
+all-reduce: torchft 0.2.0's hook asserts when a peer dies during the all-reduce (with its gloo
+group too), which crashes every surviving replica instead of skipping the step.
+
 torchft is optional: ``import torch_rsdp`` never needs it; importing this module without it
 raises ImportError saying how to install it.
 """
@@ -21,8 +25,9 @@ from typing import Optional
 import torch
 
 try:
+    from torchft.ddp import DistributedDataParallel as _FTDistributedDataParallel
     from torchft.process_group import ProcessGroupWrapper
-except ImportError as e:  # tests/test_torchft.py::test_torchft_is_optional
+except ImportError as e:  # tests/integrations/test_torchft.py::test_torchft_is_optional
     raise ImportError(
         "torch_rsdp.torchft needs torchft: pip install torchft (torchft==0.2.0 is tested)"
     ) from e
@@ -32,7 +37,7 @@ from torch.distributed import Store
 
 from . import _C
 
-__all__ = ["ProcessGroupRSDP"]
+__all__ = ["ProcessGroupRSDP", "DistributedDataParallel"]
 
 _BACKEND_TYPE = BaseProcessGroup.BackendType.CUSTOM
 
@@ -117,3 +122,31 @@ class ProcessGroupRSDP(ProcessGroupWrapper):
     def getBackendName(self) -> str:
         return "torchft-rsdp"
 
+
+
+class DistributedDataParallel(_FTDistributedDataParallel):
+    """``torchft.DistributedDataParallel`` whose comm hook tolerates a failed all-reduce.
+
+    torchft 0.2.0's hook waits for the Manager's all-reduce and returns its inner future; when
+    the all-reduce fails (a replica died during it), the Manager records the error and the
+    wait returns ``False``, but the inner future was never made and the hook's ``assert``
+    raises out of ``backward()`` in every surviving replica (with ProcessGroupGloo as with
+    ours). Here the bucket is handed back as it is instead: the Manager already knows, so
+    ``should_commit()`` returns ``False``, the optimizer does not step and the gradients are
+    zeroed with the next ``zero_grad()``. Buckets after the failure get the Manager's
+    completed no-op work, which this hook accepts too.
+    """
+
+    @staticmethod
+    def _comm_hook(state, bucket):
+        work = state.allreduce(bucket.buffer())
+        work.wait()
+        fut = work.get_future()
+        inner = getattr(fut, "_fut", None)
+        if inner is not None:
+            return inner
+        if not hasattr(fut, "_fut") and fut.done():  # the Manager's no-op work after an error
+            return fut
+        done = torch.futures.Future()
+        done.set_result(bucket.buffer())
+        return done

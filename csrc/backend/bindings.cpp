@@ -52,25 +52,25 @@ PYBIND11_MODULE(_C, m) {
            py::arg("sizes"), py::arg("starts"), py::arg("w_off"), py::arg("b_off"));
   m.def("_rsdp_linear_forward", &rsdp::linear_forward, py::arg("backend"), py::arg("geometry"),
         py::arg("x2"), py::arg("src"), py::arg("bufs"), py::arg("origins"),
-        py::call_guard<py::gil_scoped_release>());
+        py::arg("whole") = false, py::call_guard<py::gil_scoped_release>());
   m.def("_rsdp_linear_backward",
         [](rsdp::BackendRSDP& b, const rsdp::LinearGeometry& g, const at::Tensor& x2,
            const at::Tensor& dy2, const std::optional<at::Tensor>& src,
            const std::optional<at::Tensor>& wbuf, const std::optional<at::Tensor>& acc,
            const std::optional<at::Tensor>& local, const std::vector<int64_t>& origins,
-           bool need_x, bool whole_grad) -> std::optional<at::Tensor> {
+           bool need_x, bool whole) -> std::optional<at::Tensor> {
           at::Tensor gx = rsdp::linear_backward(b, g, x2, dy2, src.value_or(at::Tensor()),
                                                 wbuf.value_or(at::Tensor()),
                                                 acc.value_or(at::Tensor()),
                                                 local.value_or(at::Tensor()), origins, need_x,
-                                                whole_grad);
+                                                whole);
           if (!gx.defined()) return std::nullopt;
           return gx;
         },
         py::arg("backend"),
         py::arg("geometry"), py::arg("x2"), py::arg("dy2"), py::arg("src"), py::arg("wbuf"),
         py::arg("acc"), py::arg("local"), py::arg("origins"), py::arg("need_x"),
-        py::arg("whole_grad") = false, py::call_guard<py::gil_scoped_release>());
+        py::arg("whole") = false, py::call_guard<py::gil_scoped_release>());
 
   py::class_<rsdp::BackendRSDP, c10d::Backend, c10::intrusive_ptr<rsdp::BackendRSDP>>(
       m, "BackendRSDP")

@@ -1,5 +1,5 @@
 // Tunables read from RSDP_* environment variables once per process group.
-// Every variable is documented in the README's table.
+// Every variable is documented in docs/configuration.md.
 #pragma once
 
 #include <array>

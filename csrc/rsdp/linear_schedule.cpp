@@ -28,42 +28,72 @@ class Hop {
   c10::intrusive_ptr<c10d::Work> work_;
 };
 
-// Shard j's weight in `buf` as w_io [in_j, out] / [in, out_j].
-at::Tensor w_io(const LinearGeometry& g, const at::Tensor& buf, int64_t j) {
+// Shard j's weight in `buf` in its stored layout ([out_j, in] / [out, in_j]; transposed
+// [in, out_j] / [in_j, out]).
+at::Tensor stored(const LinearGeometry& g, const at::Tensor& buf, int64_t j) {
   const int64_t r = g.split_out ? g.fin : g.sizes[j];
   const int64_t c = g.split_out ? g.sizes[j] : g.fout;
   const int64_t off = buf.storage_offset() + g.w_off;
-  return g.transposed ? buf.as_strided({r, c}, {c, 1}, off) : buf.as_strided({r, c}, {1, r}, off);
+  return g.transposed ? buf.as_strided({r, c}, {c, 1}, off) : buf.as_strided({c, r}, {r, 1}, off);
+}
+
+// Shard j's weight in `buf` as w_io [in_j, out] / [in, out_j].
+at::Tensor w_io(const LinearGeometry& g, const at::Tensor& buf, int64_t j) {
+  return g.transposed ? stored(g, buf, j) : stored(g, buf, j).t();
 }
 
 // Writes xs^T d (w_io's gradient) into shard j's weight region of `buf`, in its stored layout.
 void grad_w(const LinearGeometry& g, const at::Tensor& buf, int64_t j, const at::Tensor& xs,
             const at::Tensor& d) {
-  const int64_t r = g.split_out ? g.fin : g.sizes[j];
-  const int64_t c = g.split_out ? g.sizes[j] : g.fout;
-  const int64_t off = buf.storage_offset() + g.w_off;
-  if (g.transposed) {
-    at::Tensor dst = buf.as_strided({r, c}, {c, 1}, off);
+  at::Tensor dst = stored(g, buf, j);
+  if (g.transposed)
     at::mm_out(dst, xs.t(), d);
-  } else {
-    at::Tensor dst = buf.as_strided({c, r}, {r, 1}, off);
+  else
     at::mm_out(dst, d.t(), xs);
-  }
 }
 
 at::Tensor bias(const LinearGeometry& g, const at::Tensor& buf, int64_t j) {
   return buf.as_strided({g.sizes[j]}, {1}, buf.storage_offset() + g.b_off);
 }
 
-}  // namespace
+// The dimension of the stored whole weight ([out, in], or [in, out] transposed) that the
+// split runs along.
+int64_t split_dim(const LinearGeometry& g) { return (g.split_out != g.transposed) ? 0 : 1; }
 
-at::Tensor linear_forward(BackendRSDP& b, const LinearGeometry& g, const at::Tensor& x2,
-                          const at::Tensor& src, const std::vector<at::Tensor>& bufs,
-                          const std::vector<int64_t>& origins) {
+// [Note: whole small layers]
+// A layer smaller than its activations (sharded_linear._whole: in * out <= tokens * (in + out))
+// costs more in per-shard matmuls than in arithmetic: each re-reads (and the matmul library
+// re-packs) the whole input or output gradient, and the per-shard products are small. There
+// the shards are copied into one whole weight as they pass and the layer computes with one
+// matmul: a temporary the size of the layer, no larger than the activations it already holds.
+// Layers larger than their activations (the case RSDP is for) never make one.
+class WholeWeight {
+ public:
+  WholeWeight(const LinearGeometry& g, const at::Tensor& like, bool with_bias) : g_(g) {
+    w_ = g.transposed ? at::empty({g.fin, g.fout}, like.options())
+                      : at::empty({g.fout, g.fin}, like.options());
+    if (with_bias && g.split_out && g.b_off >= 0) b_ = at::empty({g.fout}, like.options());
+  }
+  void place(int64_t j, const at::Tensor& buf) {
+    if (!g_.sizes[j]) return;
+    w_.narrow(split_dim(g_), g_.starts[j], g_.sizes[j]).copy_(stored(g_, buf, j));
+    if (b_.defined()) b_.narrow(0, g_.starts[j], g_.sizes[j]).copy_(bias(g_, buf, j));
+  }
+  // The whole weight as w_io [in, out].
+  at::Tensor io() const { return g_.transposed ? w_ : w_.t(); }
+  const at::Tensor& bias_or_undefined() const { return b_; }
+
+ private:
+  const LinearGeometry& g_;
+  at::Tensor w_, b_;
+};
+
+// The forward's rotation: visit(j, shard j's flat buffer) for every shard in hand, own first,
+// while the next hop (direction +1) is in flight.
+template <class Visit>
+void rotate(BackendRSDP& b, const at::Tensor& src, const std::vector<at::Tensor>& bufs,
+            const std::vector<int64_t>& origins, Visit&& visit) {
   const int64_t W = static_cast<int64_t>(origins.size());
-  const int64_t N = x2.size(0);
-  at::Tensor y = g.split_out ? at::empty({N, g.fout}, x2.options())
-                             : at::zeros({N, g.fout}, x2.options());
   at::Tensor cur = src;
   for (int64_t t = 0; t < W; ++t) {
     Hop hop;
@@ -72,23 +102,41 @@ at::Tensor linear_forward(BackendRSDP& b, const LinearGeometry& g, const at::Ten
       nxt = bufs[t % bufs.size()];
       hop.start(b, cur, nxt, 1, std::nullopt);
     }
-    const int64_t j = origins[t];
-    if (g.sizes[j]) {
-      if (g.split_out) {
-        at::Tensor cols = y.narrow(1, g.starts[j], g.sizes[j]);
-        if (g.b_off >= 0)
-          at::addmm_out(cols, bias(g, cur, j), x2, w_io(g, cur, j));
-        else
-          at::mm_out(cols, x2, w_io(g, cur, j));
-      } else {
-        y.addmm_(x2.narrow(1, g.starts[j], g.sizes[j]), w_io(g, cur, j));
-      }
-    }
+    visit(origins[t], cur);
     if (t < W - 1) {
       hop.wait();
       cur = nxt;
     }
   }
+}
+
+}  // namespace
+
+at::Tensor linear_forward(BackendRSDP& b, const LinearGeometry& g, const at::Tensor& x2,
+                          const at::Tensor& src, const std::vector<at::Tensor>& bufs,
+                          const std::vector<int64_t>& origins, bool whole) {
+  const int64_t N = x2.size(0);
+  if (whole) {
+    WholeWeight ww(g, src, true);
+    rotate(b, src, bufs, origins, [&](int64_t j, const at::Tensor& cur) { ww.place(j, cur); });
+    // split by input features the bias is replicated and added by the caller
+    const at::Tensor& bb = ww.bias_or_undefined();
+    return bb.defined() ? at::addmm(bb, x2, ww.io()) : at::mm(x2, ww.io());
+  }
+  at::Tensor y = g.split_out ? at::empty({N, g.fout}, x2.options())
+                             : at::zeros({N, g.fout}, x2.options());
+  rotate(b, src, bufs, origins, [&](int64_t j, const at::Tensor& cur) {
+    if (!g.sizes[j]) return;
+    if (g.split_out) {
+      at::Tensor cols = y.narrow(1, g.starts[j], g.sizes[j]);
+      if (g.b_off >= 0)
+        at::addmm_out(cols, bias(g, cur, j), x2, w_io(g, cur, j));
+      else
+        at::mm_out(cols, x2, w_io(g, cur, j));
+    } else {
+      y.addmm_(x2.narrow(1, g.starts[j], g.sizes[j]), w_io(g, cur, j));
+    }
+  });
   return y;
 }
 
@@ -96,20 +144,28 @@ at::Tensor linear_backward(BackendRSDP& b, const LinearGeometry& g, const at::Te
                            const at::Tensor& dy2, const at::Tensor& src,
                            const at::Tensor& wbuf, const at::Tensor& acc,
                            const at::Tensor& local, const std::vector<int64_t>& origins,
-                           bool need_x, bool whole_grad) {
+                           bool need_x, bool whole) {
   const int64_t W = static_cast<int64_t>(origins.size()) - 1;
   const bool need_w = acc.defined();
-  // With `whole_grad` this rank's contribution to every shard comes from one matmul, in the
-  // stored layout of the whole weight ([out, in], or [in, out] transposed), and each shard's
-  // part is copied out of it.
+  // [Note: whole small layers]: this rank's contribution to every shard comes from one matmul,
+  // in the stored layout of the whole weight, and each shard's part is copied out of it; the
+  // weights passing by are copied into one whole weight for one input-gradient matmul at the
+  // end. The first weight hop starts before the gradient matmul, to overlap it.
+  Hop pw, pg;
+  std::optional<WholeWeight> ww;
+  if (need_x && whole) {
+    ww.emplace(g, src, false);
+    ww->place(origins[0], src);
+    if (W > 1) pw.start(b, src, wbuf, -1, std::nullopt);
+  }
   at::Tensor G, Gb;
-  if (need_w && whole_grad) {
+  if (need_w && whole) {
     G = g.transposed ? at::mm(x2.t(), dy2) : at::mm(dy2.t(), x2);
     if (g.split_out && g.b_off >= 0) Gb = dy2.sum(0);
   }
   at::Tensor gx;
   bool gx_written = false;
-  if (need_x) gx = g.split_out ? at::empty_like(x2) : at::zeros_like(x2);
+  if (need_x && !ww) gx = g.split_out ? at::empty_like(x2) : at::zeros_like(x2);
 
   auto visit = [&](int64_t j, const at::Tensor& buf) {
     if (!g.sizes[j]) return;
@@ -128,16 +184,7 @@ at::Tensor linear_backward(BackendRSDP& b, const LinearGeometry& g, const at::Te
   auto contribute = [&](int64_t j, const at::Tensor& buf) {
     if (!g.sizes[j]) return;
     if (G.defined()) {
-      const int64_t r = g.split_out ? g.fin : g.sizes[j];
-      const int64_t c = g.split_out ? g.sizes[j] : g.fout;
-      const int64_t off = buf.storage_offset() + g.w_off;
-      // the dimension of the stored whole gradient that the split runs along
-      const int64_t dim = (g.split_out != g.transposed) ? 0 : 1;
-      at::Tensor part = G.narrow(dim, g.starts[j], g.sizes[j]);
-      if (g.transposed)
-        buf.as_strided({r, c}, {c, 1}, off).copy_(part);
-      else
-        buf.as_strided({c, r}, {r, 1}, off).copy_(part);
+      stored(g, buf, j).copy_(G.narrow(split_dim(g), g.starts[j], g.sizes[j]));
       if (Gb.defined()) bias(g, buf, j).copy_(Gb.narrow(0, g.starts[j], g.sizes[j]));
       return;
     }
@@ -156,10 +203,13 @@ at::Tensor linear_backward(BackendRSDP& b, const LinearGeometry& g, const at::Te
   // rotation.counter_rotate's schedule: the weight hop of step t overlaps the contribution
   // for the gradient hop, which overlaps the next step's visit.
   if (need_w) contribute(origins[1], acc);
-  Hop pw, pg;
   at::Tensor cur;
   for (int64_t t = 0; t < W; ++t) {
-    if (need_x) {
+    if (ww && t > 0) {
+      pw.wait();
+      ww->place(origins[t], wbuf);
+      if (t < W - 1) pw.start(b, wbuf, wbuf, -1, std::nullopt);
+    } else if (need_x && !ww) {
       if (t == 0) {
         cur = src;
       } else {
@@ -174,6 +224,10 @@ at::Tensor linear_backward(BackendRSDP& b, const LinearGeometry& g, const at::Te
       contribute(origins[t + 2], local);
       pg.start(b, acc, acc, -1, local);
     }
+  }
+  if (ww) {  // while the last gradient hop is in flight
+    gx = at::mm(dy2, ww->io().t());
+    gx_written = true;
   }
   pg.wait();
   pw.wait();

@@ -34,21 +34,23 @@ struct LinearGeometry {
 
 // y [N, out] = x2 [N, in] through every shard, own first (origins[t]: the group rank whose
 // shard is in hand after t hops of direction +1). `bufs`: one (W == 2) or two flat buffers
-// like `src` for the shards in flight.
+// like `src` for the shards in flight. `whole`: the shards are copied into one whole weight as
+// they pass and y comes from one matmul ([Note: whole small layers] in linear_schedule.cpp).
 at::Tensor linear_forward(BackendRSDP& b, const LinearGeometry& g, const at::Tensor& x2,
                           const at::Tensor& src, const std::vector<at::Tensor>& bufs,
-                          const std::vector<int64_t>& origins);
+                          const std::vector<int64_t>& origins, bool whole);
 
 // Backward with direction -1 (origins[t] for t = 0 .. W). With `need_x`: returns grad of x2
 // (weights counter-rotate from `src` through `wbuf`). With `acc` (zeroed, like `src`):
 // leaves in it the sum over ranks of this rank's shard's gradient (`local`: scratch).
-// `whole_grad`: this rank's gradient contribution to the whole weight in one matmul (a
-// temporary of the whole layer's size), each shard's part copied from it, instead of one
-// matmul per shard that reads all of x2 again.
+// `whole`: this rank's gradient contribution to the whole weight in one matmul, each shard's
+// part copied from it, and the input gradient from one matmul with the weights copied into
+// one whole weight as they pass, instead of a matmul per shard that reads x2 or dy2 again
+// ([Note: whole small layers]).
 at::Tensor linear_backward(BackendRSDP& b, const LinearGeometry& g, const at::Tensor& x2,
                            const at::Tensor& dy2, const at::Tensor& src,
                            const at::Tensor& wbuf, const at::Tensor& acc,
                            const at::Tensor& local, const std::vector<int64_t>& origins,
-                           bool need_x, bool whole_grad);
+                           bool need_x, bool whole);
 
 }  // namespace rsdp

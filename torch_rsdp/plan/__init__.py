@@ -32,18 +32,26 @@ traffic quantised (``"full_shard+int8"``; ``apply(..., compression=)`` for the w
 :func:`auto` chooses the strategies itself: the fastest plan whose predicted peak memory per
 rank fits a budget, from costs measured here (or for a :class:`Cluster` we do not have).
 
-Layout (what each part owns; imports point downwards only):
+Layout (what each part owns; imports point downwards only, ``tests/project/test_import_rules.py``
+checks it):
 
 * the user-facing names, here;
-* ``apply``, ``accumulate``, ``checkpoint``, ``optim``, ``report``: what a user calls on a
-  planned model; each loops over units and asks each unit's strategy handler;
-* ``planner/``: ``auto`` and its profile, cost model, search, ``Cluster`` and explanation;
+* ``planner/``: ``auto`` and its profile, cost model, search, ``Cluster`` and explanation
+  (it applies and trains candidate plans, so it builds on the layer below);
+* ``apply``, ``accumulate``, ``checkpoint``, ``checkpoint_reader``, ``clip``,
+  ``feedback_state``, ``optim``, ``report``, ``staging``: what a user calls on a planned
+  model; each loops over units and asks each unit's strategy handler;
 * ``strategies/``: one handler per strategy family, the only code that knows a strategy;
-* ``spec`` (plans as data), ``units`` (who owns which parameter), ``mesh``,
-  ``mixed_precision``: what the handlers build on.
+* ``spec`` (plans as data), ``registry`` (the strategy names and their handlers, against which
+  ``spec`` checks names), ``units`` (who owns which parameter), ``mesh``,
+  ``mixed_precision``, ``compression`` (settings), ``cost_terms`` (``UnitProfile``,
+  ``Links``, ``Cost``: what the handlers price and the planner reads): what the handlers
+  build on.
 
-May import ``torch_rsdp.rsdp`` through its public API only, and ``torch_rsdp._utils`` /
-``torch_rsdp._grad_sync``; nothing below imports this package.
+May import ``torch_rsdp.rsdp`` through its public API only, the backend's public modules
+(``torch_rsdp.compression``, ``topology``, ``ring``) and the neutral modules
+``torch_rsdp._utils``, ``_dtensor_params``, ``_grad_sync``, ``_checkpoint_hooks``; nothing
+below imports this package.
 """
 from .accumulate import no_sync, set_gradient_sync
 from .apply import PlanState, apply, plan_state
@@ -55,7 +63,8 @@ from .optim import OptimizerSharding, make_optimizer, optimizer_sharding
 from .planner import (AutoPlan, BudgetError, Cluster, auto, default_units, parse_budget,
                       plan_profile, predict)
 from .report import PlanReport, report
-from .spec import STRATEGIES, Plan, Strategy, parse_strategy, resolve
+from .spec import Plan, Strategy, parse_strategy, resolve
+from .strategies import STRATEGIES
 from .staging import CopyOnceStager
 
 __all__ = [

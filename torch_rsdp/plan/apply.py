@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import fully_shard
 
+from .._apply_guard import guard_apply
 from .._dtensor_params import refuse_ddp, replicate_params
 from .._grad_sync import DEFAULT_BUCKET_BYTES, GradSync
 from .._utils import broadcast_module_states
@@ -139,6 +140,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
                                    unit_of=unit_of, compressed=compressed)
     model._rsdp_plan = state
     refuse_ddp(model)
+    guard_apply(model)  # model.to() would swap the parameters away from their hooks
     for p in state.shard_optim_params:  # ZeRO-1 for whatever optimizer steps them (.optim)
         p._rsdp_zero1 = state
     _install_checkpoint_hooks(model, units)

@@ -14,17 +14,16 @@ unit's, nor anything else the user sends on the plan's group, are. Inside a node
 stays exact. Gradients keep **error feedback** (what quantising lost is added to the next
 step's): FSDP units through :class:`torch_rsdp.compression.FeedbackReduceScatter`, the
 replicated units' buckets through :class:`torch_rsdp.compression.FeedbackAllReduce`,
-``rotate`` units' ring hops through :class:`torch_rsdp.rsdp.ring_feedback.RingFeedback`. Not
+``rotate`` units' ring hops through :class:`torch_rsdp.rsdp.RingFeedback`. Not
 compressed: ``split:k`` (the slices' own collectives); ``hybrid_shard``'s cross-node
 all-reduce keeps no feedback (FSDP2 issues it itself, with no way to add a residual before
 it).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
-if TYPE_CHECKING:
-    from .spec import Strategy
+from .spec import Strategy
 
 __all__ = ["parse", "for_unit", "key", "WIRE_RATIO"]
 

@@ -28,6 +28,8 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from ..compression import FeedbackAllReduce
+from ..rsdp import rsdp_state
 from .apply import plan_state
 
 __all__ = ["feedback_state_dict", "set_feedback_state_dict"]
@@ -52,18 +54,14 @@ def _holders(model: nn.Module) -> Iterator[Tuple[str, object, Tuple[str, ...]]]:
             yield (u.name or "<root>"), u.feedback, ("residual",)
         if u.compression and u.strategy.kind == "rotate":
             # RingFeedback of each rotating layer, on the ranks whose sends leave the node
-            from ..rsdp import rsdp_state
             rs = rsdp_state(u.module)
             if rs.ring.quantises_sums(-1):
-                for name, m in sorted(rs.sharded.items()):
-                    if m._rsdp.feedback is not None:
-                        yield ".".join(x for x in (u.name, name) if x), m._rsdp.feedback, (
-                            "residual",)
+                for name, fb in sorted(rs.error_feedback().items()):
+                    yield ".".join(x for x in (u.name, name) if x), fb, ("residual",)
     if st.grad_sync is not None:
         for i, b in enumerate(st.grad_sync.buckets):
             if b.comp is not None and b.comp[1]:
                 if b.feedback is None:
-                    from ..compression import FeedbackAllReduce
                     b.feedback = FeedbackAllReduce(b.comp[0])
                 yield f"bucket{i}", b.feedback, ("residual", "owner_residual")
 

@@ -18,6 +18,10 @@ from typing import Dict, List, Optional
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
+from ..compression import set_compression
+from ..topology import topology
+from .compression import key
+
 __all__ = ["Meshes", "node_ranks"]
 
 
@@ -26,7 +30,6 @@ def node_ranks(group: Optional[dist.ProcessGroup]) -> List[List[int]]:
     from ``LOCAL_WORLD_SIZE``, as torchrun sets it)."""
     world = dist.get_world_size(group)
     try:
-        from ..topology import topology
         return [list(n) for n in topology(group)["nodes"]]
     except TypeError:  # not an rsdp group
         local = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
@@ -71,7 +74,6 @@ class Meshes:
         return c is not None and len(self.nodes()) > 1
 
     def _slot(self, c: dict) -> dict:
-        from .compression import key
         return self._compressed.setdefault(key(c), {})
 
     def group_for(self, c: Optional[dict] = None) -> dist.ProcessGroup:
@@ -81,7 +83,6 @@ class Meshes:
             return self.group
         slot = self._slot(c)
         if "group" not in slot:
-            from ..compression import set_compression
             ranks = [dist.get_global_rank(self.group, r)
                      for r in range(dist.get_world_size(self.group))]
             g = dist.new_group(ranks, use_local_synchronization=True)
@@ -145,7 +146,6 @@ class Meshes:
             shard_pg = dist.new_group(glob[mine], use_local_synchronization=True)
         rail_pg = dist.new_group([node[col] for node in glob], use_local_synchronization=True)
         if c is not None:
-            from ..compression import set_compression
             set_compression(rail_pg, reduce_scatter=c["grads"], all_reduce=c["grads"],
                             block=c["block"])
         return DeviceMesh.from_group([rail_pg, shard_pg], self.device_type, mesh=glob,

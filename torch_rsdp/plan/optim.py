@@ -27,6 +27,14 @@ on one process, so learning-rate schedulers, ``state_dict`` (the state of the pa
 rank steps) and ``torch.distributed.checkpoint`` (which keys optimizer state by parameter name
 and needs the same parameter groups on every rank) work as on any optimizer.
 
+[Note: a closure under ZeRO-1]
+``optimizer.step(closure)`` runs the closure (forward and backward) inside ``step``, after the
+step pre-hook that sets aside the gradients of other ranks' parameters: those parameters would
+then get gradients of the closure's backward alone, be stepped, and get state. So the pre-hook
+runs the closure itself first (with gradients enabled, as ``step`` would), sets the complete
+gradients aside, and hands ``step`` a closure returning that loss. (LBFGS, which evaluates its
+closure several times a step, is refused.)
+
 [Note: state of other ranks' parameters]
 ``state_dict()`` gives each parameter another rank steps an empty state, so that every rank
 presents every parameter, as ``set_state_dict`` requires of a parameter that needs a gradient;
@@ -165,6 +173,8 @@ class OptimizerSharding:
             self.owned[r].append(p)
         mine = {id(p) for p in self.owned[self.rank]}
         self.not_mine = [p for p in sharded if id(p) not in mine]
+        for p in self.not_mine:  # loaded before the first step (a full state dict): the owner's
+            opt.state.pop(p, None)
         self.sends = [self.buckets(self.owned[r]) for r in range(self.world)]  # per owner
         self._aside: List[Optional[torch.Tensor]] = []
         opt.register_step_pre_hook(self._before_step)
@@ -218,10 +228,24 @@ class OptimizerSharding:
         state_dict["state"] = state
         return state_dict
 
-    def _before_step(self, opt, args, kwargs) -> None:
+    def _before_step(self, opt, args, kwargs):
+        # torch passes step's own arguments, the optimizer first: (opt, closure?)
+        closure = kwargs.get("closure", args[1] if len(args) > 1 else None)
+        if closure is not None:
+            # step(closure) (Lightning, every closure-style loop) computes the gradients inside
+            # step, after this hook: run it here, so that the gradients set aside are complete,
+            # and hand step the loss it returned ([Note: a closure under ZeRO-1])
+            if isinstance(opt, torch.optim.LBFGS):
+                raise ValueError(
+                    f"torch_rsdp.plan: rank {self.rank}: shard_optim cannot shard LBFGS, which "
+                    f"re-evaluates its closure within one step; plan those units no_shard")
+            with torch.enable_grad():
+                loss = closure()
+            args, kwargs = args[:1], {**kwargs, "closure": lambda: loss}
         self._aside = [p.grad for p in self.not_mine]
         for p in self.not_mine:
             p.grad = None
+        return (args, kwargs) if closure is not None else None
 
     @torch.no_grad()
     def _after_step(self, opt, args, kwargs) -> None:

@@ -11,6 +11,10 @@ segment (``"model.layers.*"`` matches ``model.layers.3`` but not ``model.layers.
 the most specific wins: an exact name beats any pattern; among patterns, the one with more
 literal characters (``"model.layers.1*"`` beats ``"model.layers.*"``). Two patterns equally
 specific that name different strategies are an error, not a coin toss.
+
+Which strategy names exist is not this module's knowledge: :func:`parse_strategy` reads the
+syntax (``name``, ``name:k``, ``+int8``) and the registry of handlers (:mod:`.registry`, filled
+by :mod:`.strategies`) checks the name; ``Strategy.handler`` asks it for the handler.
 """
 from __future__ import annotations
 
@@ -23,14 +27,10 @@ from typing import Dict, Iterable, Mapping, Optional, Union
 
 import torch.nn as nn
 
-from .strategies import families, handler_for
+from . import registry
 
-__all__ = ["Strategy", "Plan", "STRATEGIES", "COMPRESSIONS", "parse_strategy", "resolve", "Resolution",
+__all__ = ["Strategy", "Plan", "COMPRESSIONS", "parse_strategy", "resolve", "Resolution",
            "block_patterns"]
-
-#: Every strategy name, with ``split:k`` standing for the whole family (from the registry of
-#: strategy handlers, :mod:`.strategies`).
-STRATEGIES = tuple(f"{kind}:k" if takes_k else kind for kind, takes_k in families().items())
 
 _WITH_K = re.compile(r"^(\w+):(-?\d+)$")
 
@@ -51,7 +51,7 @@ class Strategy:
     compress: str = ""
 
     def __str__(self) -> str:
-        base = f"{self.kind}:{self.k}" if self.handler.takes_k else self.kind
+        base = f"{self.kind}:{self.k}" if registry.takes_k(self.kind) else self.kind
         return f"{base}+{self.compress}" if self.compress else base
 
     @property
@@ -62,7 +62,7 @@ class Strategy:
     @property
     def handler(self):
         """The :class:`~torch_rsdp.plan.strategies.StrategyHandler` that implements it."""
-        return handler_for(self)
+        return registry.handler_for(self)
 
 
 def parse_strategy(name: Union[str, Strategy], where: str = "") -> Strategy:
@@ -85,25 +85,12 @@ def parse_strategy(name: Union[str, Strategy], where: str = "") -> Strategy:
             raise ValueError(f"torch_rsdp.plan: {name!r}{at}: unknown compression "
                              f"{compress!r}; '+int8' (weights and gradients int8 across "
                              f"nodes) or '+int4' (gradients int4)")
-        if not base.handler.compressible:
-            able = [k for k in families() if handler_for(Strategy(k, 1)).compressible]
-            raise ValueError(f"torch_rsdp.plan: {name!r}{at}: {base.kind} cannot compress "
-                             f"its traffic ({base.handler.exact_why}); compression applies "
-                             f"to {', '.join(able)}")
+        registry.check_compressible(base.kind, name, at)
         return Strategy(base.kind, base.k, compress)
-    takes_k = families()
-    if takes_k.get(s) is False:
-        return Strategy(s)
     m = _WITH_K.match(s)
-    if m and takes_k.get(m.group(1)):
-        k = int(m.group(2))
-        if k < 1:
-            raise ValueError(f"torch_rsdp.plan: {name!r}{at}: {m.group(1)}:k needs k >= 1 "
-                             f"slices")
-        return Strategy(m.group(1), k)
-    raise ValueError(f"torch_rsdp.plan: unknown strategy {name!r}{at}; expected one of "
-                     f"{', '.join(STRATEGIES)} (k a positive integer), optionally with "
-                     f"'+int8' or '+int4'")
+    kind, k = (m.group(1), int(m.group(2))) if m else (s, None)
+    registry.check_name(kind, k, name, at)  # the registry knows which names exist
+    return Strategy(kind, k or 0)
 
 
 class Plan:

@@ -7,12 +7,11 @@ one strategy shards or synchronises it.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch.nn as nn
 
-if TYPE_CHECKING:  # spec imports the strategy handlers, which import this module
-    from .spec import Resolution, Strategy
+from .spec import Resolution, Strategy
 
 __all__ = ["Unit", "build_units", "depth", "qualified_params", "units_by_key"]
 

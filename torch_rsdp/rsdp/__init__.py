@@ -16,12 +16,16 @@ packages use (:class:`RSDPState`: sharded and replicated parameters, gradient sy
 :class:`FullTensors` and :func:`local_shard_of` for state dicts; :func:`can_rotate`).
 Mixed precision is FSDP2's ``torch.distributed.fsdp.MixedPrecisionPolicy``.
 
-May import: torch, ``torch_rsdp.ring`` (the ring primitive), ``torch_rsdp._C`` (the backend
-and the layers' native ring schedules, csrc/rsdp), ``torch_rsdp._utils`` and
-``torch_rsdp._grad_sync``; never ``torch_rsdp.plan`` (which builds on this package).
+May import: torch, ``torch_rsdp.ring`` (the ring primitive), ``torch_rsdp.topology`` (the ring
+order is node-aware) and ``torch_rsdp.compression`` (whether ring hops between nodes are
+quantised, so gradients need error feedback), ``torch_rsdp._C`` (the backend and the layers'
+native ring schedules, csrc/rsdp), and the neutral modules ``torch_rsdp._utils``,
+``_dtensor_params``, ``_grad_sync`` and ``_checkpoint_hooks``; never ``torch_rsdp.plan``
+(which builds on this package, through the names in ``__all__`` only).
 """
 from .api import RSDPState, rsdp_state, shard
 from .coverage import LeftWhole, can_rotate
+from .flat_shard import chunk_sizes, chunk_starts
 from .memory import MemoryTracker
 from .state_dict import (FullTensors, full_state_dict, load_full_state_dict, local_shard_of,
                          shard_dim, sharded_owner)
@@ -58,4 +62,6 @@ __all__ = [
     "shard_dim",
     "sharded_owner",
     "RingFeedback",
+    "chunk_sizes",
+    "chunk_starts",
 ]

@@ -41,11 +41,14 @@ import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .. import _checkpoint_hooks
+from .._apply_guard import guard_apply
 from .._dtensor_params import local, mesh_of_group, refuse_ddp, replicate_params
 from .._grad_sync import GradSync
 from .._utils import broadcast_module_states
 from . import coverage
 from .coverage import FILTERED, NOT_DECOMPOSABLE, TOO_SMALL, LeftWhole, classify
+from .ring_feedback import RingFeedback
+from .state_dict import shard_dim
 from .ring_order import Ring
 from .rotation_unit import shard_unit, unit_problem
 from .sharded_attention import shard_attention
@@ -93,6 +96,21 @@ class RSDPState:
         gradients always travel home with the rotation, which backward does anyway."""
         if self._grad_sync is not None:
             self._grad_sync.enabled = enabled
+
+    def error_feedback(self) -> Dict[str, RingFeedback]:
+        """Qualified name -> the error feedback (:class:`RingFeedback`) of each sharded module
+        that keeps one: what its gradients' quantised ring hops between nodes lost."""
+        return {n: m._rsdp.feedback for n, m in self.sharded.items()
+                if m._rsdp.feedback is not None}
+
+    def set_error_feedback(self, enabled: bool) -> None:
+        """Keeps (the default) or drops every sharded module's error feedback of the
+        gradients' quantised ring hops between nodes."""
+        for m in self.sharded.values():
+            if not enabled:
+                m._rsdp.feedback = None
+            elif m._rsdp.feedback is None:
+                m._rsdp.feedback = RingFeedback()
 
     def resident_numel(self) -> int:
         """Parameter elements this rank holds (its shards plus every whole parameter)."""
@@ -248,6 +266,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
                         reduce_dtype=mp_policy.reduce_dtype if mp_policy else None)
     model._rsdp_root = RSDPState(ring, sharded, replicated, sync, whole, full_numel, model)
     refuse_ddp(model)
+    guard_apply(model)  # model.to() would swap the parameters away from their hooks
     if checkpoint_hooks:
         _install_checkpoint_hooks(model)
     return model
@@ -256,7 +275,6 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
 def _install_checkpoint_hooks(model: nn.Module) -> None:
     """State-dict hooks (:mod:`torch_rsdp._checkpoint_hooks`): copies, loads of any form, and
     a clear error for a shard a checkpoint cannot describe (:func:`.state_dict.shard_dim`)."""
-    from .state_dict import shard_dim
 
     def refusal(key):
         try:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch.profiler import record_function
 
+from ..compression import get_compression
 from ..ring import ring_neighbours, ring_shift, rsdp_backend
 from ..topology import topology
 
@@ -108,7 +109,6 @@ class Ring:
         every rank)."""
         if self.world == 1:
             return False
-        from ..compression import get_compression
         return get_compression(self.group).get("ring_shift_reduce", "none") != "none"
 
     def quantises_sums(self, direction: int) -> bool:

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from .. import _C
 from .flat_shard import chunk_sizes, chunk_starts
 from .memory import alloc_buffer, release_buffers
 from .rotation import counter_rotate, rotate
@@ -70,7 +71,6 @@ def _native(st: ShardState, src: torch.Tensor, grad_dtype=None):
     if not (NATIVE and st.ring.one_node and src.device.type == "cpu"
             and (grad_dtype is None or grad_dtype == src.dtype)):
         return None
-    from .. import _C
     return _C
 
 
@@ -89,15 +89,36 @@ def _native_geometry(C, mod):
     return geo
 
 
-def _whole_grad(tokens: int, fin: int, fout: int) -> bool:
-    """[Note: whole gradients of small layers]
-    A weight gradient computed shard by shard reads all of the layer's input once per shard
-    (and the matmul library packs it again each time): for a layer smaller than its
-    activations that costs more than the arithmetic. There the backward computes this rank's
-    contribution to the whole weight's gradient in one matmul and sends each shard its part: a
-    temporary as large as the layer, no larger than the input and output it already holds.
-    Layers larger than their activations (the case RSDP is for) never make one."""
-    return fin * fout <= tokens * (fin + fout)
+#: Small layers compute whole in the native schedules (``_whole``); ``False`` keeps every
+#: layer shard by shard.
+WHOLE_SMALL = True
+
+
+def _whole(world: int, tokens: int, fin: int, fout: int) -> bool:
+    """[Note: whole small layers] (csrc/rsdp/linear_schedule.cpp)
+    A product computed shard by shard reads all of the layer's input (forward, weight
+    gradient) or output gradient (input gradient) once per shard, and the matmul library packs
+    it again each time: for a layer smaller than its activations that costs more than the
+    arithmetic. There the native schedules copy the passing shards into one whole weight and
+    compute the output and the input gradient in one matmul each, and this rank's contribution
+    to the whole weight's gradient in one matmul whose parts ride home: temporaries as large as
+    the layer, no larger than the input and output it already holds. Layers larger than their
+    activations (the case RSDP is for) never make one, so no large layer is ever whole.
+    With two shards the split costs about what the copies do (``bench_rsdp_fsdp2.py``, variant
+    ``rsdp-pershard``: 0.95-0.99x FSDP2 whole against 0.97-1.02x shard by shard at 2 ranks,
+    0.89-0.98x against 0.85-0.95x at 4), so two ranks keep every layer shard by shard."""
+    return WHOLE_SMALL and world > 2 and fin * fout <= tokens * (fin + fout)
+
+
+def _grads(ctx, st: ShardState, acc, gx, dy, fin: int):
+    """backward's return: the weight / bias gradients from the accumulator ``acc`` (None where
+    not needed), the input gradient in the input's shape and dtype."""
+    grads = st.grads_from(acc) if acc is not None else {}
+    gw = grads.get("weight") if ctx.needs_input_grad[1] else None
+    gb = grads.get("bias") if ctx.needs_input_grad[2] else None
+    if gx is not None:
+        gx = gx.view(*dy.shape[:-1], fin).to(ctx.x_dtype)
+    return gx, gw, gb, None
 
 
 class _LinearFn(torch.autograd.Function):
@@ -118,9 +139,10 @@ class _LinearFn(torch.autograd.Function):
         C = _native(st, src)
         if C is not None:
             W = ring.world
+            whole = _whole(W, x2.shape[0], fin, fout)
             bufs = [alloc_buffer(src.numel(), src.dtype, src.device) for _ in range(min(2, W - 1))]
             y = C._rsdp_linear_forward(ring.backend(src), _native_geometry(C, mod), x2, src, bufs,
-                                       ring.origin_lists[1][:W])
+                                       ring.origin_lists[1][:W], whole)
             release_buffers(*bufs)
             ring.hops += W - 1
             st.release(src)
@@ -184,18 +206,12 @@ class _LinearFn(torch.autograd.Function):
             gx = C._rsdp_linear_backward(ring.backend(src), _native_geometry(C, mod), x2, dy2,
                                          src if need_x else None, wbuf, acc, local,
                                          ring.origin_lists[-1], need_x,
-                                         _whole_grad(x2.shape[0], fin, fout))
+                                         _whole(W, x2.shape[0], fin, fout))
             release_buffers(wbuf, local)
             ring.hops += (W - 1) * (int(need_x) + int(need_w))
             st.release(src)
             del src, wbuf, local
-            grads = st.grads_from(acc) if acc is not None else {}
-            del acc
-            gw = grads.get("weight") if ctx.needs_input_grad[1] else None
-            gb = grads.get("bias") if ctx.needs_input_grad[2] else None
-            if gx is not None:
-                gx = gx.view(*dy.shape[:-1], fin).to(ctx.x_dtype)
-            return gx, gw, gb, None
+            return _grads(ctx, st, acc, gx, dy, fin)
         gx = torch.zeros_like(x2) if need_x else None
         has_bias = "bias" in lay.shapes
         n_split = fout if split == "out" else fin
@@ -238,13 +254,7 @@ class _LinearFn(torch.autograd.Function):
                              feedback=st.feedback)
         st.release(src)
         del src
-        grads = st.grads_from(acc) if acc is not None else {}
-        del acc
-        gw = grads.get("weight") if ctx.needs_input_grad[1] else None
-        gb = grads.get("bias") if ctx.needs_input_grad[2] else None
-        if gx is not None:
-            gx = gx.view(*dy.shape[:-1], fin).to(ctx.x_dtype)
-        return gx, gw, gb, None
+        return _grads(ctx, st, acc, gx, dy, fin)
 
 
 @torch.compiler.disable  # [Note: ring steps under torch.compile] in .ring_order

@@ -5,9 +5,13 @@ priced by its strategy's handler), :mod:`.search` (the exact knapsack over units
 :mod:`.cluster` (links of a cluster we do not have), :mod:`.explain` (the table) and
 :mod:`.auto` (the entry points ``auto``, ``predict``, ``plan_profile``).
 
-May import: ``torch_rsdp.plan``'s strategy layer (``spec``, ``units``, ``strategies``,
-``mesh``, ``apply`` to time a unit under a strategy), ``torch_rsdp.rsdp``'s public API and
-``torch_rsdp._utils``. Nothing outside this package imports its private names.
+May import: the rest of ``torch_rsdp.plan`` below its ``__init__``: the strategy layer
+(``spec``, ``registry``, ``units``, ``mesh``, ``compression``, ``cost_terms``, ``strategies``
+through its ``__all__``) and what a user calls (``apply`` to time a unit or a plan under a
+strategy, ``accumulate`` and ``feedback_state`` to train and measure candidates);
+``torch_rsdp.rsdp``'s public API, the backend's public modules and the neutral modules
+(``torch_rsdp._utils``, ``_grad_sync``...). Nothing outside this package imports its private
+names; ``torch_rsdp.plan`` imports the names of ``__all__``.
 """
 from .auto import AutoPlan, auto, default_units, parse_budget, plan_profile, predict
 from .cluster import Cluster

@@ -22,14 +22,15 @@ import torch.nn as nn
 
 from ..._utils import group_rank0
 from ...rsdp import can_rotate
+from ..cost_terms import Links, UnitProfile
 from ..mesh import Meshes
 from ..spec import Plan, block_patterns, parse_strategy, resolve
-from ..strategies.split_linear import is_splittable
+from ..strategies import is_splittable
 from ..units import build_units
 from .cluster import Cluster
-from .cost import DEFAULT_STRATEGIES, Links, applicable, unit_choices, with_compression
+from .cost import DEFAULT_STRATEGIES, applicable, unit_choices, with_compression
 from .explain import Prediction, UnitPrediction, explain
-from .profile import OPTIMIZER_STATE_FACTOR, UnitProfile, profile_model
+from .profile import OPTIMIZER_STATE_FACTOR, profile_model
 from .search import (BudgetError, Solution, peak_bytes, runner_up,
                      smallest_feasible_budget, solve, total_time, walk_peak)
 from .verify import PlanCheck, measure_plans

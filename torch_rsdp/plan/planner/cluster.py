@@ -30,8 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Dict, Optional
 
-from .cost import Links
-from .profile import Fit
+from ..cost_terms import Fit, Links
 
 __all__ = ["Cluster"]
 

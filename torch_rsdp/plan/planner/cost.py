@@ -69,14 +69,17 @@ a sharded unit, one more for a replicated one) count as resident memory.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import List
 
 from ..._grad_sync import DEFAULT_BUCKET_BYTES
+from ..compression import WIRE_RATIO, parse
+from ..cost_terms import Links, UnitProfile, kernel_s_per_byte
 from ..spec import Strategy, parse_strategy
-from .profile import OPTIMIZER_STATE_FACTOR, Fit, Profile, UnitProfile
+from .profile import OPTIMIZER_STATE_FACTOR
 from .search import Choice
 
+# Links and kernel_s_per_byte live in ..cost_terms (the handlers price with them too); they
+# stay importable from here.
 __all__ = ["Links", "unit_choices", "DEFAULT_STRATEGIES", "applicable", "compression_gain",
            "kernel_s_per_byte", "with_compression"]
 
@@ -87,56 +90,6 @@ DEFAULT_STRATEGIES = ("no_shard", "shard_optim", "full_shard", "shard_grad_op", 
                       "rotate", "split:2", "split:4")
 
 
-@dataclass
-class Links:
-    """The group's shape, the time of each collective kind at each level, and the
-    quantisation kernels' seconds per float32 byte (quantising, dequantising; measured on
-    this machine unless given)."""
-
-    world: int
-    nodes: int
-    fits: Dict[str, Fit]
-    quantize_s_per_byte: Optional[float] = None
-    dequantize_s_per_byte: Optional[float] = None
-
-    def kernels(self) -> Tuple[float, float]:
-        if self.quantize_s_per_byte is None or self.dequantize_s_per_byte is None:
-            q, d = kernel_s_per_byte()
-            self.quantize_s_per_byte = self.quantize_s_per_byte or q
-            self.dequantize_s_per_byte = self.dequantize_s_per_byte or d
-        return self.quantize_s_per_byte, self.dequantize_s_per_byte
-
-    @property
-    def local(self) -> int:
-        return self.world // self.nodes
-
-    def t(self, kind: str, nbytes: float, level: str = "group") -> float:
-        if nbytes <= 0:
-            return 0.0
-        fit = self.fits.get(f"{kind}@{level}")
-        if fit is None:
-            return 0.0  # a level this group does not have (one node: no rail)
-        return fit.time(nbytes)
-
-    @classmethod
-    def measured(cls, prof: Profile) -> "Links":
-        return cls(prof.world, len(prof.nodes), prof.fits)
-
-
-_KERNELS: List[Tuple[float, float]] = []
-
-
-def kernel_s_per_byte() -> Tuple[float, float]:
-    """Seconds per float32 byte of this machine's int8 quantise and dequantise kernels (one
-    core, 16 MiB; measured once per process)."""
-    if not _KERNELS:
-        from ... import _C
-        n = 1 << 22
-        q, d = _C._quant_speed(n, "int8", 512)
-        _KERNELS.append((q / (4 * n), d / (4 * n)))
-    return _KERNELS[0]
-
-
 def compression_gain(strategy: Strategy, u: UnitProfile, links: Links) -> float:
     """Seconds per step that ``strategy``'s compression (``full_shard+int8``) saves on ``u``
     against the exact strategy: each cross-node collective (:meth:`cross_node`) priced by
@@ -145,7 +98,6 @@ def compression_gain(strategy: Strategy, u: UnitProfile, links: Links) -> float:
     link saves (fast links)."""
     if not strategy.compress or links.nodes < 2:
         return 0.0
-    from ..compression import WIRE_RATIO, parse
     c = parse(strategy.compress)
     q, d = links.kernels()
     N, gain = links.nodes, 0.0

@@ -32,23 +32,31 @@ new key.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
 import os
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..._utils import all_gather_tensor, group_rank0, reduce_scatter_tensor
+from ...ring import ring_shift
+from ..apply import apply
+from ..cost_terms import Fit, UnitProfile
+from ..mesh import Meshes
 
+# UnitProfile and Fit live in ..cost_terms (the handlers price with them too); they stay
+# importable from here.
 __all__ = ["UnitProfile", "Fit", "Profile", "profile_model", "OPTIMIZER_STATE_FACTOR",
            "cache_dir"]
 
@@ -57,32 +65,6 @@ OPTIMIZER_STATE_FACTOR = {"adamw": 2.0, "adam": 2.0, "sgd_momentum": 1.0, "sgd":
                           "adagrad": 1.0, "rmsprop": 1.0}
 KINDS = ("all_gather", "reduce_scatter", "all_reduce", "broadcast", "ring_shift")
 SIZES = (16 << 10, 256 << 10, 2 << 20, 8 << 20)
-
-
-@dataclass
-class UnitProfile:
-    name: str
-    numel: int
-    param_bytes: int
-    linear_bytes: int        # weights split:k can slice
-    rotate_bytes: int        # parameters rotate can shard
-    fwd_s: float = 0.0
-    bwd_s: float = 0.0
-    act_bytes: int = 0
-    temp_bytes: int = 0
-    signature: str = ""
-    # forward + backward seconds of the unit with each strategy applied, communication
-    # included (measured here; absent for units that cannot run alone, e.g. the root)
-    strategy_s: Dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Fit:
-    latency_s: float
-    bytes_per_s: float
-
-    def time(self, nbytes: float) -> float:
-        return self.latency_s + nbytes / self.bytes_per_s if nbytes > 0 else 0.0
 
 
 @dataclass
@@ -143,7 +125,6 @@ class _LiveTracker(TorchDispatchMode):
         self.peak = 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.multiprocessing.reductions import StorageWeakRef
         out = func(*args, **(kwargs or {}))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor) and not t.is_meta:
@@ -229,9 +210,7 @@ def _time_strategies(mod: nn.Module, args, kwargs, strategies, group, reps: int,
     The optimizer step is left out, and priced per byte stepped (:func:`_optimizer_cost`):
     summed over units timed alone, each with every rank stepping at once right after a
     barrier, measured steps overestimated a whole training step by up to 1.7x here."""
-    import copy
 
-    from ..apply import apply
     times: Dict[str, List[float]] = {s: [] for s in strategies}
     per_round = max(1, -(-reps // rounds))
     for rd in range(rounds):
@@ -316,7 +295,6 @@ def _time_collective(kind: str, nbytes: int, group, reps: int = 3) -> float:
         elif kind == "broadcast":
             dist.broadcast(x, src=group_rank0(group), group=group)
         else:
-            from ...ring import ring_shift
             ring_shift(x, out=x, group=group)
         if i:
             times.append(time.perf_counter() - t0)
@@ -359,7 +337,6 @@ def profile_model(model: nn.Module, example_inputs, unit_params: Dict[str, Dict[
     """Measures (or loads) the profile. Collective. ``unit_params``: unit name -> byte counts
     {"numel", "param_bytes", "linear_bytes", "rotate_bytes"} of what the unit owns;
     ``strategies(unit_profile) -> [names]``: the strategies to time each unit with."""
-    from ..mesh import Meshes
     meshes = meshes or Meshes(group)
     world, nodes = dist.get_world_size(group), meshes.nodes()
     names = list(unit_params)

@@ -39,6 +39,9 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.utils._pytree import tree_flatten
 
+from ..accumulate import no_sync
+from ..apply import apply
+from ..feedback_state import feedback_state_dict
 from .profile import _as_args, _clone_inputs
 
 __all__ = ["PlanCheck", "measure_plans", "OPTIMIZERS"]
@@ -76,7 +79,6 @@ def _loss_of(out):
 
 
 def _step(model, args, kwargs, opt, accumulation: int) -> None:
-    from ..accumulate import no_sync
     for micro in range(accumulation):
         a, k = _clone_inputs(args, kwargs)
         with no_sync(model) if micro < accumulation - 1 else contextlib.nullcontext():
@@ -91,7 +93,6 @@ def _step(model, args, kwargs, opt, accumulation: int) -> None:
 
 def _time_one(model: nn.Module, plan, args, kwargs, group, optimizer: str, steps: int,
               accumulation: int, memory: bool) -> Tuple[List[float], int]:
-    from ..apply import apply
     cls, extra = OPTIMIZERS[optimizer]
     trial = apply(copy.deepcopy(model), plan, group=group, sync_module_states=False)
     # the user's own optimizer (what trainers build); the copy's values do not matter
@@ -105,8 +106,8 @@ def _time_one(model: nn.Module, plan, args, kwargs, group, optimizer: str, steps
             times.append(time.perf_counter() - t0)
     peak = 0
     if memory:
+        # torch's MemTracker takes seconds to import: only when a race measures memory
         from torch.distributed._tools.mem_tracker import MemTracker
-        from ..feedback_state import feedback_state_dict
         mt = MemTracker()
         # error-feedback residuals: held all along, made outside the tracked step
         mt.track_external(trial, opt, *feedback_state_dict(trial).values())

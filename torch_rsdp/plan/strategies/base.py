@@ -16,28 +16,30 @@ A *strategy* is data (:class:`~torch_rsdp.plan.spec.Strategy`: a name and, for `
 * reports what it holds (:meth:`StrategyHandler.report_row`).
 
 ``apply``, ``no_sync``, the full state dict, ``report`` and the planner's cost model loop over
-handlers; adding a strategy means adding one module that registers its handler here.
+handlers; adding a strategy means adding one module that registers its handler
+(:func:`register`, kept by :mod:`..registry`).
 """
 from __future__ import annotations
 
 import abc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Dict, List, Optional, Tuple
+from typing import ClassVar, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
+from ..compression import for_unit
+from ..cost_terms import Cost, Links, UnitProfile
+from ..mesh import Meshes
 from ..mixed_precision import cast_replicated
+from ..registry import families, handler_for, kinds, register
+from ..spec import Strategy
 from ..units import Unit
 
-if TYPE_CHECKING:
-    from ..mesh import Meshes
-    from ..planner.cost import Links
-    from ..planner.profile import UnitProfile
-    from ..spec import Strategy
-
+# Cost is defined in ..cost_terms (the planner reads it too); the registry is ..registry
+# (spec checks names against it); both stay importable from here.
 __all__ = ["StrategyHandler", "ApplyContext", "Cost", "cast_unit", "register", "handler_for",
            "kinds", "families"]
 
@@ -47,7 +49,7 @@ class ApplyContext:
     """What every handler may need while :func:`~torch_rsdp.plan.apply` runs."""
 
     group: Optional[dist.ProcessGroup]
-    meshes: "Meshes"
+    meshes: Meshes
     mp: Optional[MixedPrecisionPolicy]
     #: Parameters whose optimizer state ``make_optimizer`` shards (ZeRO-1); handlers add to it.
     optim_sharded: List[nn.Parameter]
@@ -58,26 +60,9 @@ class ApplyContext:
     def unit_compression(self, unit: Unit) -> Optional[dict]:
         """The unit's compression where it changes anything (its traffic crosses nodes),
         recorded on the unit; else None."""
-        from ..compression import for_unit
         c = for_unit(unit.strategy, self.compression)
         unit.compression = c if self.meshes.compresses(c) else None
         return unit.compression
-
-
-@dataclass
-class Cost:
-    """One strategy's cost for one unit, per rank (bytes; seconds). See :mod:`..planner.cost`
-    for the notation and where the coefficients come from."""
-
-    state: float            # parameters and optimizer state held all step
-    grads: float            # gradients, from the unit's backward to the optimizer step
-    live: float             # held from the unit's forward to its backward
-    transient: float        # only while the unit computes
-    comm_s: float           # communication, modelled from the links
-    stepped: float          # parameter bytes this rank's optimizer steps
-    after_step_comm_s: float = 0.0   # communication after the optimizer step (measured runs too)
-    step_bytes: float = 0.0          # what the optimizer step itself adds
-    accumulation_bytes: float = 0.0  # unsharded gradients kept between no_sync micro-batches
 
 
 class StrategyHandler(abc.ABC):
@@ -97,7 +82,7 @@ class StrategyHandler(abc.ABC):
     compressible: ClassVar[bool] = False
     exact_why: ClassVar[str] = "it sends nothing across nodes that a collective could compress"
 
-    def __init__(self, strategy: "Strategy"):
+    def __init__(self, strategy: Strategy):
         self.strategy = strategy
 
     # ------------------------------------------------------------------------------- apply
@@ -154,28 +139,28 @@ class StrategyHandler(abc.ABC):
         return None
 
     # ---------------------------------------------------------------------------- planner
-    def applicable(self, u: "UnitProfile", links: "Links") -> bool:
+    def applicable(self, u: UnitProfile, links: Links) -> bool:
         """Whether the planner may choose this strategy for the profiled unit ``u``."""
         return u.param_bytes > 0
 
     @abc.abstractmethod
-    def cost(self, u: "UnitProfile", links: "Links", f: float, bucket: int) -> Cost:
+    def cost(self, u: UnitProfile, links: Links, f: float, bucket: int) -> Cost:
         """Memory and communication per rank of ``u`` under this strategy (``f``: optimizer
         state per parameter byte; ``bucket``: the gradient bucket of replicated
         parameters)."""
 
-    def cross_node(self, u: "UnitProfile", links: "Links") -> List[Tuple[str, float, str]]:
+    def cross_node(self, u: UnitProfile, links: Links) -> List[Tuple[str, float, str]]:
         """What the strategy sends across nodes per step that compression could shrink:
         ``(collective kind, bytes as its rail's fit prices them, "weights" or "grads")``,
         for the planner's price of ``<kind>+int8`` (:func:`..planner.cost.compression_gain`).
         """
         return []
 
-    def feedback_bytes(self, u: "UnitProfile", links: "Links") -> float:
+    def feedback_bytes(self, u: UnitProfile, links: Links) -> float:
         """The error-feedback residuals one rank keeps for the unit under compression."""
         return 0.0
 
-    def fallback(self, links: "Links") -> str:
+    def fallback(self, links: Links) -> str:
         """What :func:`~torch_rsdp.plan.apply` gives a unit this strategy cannot serve."""
         return "no_shard"
 
@@ -195,35 +180,3 @@ def cast_unit(unit: Unit, params: List[nn.Parameter], mp: Optional[MixedPrecisio
     names = {n: p for n, p in unit.module.named_parameters(remove_duplicate=False)
              if id(p) in ids}
     cast_replicated(unit.module, names, mp)
-
-
-# --------------------------------------------------------------------------------- registry
-_HANDLERS: Dict[str, type] = {}
-_INSTANCES: Dict["Strategy", StrategyHandler] = {}
-
-
-def register(cls: type) -> type:
-    """Class decorator: makes ``cls`` the handler of strategy ``cls.kind``."""
-    if cls.kind in _HANDLERS:
-        raise ValueError(f"torch_rsdp.plan: strategy {cls.kind!r} is registered twice")
-    _HANDLERS[cls.kind] = cls
-    return cls
-
-
-def kinds() -> List[str]:
-    """Every registered strategy name (``split`` once, for the whole family)."""
-    return list(_HANDLERS)
-
-
-def families() -> Dict[str, bool]:
-    """Strategy name -> whether it takes ``:k``."""
-    return {k: c.takes_k for k, c in _HANDLERS.items()}
-
-
-def handler_for(strategy: "Strategy") -> StrategyHandler:
-    """The handler of ``strategy`` (one instance per strategy)."""
-    h = _INSTANCES.get(strategy)
-    if h is None:
-        h = _INSTANCES[strategy] = _HANDLERS[strategy.kind](strategy)
-    return h
-

@@ -16,6 +16,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
+from ...compression import FeedbackReduceScatter
 from ..units import Unit, qualified_params
 from .base import ApplyContext, Cost, StrategyHandler, register
 
@@ -46,7 +47,6 @@ class _FSDP(StrategyHandler):
         unit.module.set_allocate_memory_from_process_group_for_comm(True)
         if comp and comp["error_feedback"] and self.scatters_across_nodes:
             # Gradients cross nodes quantised: keep what that loses for the next step.
-            from ...compression import FeedbackReduceScatter
             unit.feedback = FeedbackReduceScatter()
             unit.module.set_custom_reduce_scatter(unit.feedback)
         # fully_shard replaced the parameters by DTensors: refresh the unit's view of them.

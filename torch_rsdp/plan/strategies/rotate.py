@@ -9,9 +9,9 @@ Compressed (``rotate+int8``): the unit rotates over the plan's compressed group
 (:meth:`..mesh.Meshes.group_for`), whose ring hops between nodes carry int8 weights and int8 /
 int4 gradient partial sums (:func:`torch_rsdp.set_compression`'s ``ring_shift`` /
 ``ring_shift_reduce``), with error feedback on the rank at each node boundary
-(:class:`torch_rsdp.rsdp.ring_feedback.RingFeedback`). Everything goes through ``rsdp``'s
-public state API (:class:`torch_rsdp.rsdp.RSDPState`,
-:class:`torch_rsdp.rsdp.FullTensors`, :func:`torch_rsdp.rsdp.local_shard_of`,
+(:class:`torch_rsdp.rsdp.RingFeedback`). Everything goes through ``rsdp``'s
+public state API (:class:`torch_rsdp.rsdp.RSDPState`, whose ``set_error_feedback`` drops that
+feedback when the plan asks for none, :class:`torch_rsdp.rsdp.FullTensors`, :func:`torch_rsdp.rsdp.local_shard_of`,
 :func:`torch_rsdp.rsdp.shard_dim`, :func:`torch_rsdp.rsdp.sharded_owner`).
 """
 from __future__ import annotations
@@ -46,8 +46,7 @@ class Rotate(StrategyHandler):
               sync_module_states=False, sync_replicated=False, checkpoint_hooks=False)
         st = rsdp_state(unit.module)
         if comp and not comp["error_feedback"]:
-            for m in st.sharded.values():
-                m._rsdp.feedback = None
+            st.set_error_feedback(False)
         sharded = {id(p) for p in st.sharded_parameters()}
         unit.params = {n: p for n, p in qualified_params(unit).items()
                        if id(p) in own or id(p) in sharded}

@@ -34,7 +34,7 @@ from torch.profiler import record_function
 
 from ..._utils import all_gather_tensor, is_conv1d, reduce_scatter_tensor, swap_class
 from ..._dtensor_params import Shard, dtensor_param, local, mesh_of_group, wrap_like
-from ...rsdp.flat_shard import chunk_sizes, chunk_starts
+from ...rsdp import chunk_sizes, chunk_starts
 
 __all__ = ["SplitState", "split_linear", "is_splittable", "is_split", "in_features",
            "SplitLinearMixin", "full_weight", "local_rows_of", "set_sync_grads",

@@ -1,0 +1,393 @@
+"""The backend across emulated nodes: topology, every collective under every algorithm,
+traffic counters against theory, a whole node dying, and cleanup of the emulation.
+
+Nodes are network namespaces on one bridge (torch_rsdp.testing.netns, needs root): ranks of
+one node share memory, nodes talk over veth links (UCX_TLS=tcp). Where namespaces cannot be
+created, the same tests run with every rank on the loopback and RSDP_NODE_ID=node<i> telling
+the nodes apart; a warning says so (the mode is also printed at the top of the module).
+
+Topologies: 2 nodes x 2 ranks, 3 x 1, and uneven 1 + 2 / 2 + 1 ranks (hierarchical
+algorithms fall back to flat ones there). One launch per (topology, algorithm setting) runs
+all selected families of collective_families.py, as test_collectives.py does:
+  auto  every family, full dtype x op x count matrix on 2x2, a reduced dtype set elsewhere;
+  hier  RSDP_ALGO_*=hier for every op that has it;
+  flat  ring / tree / flat;
+  rd    recursive doubling over all ranks for all_reduce (its families only);
+the forced settings run the families whose algorithm they change, with a reduced dtype and
+op set. The 2x2 hier/flat launches also compare torch_rsdp.comm_stats() with
+traffic_theory.py. Against gloo (RSDP_TEST_BACKEND=gloo) only the auto setting runs, without
+the rsdp-specific topology and traffic checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from support.collective_families import FAMILIES, MIN_WORLD
+from support.harness import (assert_family, backend_under_test, launch, launch_families,
+                     run_families)
+from torch_rsdp.testing import netns
+from support.traffic_theory import inter_node_bytes_per_node, tolerance
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RSDP = backend_under_test() == "rsdp"
+
+TOPOLOGIES = {"2x2": (0, 0, 1, 1), "3x1": (0, 1, 2), "1+2": (0, 1, 1), "2+1": (0, 0, 1)}
+ALGO_OPS = ("ALLREDUCE", "ALLGATHER", "REDUCE_SCATTER", "BROADCAST", "REDUCE", "BARRIER")
+SETTINGS = {
+    "auto": {},
+    "hier": {f"RSDP_ALGO_{op}": "hier" for op in ALGO_OPS},
+    "flat": {"RSDP_ALGO_ALLREDUCE": "ring", "RSDP_ALGO_ALLGATHER": "ring",
+             "RSDP_ALGO_REDUCE_SCATTER": "ring", "RSDP_ALGO_BROADCAST": "tree",
+             "RSDP_ALGO_REDUCE": "tree", "RSDP_ALGO_BARRIER": "flat"},
+    "rd": {"RSDP_ALGO_ALLREDUCE": "rd"},  # recursive doubling over all ranks (any size)
+}
+# Families each forced setting changes the algorithm of (default: FORCED_FAMILIES).
+SETTING_FAMILIES = {"rd": ("all_reduce", "all_reduce_coalesced")}
+# Families whose algorithm the forced settings change (gather, scatter, all_to_all and
+# send/recv have one algorithm across nodes: they run under auto only).
+FORCED_FAMILIES = ("broadcast", "all_reduce", "all_reduce_coalesced", "reduce", "all_gather",
+                   "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+                   "barrier", "noncontiguous")
+# Reduced matrix: one dtype per kernel family (float, half float, integer, bool -- also an
+# odd byte count --, complex) and the ops that take different code paths (plain sum, AVG's
+# division, a comparison, a bitwise op). Counts stay complete: 0, 1, 7 (fewer elements than
+# ranks: empty chunks) and one above the staging size.
+REDUCED = {"dtypes": ("float32", "bfloat16", "int64", "bool", "complex64"),
+           "ops": ("SUM", "AVG", "MAX", "BXOR")}
+FULL_MATRIX_TOPOLOGY = "2x2"
+DEADLINE = 300
+PG_TIMEOUT = 30
+
+
+def _subset(topo: str, setting: str):
+    return None if (setting == "auto" and topo == FULL_MATRIX_TOPOLOGY) else REDUCED
+
+
+def _families(topo: str, setting: str) -> list[str]:
+    ws = len(TOPOLOGIES[topo])
+    names = [f for f in FAMILIES if ws >= MIN_WORLD.get(f, 1)]
+    if setting != "auto":
+        names = [f for f in names if f in SETTING_FAMILIES.get(setting, FORCED_FAMILIES)]
+    front = ["topology"] if RSDP and setting == "auto" else []
+    back = ["traffic"] if RSDP and setting in ("hier", "flat") and topo == "2x2" else []
+    last = [f for f in names if f == "reinit"]  # it replaces the default group: keep it last
+    return front + [f for f in names if f != "reinit"] + back + last
+
+
+# --------------------------------------------------------------------------------------------
+# Families that only make sense across nodes (run inside workers)
+# --------------------------------------------------------------------------------------------
+
+
+def expected_topology(node_of, rank: int) -> dict:
+    """What torch_rsdp.topology() must say; nodes are numbered by their lowest rank."""
+    order = list(dict.fromkeys(node_of))
+    nodes = [[r for r, n in enumerate(node_of) if n == label] for label in order]
+    node = order.index(node_of[rank])
+    local = nodes[node].index(rank)
+    return {"rank": rank, "size": len(node_of), "node": node, "num_nodes": len(nodes),
+            "local_rank": local, "local_size": len(nodes[node]), "nodes": nodes,
+            "rail": [nd[local] for nd in nodes if len(nd) > local],
+            "leaders": [nd[0] for nd in nodes],
+            "uniform": len({len(nd) for nd in nodes}) == 1}
+
+
+def _check_topology(got: dict, exp: dict, what: str) -> None:
+    norm = {k: ([list(x) for x in v] if k == "nodes" else list(v) if isinstance(v, (list, tuple))
+                else v) for k, v in got.items() if k in exp}
+    bad = {k: (norm.get(k), v) for k, v in exp.items() if norm.get(k) != v}
+    assert not bad, f"{what}: wrong keys (got, expected): {bad}"
+
+
+def fam_topology(ctx, rec):
+    import torch_rsdp
+
+    node_of, r, W = ctx.node_of, ctx.rank, ctx.world_size
+    with rec.case("topology() of the world"):
+        _check_topology(torch_rsdp.topology(), expected_topology(node_of, r), "topology()")
+    # a subgroup without rank 0: other node sizes, group ranks != world ranks
+    members = list(range(1, W))
+    with rec.case(f"topology() of subgroup {members}"):
+        g = dist.new_group(ranks=members)
+        if r in members:
+            sub = [node_of[q] for q in members]
+            _check_topology(torch_rsdp.topology(g), expected_topology(sub, members.index(r)),
+                            f"topology(subgroup {members})")
+
+
+def fam_traffic(ctx, rec):
+    """comm_stats() after one forced-algorithm collective = traffic_theory, per node."""
+    import torch_rsdp
+
+    algo = {"hier": "hier", "flat": "ring"}[ctx.setting]
+    node_of, r, W = ctx.node_of, ctx.rank, ctx.world_size
+    M = len(set(node_of))
+    L = W // M
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        for n in (1 << 18, (1 << 18) + 5):  # float32 elements: even splits, then uneven ones
+            with rec.case(f"{op} {algo} n={n}"):
+                x = torch.full((n,), float(r + 1))
+                torch_rsdp.reset_comm_stats()
+                if op == "all_reduce":
+                    dist.all_reduce(x)
+                elif op == "all_gather":
+                    dist.all_gather_into_tensor(torch.empty(W * n), x)
+                else:
+                    dist.reduce_scatter_tensor(torch.empty(n), torch.full((W * n,), float(r)))
+                stats = torch_rsdp.comm_stats()
+                every = ctx.store_sync(f"traffic/{op}/{n}", json.dumps(stats).encode())
+                every = [json.loads(s) for s in every]
+                expected = inter_node_bytes_per_node(op, algo, 4 * n, M, L)
+                slack = tolerance(W, 4)
+                per_rank = [s["inter_node_bytes"] for s in every]
+                for node in sorted(set(node_of)):
+                    ranks = [q for q in range(W) if node_of[q] == node]
+                    sent = sum(per_rank[q] for q in ranks)
+                    assert abs(sent - expected) <= slack, (
+                        f"node {node} sent {sent} B across its link, theory {expected:.0f} B "
+                        f"(+-{slack}); inter_node_bytes per rank: {per_rank}")
+                    # hier: every local rank has a rail; ring: only the node's boundary rank
+                    senders = [q for q in ranks if per_rank[q] > 0]
+                    want = len(ranks) if algo == "hier" else 1
+                    assert len(senders) == want, (
+                        f"{algo}: {len(senders)} rank(s) of node {node} sent across the link, "
+                        f"expected {want}; inter_node_bytes per rank: {per_rank}")
+                    assert all(every[q]["inter_node_messages"] > 0 for q in senders), every
+
+
+LOCAL_FAMILIES = {"topology": fam_topology, "traffic": fam_traffic}
+
+
+def matrix_worker(ctx, names, node_of, setting, subset):
+    ctx.node_of, ctx.setting = list(node_of), setting
+    if subset:
+        ctx.dtypes = tuple(getattr(torch, d) for d in subset["dtypes"])
+        ctx.ops = set(subset["ops"])
+    return run_families(ctx, {**FAMILIES, **LOCAL_FAMILIES}, names)
+
+
+# --------------------------------------------------------------------------------------------
+# pytest side
+# --------------------------------------------------------------------------------------------
+
+
+_BATCH: dict = {}
+
+
+def _selected(session, topo: str, setting: str) -> set[str]:
+    """The families of (topo, setting) that this pytest run selected (-k, node ids)."""
+    out = set()
+    for item in session.items:
+        cs = getattr(item, "callspec", None)
+        if getattr(item, "originalname", None) == "test_matrix" and cs is not None and \
+                cs.params.get("topo") == topo and cs.params.get("setting") == setting:
+            out.add(cs.params["family"])
+    return out
+
+
+def _batch(topo: str, setting: str, nodes, session):
+    """Runs the families of (topology, setting) in as few launches as possible; a crash or
+    hang is charged to the family that was running and the rest go on in a new launch."""
+    key = (topo, setting)
+    if key in _BATCH:
+        return _BATCH[key]
+    node_of = TOPOLOGIES[topo]
+    names = [f for f in _families(topo, setting) if f in _selected(session, topo, setting)]
+    results, errors, mode = launch_families(
+        lambda batch: launch(matrix_worker, len(node_of),
+                            (batch, list(node_of), setting, _subset(topo, setting)),
+                            env=SETTINGS[setting], node_of=node_of, netns=nodes,
+                            deadline=DEADLINE, pg_timeout=PG_TIMEOUT), names, len(node_of), 4)
+    _BATCH[key] = (results, errors, mode)
+    return _BATCH[key]
+
+
+def _matrix_params():
+    out = []
+    for topo in TOPOLOGIES:
+        for setting in SETTINGS:
+            for fam in _families(topo, setting):
+                marks = ()
+                if not RSDP and setting != "auto":
+                    marks = pytest.mark.skip(reason="forced rsdp algorithms: nothing to force on "
+                                                    f"{backend_under_test()}")
+                out.append(pytest.param(topo, setting, fam, marks=marks,
+                                        id=f"{topo}-{setting}-{fam}"))
+    return out
+
+
+@pytest.mark.parametrize("topo,setting,family", _matrix_params())
+def test_matrix(topo, setting, family, nodes, request):
+    results, errors, mode = _batch(topo, setting, nodes, request.session)
+    assert_family(results, errors, family, f"{topo} {setting} ({mode or 'mode unknown'})")
+
+
+# --------------------------------------------------------------------------------------------
+# A whole node dies
+# --------------------------------------------------------------------------------------------
+
+KILL_NODE = 1
+KILL_ITER = 3
+FAULT_TIMEOUT = 10.0
+
+
+def _node_death_worker(ctx, node_of):
+    r = ctx.rank
+    victim = node_of[r] == KILL_NODE
+    t = torch.empty(1 << 21)  # 8 MiB: many chunks in flight when the node dies
+    for i in range(1000):
+        if victim and i == KILL_ITER:
+            ctx.store.set(f"killed_at/{r}", repr(time.time()))
+            os.kill(os.getpid(), signal.SIGKILL)
+        t.fill_(1.0)
+        try:
+            dist.all_reduce(t)
+        except RuntimeError as e:
+            raised = time.time()
+            keys = [f"killed_at/{q}" for q in range(ctx.world_size) if node_of[q] == KILL_NODE]
+            ctx.store.wait(keys)
+            killed = max(float(ctx.store.get(k)) for k in keys)
+            return {"outcome": "raised", "iter": i, "after_kill_s": raised - killed,
+                    "msg": str(e)[:1000]}
+        if not bool((t == ctx.world_size).all()):
+            return {"outcome": "wrong", "iter": i}
+    return {"outcome": "completed"}
+
+
+@pytest.mark.slow
+def test_node_death(nodes):
+    node_of = TOPOLOGIES["2x2"]
+    victims = [r for r, n in enumerate(node_of) if n == KILL_NODE]
+    res = launch(_node_death_worker, len(node_of), (list(node_of),), node_of=node_of,
+                 netns=nodes, pg_timeout=FAULT_TIMEOUT, deadline=90, expect_killed=victims)
+    print(f"[{res.mode}] killed ranks {victims} (node {KILL_NODE}); survivors raised after "
+          + ", ".join(f"{res[r]['after_kill_s']:.2f}s" for r in range(len(node_of))
+                      if r not in victims and res[r].get("after_kill_s") is not None))
+    for r in range(len(node_of)):
+        if r in victims:
+            continue
+        o = res[r]
+        assert o["outcome"] == "raised", f"[{res.mode}] survivor rank {r}: {o}"
+        assert o["iter"] >= KILL_ITER, f"rank {r} raised before the kill: {o}"
+        assert o["after_kill_s"] <= FAULT_TIMEOUT + 5, (
+            f"[{res.mode}] rank {r} raised {o['after_kill_s']:.1f}s after node {KILL_NODE} "
+            f"died (timeout {FAULT_TIMEOUT}s): {o['msg'][:300]}")
+
+
+# --------------------------------------------------------------------------------------------
+# A quiet start: no UCX warnings
+# --------------------------------------------------------------------------------------------
+
+
+def _quiet_worker(ctx):
+    t = torch.ones(1 << 10)
+    dist.all_reduce(t)  # small: through the leaders over UCX
+    dist.all_reduce(torch.ones(1 << 16))  # large: the rails
+    dist.barrier()
+    return float(t[0])
+
+
+def test_no_ucx_warnings(nodes):
+    """UCX prints its warnings into every rank's output (e.g. a transport setting set where
+    the installed UCX does not read it); a multi-node start must leave none."""
+    node_of = TOPOLOGIES["2x2"]
+    res = launch(_quiet_worker, len(node_of), node_of=node_of, netns=nodes, deadline=90)
+    for r in range(len(node_of)):
+        assert res[r] == len(node_of), res[r]
+        log = res.outcomes[r].log_tail
+        assert not re.search(r"UCX\s+(WARN|ERROR)", log), f"[{res.mode}] rank {r}:\n{log}"
+
+
+# --------------------------------------------------------------------------------------------
+# Benchmark smoke test
+# --------------------------------------------------------------------------------------------
+
+
+def test_bench_multinode_quick(tmp_path, nodes):
+    """bench_multinode.py --quick runs every variant and writes a complete JSON report."""
+    backends = "rsdp,gloo" if RSDP else "gloo"
+    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_multinode.py"), "--quick",
+           "--variants", {"rsdp,gloo": "hier,ring,gloo", "gloo": "gloo"}[backends],
+           "--out", str(tmp_path)] + (["--loopback"] if nodes is None else [])
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n" \
+                              f"{p.stderr[-3000:]}"
+    with open(tmp_path / "bench_multinode.json") as f:
+        report = json.load(f)
+    print(f"bench mode: {report['config']['mode']}")
+    rows = report["rows"]
+    ops = {"all_reduce", "all_gather", "reduce_scatter"}
+    variants = set(report["config"]["variants"])
+    for v in variants:
+        for op in ops:
+            got = [row for row in rows if row["variant"] == v and row["op"] == op]
+            assert got, f"no rows for {v} {op}"
+            for row in got:
+                assert row["correct"], f"wrong result: {row}"
+                assert row["time_s"] > 0 and row["link_bytes"] > 0, row
+    assert (tmp_path / "bench_multinode.md").exists()
+    assert (tmp_path / "bench_multinode.png").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# The emulation cleans up after itself (keep these last: they run after the launches above)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.skipif(not netns.namespaces_available(), reason="network namespaces not permitted")
+def test_namespaces_removed_on_error():
+    """__exit__ removes everything even when the body raised."""
+    with pytest.raises(ZeroDivisionError):
+        with netns.EmulatedNodes(2, rate="100mbit") as en:
+            tag = en.tag
+            assert len([n for n in netns.leftovers() if netns._tag_of(n) == tag]) >= 4
+            1 / 0
+    left = [n for n in netns.leftovers() if netns._tag_of(n) == tag]
+    assert not left, f"left behind: {left}"
+
+
+_CRASH = """
+import os, signal, sys
+sys.path.insert(0, {root!r})
+from torch_rsdp.testing.netns import EmulatedNodes
+en = EmulatedNodes(2)
+en.create()
+print(en.tag, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.skipif(not netns.namespaces_available(), reason="network namespaces not permitted")
+def test_cleanup_stale_after_crash(nodes):
+    """A SIGKILLed creator leaves its namespaces behind; cleanup_stale() removes them and
+    leaves instances of live processes (this module's nodes) alone."""
+    p = subprocess.run([sys.executable, "-c", _CRASH.format(root=ROOT)], capture_output=True,
+                       text=True, timeout=60)
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    tag = p.stdout.strip()
+    assert [n for n in netns.leftovers() if netns._tag_of(n) == tag], "crash left nothing?"
+    removed = netns.cleanup_stale()
+    assert not [n for n in netns.leftovers() if netns._tag_of(n) == tag], removed
+    if nodes is not None:
+        assert os.path.exists(os.path.join(netns.NETNS_DIR, nodes.netns_name(0))), \
+            "cleanup_stale removed the namespaces of a live process"
+
+
+@pytest.mark.skipif(not netns.namespaces_available(), reason="network namespaces not permitted")
+def test_no_leftovers_from_other_runs():
+    """Nothing with the rsdp- prefix exists but this process's own live nodes."""
+    mine = {t for t, en in netns._LIVE.items() if en.owner_pid == os.getpid()}
+    others_live = {t for t, e in netns._registry().items() if netns._owner_alive(e)}
+    left = [n for n in netns.leftovers() if netns._tag_of(n) not in mine | others_live]
+    assert not left, f"stale emulated-node namespaces/links: {left}"

@@ -1,0 +1,1 @@
+"""C++ unit tests (compiled with g++ and run by pytest). See README.md."""

@@ -1,0 +1,2 @@
+"""Tests of torch_rsdp.plan: strategies, mixed plans, the planner and plan.auto, checkpoints,
+emulated nodes. See README.md."""

@@ -1,0 +1,781 @@
+"""Multi-process test harness for the torch_rsdp c10d backend.
+
+`launch(fn, world_size, ...)` spawns one process per rank (multiprocessing "spawn" context).
+Every worker redirects its stdout/stderr to a per-rank log file, imports ``torch_rsdp`` (when
+the backend under test is "rsdp"), connects to a TCPStore hosted by the launching (pytest)
+process, calls ``init_process_group``, runs ``fn(ctx, *args)`` and writes ``("ok", value)`` or
+``("error", type, message, traceback)`` to a per-rank result file.  The launcher enforces a
+hard deadline: when it passes, every child is SIGKILLed and ``LaunchError`` is raised with the
+Python stacks of the hung ranks (faulthandler) and the tail of every rank's log.  After all
+children have exited, no /dev/shm entry whose name contains "rsdp" may have appeared.
+
+The backend under test comes from the environment variable RSDP_TEST_BACKEND (default
+"rsdp"; "gloo" runs the same tests against gloo to validate the tests themselves).
+Workers get RSDP_SHM_BYTES=65536 unless the caller overrides it, so that large messages
+stream through many staging segments.
+
+Functions passed to `launch` must be defined at module top level (spawn pickles them by name).
+
+Emulated nodes: ``launch(..., node_of=[0, 0, 1, 1])`` places rank r on node node_of[r]. With
+``netns=EmulatedNodes(...)`` (torch_rsdp.testing.netns) every rank first moves into its
+node's network namespace (with the namespace name as host name), the TCPStore listens on
+``netns.store_addr`` and GLOO_SOCKET_IFNAME / UCX_NET_DEVICES name the node's interface;
+without it ranks share the loopback and get RSDP_NODE_ID=node<i>. Both set UCX_TLS=tcp unless
+the caller's env sets it, and LOCAL_RANK / LOCAL_WORLD_SIZE per node. With a netns, `args`
+should be plain Python values: they are unpickled before the rank switches namespaces.
+"""
+
+from __future__ import annotations
+
+import datetime
+import faulthandler
+import importlib
+import importlib.util
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable, Sequence
+
+SHM_DIR = "/dev/shm"
+DEFAULT_SHM_BYTES = "65536"
+
+
+def backend_under_test() -> str:
+    return os.environ.get("RSDP_TEST_BACKEND", "rsdp")
+
+
+def rsdp_shm_entries() -> set[str]:
+    """Names in /dev/shm that contain "rsdp" (case-insensitive)."""
+    try:
+        return {n for n in os.listdir(SHM_DIR) if "rsdp" in n.lower()}
+    except FileNotFoundError:
+        return set()
+
+
+def shm_holders() -> dict[str, set[int]]:
+    """For every /dev/shm entry containing "rsdp": the pids that have it open or mapped."""
+    holders: dict[str, set[int]] = {}
+
+    def note(path: str, pid: int) -> None:
+        if path.startswith(SHM_DIR + "/") and not path.endswith("(deleted)"):
+            name = path[len(SHM_DIR) + 1:]
+            if "rsdp" in name.lower():
+                holders.setdefault(name, set()).add(pid)
+
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        pid = int(d)
+        try:
+            with open(f"/proc/{pid}/maps") as f:
+                for line in f:
+                    if "/dev/shm/" in line:
+                        note(line.split(None, 5)[-1].strip(), pid)
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                try:
+                    note(os.readlink(f"/proc/{pid}/fd/{fd}"), pid)
+                except OSError:
+                    pass
+        except OSError:
+            continue
+    return holders
+
+
+def own_shm_entries(own_pids: Iterable[int] = ()) -> set[str]:
+    """rsdp /dev/shm entries that are ours or nobody's: held by one of `own_pids`, or held by
+    no live process at all.  Entries held only by other processes belong to some other job
+    running on the same machine at the same time and are ignored."""
+    own = set(own_pids)
+    names = rsdp_shm_entries()
+    if not names:
+        return names
+    holders = shm_holders()
+    return {n for n in names if not holders.get(n) or holders[n] & own}
+
+
+class LaunchError(AssertionError):
+    """A launch failed: a rank raised, died, hung, or left shared memory behind.
+
+    ``.result`` holds the LaunchResult (per-rank outcomes, log tails, progress markers).
+    """
+
+    def __init__(self, msg: str, result: "LaunchResult | None" = None):
+        super().__init__(msg)
+        self.result = result
+
+
+@dataclass
+class RankOutcome:
+    rank: int
+    exitcode: int | None = None  # None: still running when killed at the deadline
+    status: str = "missing"  # "ok" | "error" | "missing"
+    value: Any = None
+    exc_type: str = ""
+    exc_msg: str = ""
+    exc_tb: str = ""
+    log_tail: str = ""
+    progress: str = ""  # last value the worker passed to ctx.set_progress()
+    hung: bool = False
+
+
+@dataclass
+class LaunchResult:
+    world_size: int
+    outcomes: dict[int, RankOutcome] = field(default_factory=dict)
+    elapsed: float = 0.0
+    mode: str = "single node"  # or "network namespaces" / "RSDP_NODE_ID loopback"
+
+    def values(self) -> list[Any]:
+        return [self.outcomes[r].value for r in sorted(self.outcomes)]
+
+    def __getitem__(self, rank: int) -> Any:
+        return self.outcomes[rank].value
+
+
+# --------------------------------------------------------------------------------------------
+# Worker side
+# --------------------------------------------------------------------------------------------
+
+
+class WorkerContext:
+    """What a worker function receives as its first argument."""
+
+    def __init__(self, rank, world_size, backend, workdir, store_port, pg_timeout, init,
+                 store_host="127.0.0.1"):
+        self.rank = rank
+        self.world_size = world_size
+        self.backend = backend
+        self.workdir = workdir
+        self.store_port = store_port
+        self.store_host = store_host
+        self.pg_timeout = datetime.timedelta(seconds=pg_timeout)
+        self._init_count = 0
+        self._store = None
+        self.auto_init = init
+
+    # The raw TCP store client (one connection for the whole life of the worker).
+    @property
+    def store(self):
+        if self._store is None:
+            import torch.distributed as dist
+
+            self._store = dist.TCPStore(
+                self.store_host,
+                self.store_port,
+                is_master=False,
+                timeout=max(self.pg_timeout, datetime.timedelta(seconds=60)),
+            )
+        return self._store
+
+    def new_store(self, tag: str | None = None):
+        """A fresh key space on the shared store (one per process-group incarnation)."""
+        import torch.distributed as dist
+
+        self._init_count += 1
+        tag = tag or f"init{self._init_count}"
+        return dist.PrefixStore(f"/{tag}/", self.store)
+
+    def init_pg(self, backend: str | None = None, timeout: datetime.timedelta | None = None,
+                tag: str | None = None, **kwargs):
+        """init_process_group on a fresh store prefix (all ranks must use the same tag order)."""
+        import torch.distributed as dist
+
+        dist.init_process_group(
+            backend or self.backend,
+            store=self.new_store(tag),
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timeout or self.pg_timeout,
+            **kwargs,
+        )
+
+    def reinit(self, backend: str | None = None, **kwargs):
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.init_pg(backend, **kwargs)
+
+    def set_progress(self, text: str) -> None:
+        """Record what this rank is doing; the launcher reports it if the rank dies or hangs."""
+        path = os.path.join(self.workdir, f"progress{self.rank}")
+        with open(path + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(path + ".tmp", path)
+
+    def store_sync(self, key: str, value: bytes = b"1", timeout_s: float | None = None,
+                   ranks: Sequence[int] | None = None) -> list[bytes]:
+        """All-gather a small byte string among `ranks` through the store (not the backend)."""
+        st = self.store
+        st.set(f"sync/{key}/{self.rank}", value)
+        ranks = range(self.world_size) if ranks is None else ranks
+        keys = [f"sync/{key}/{r}" for r in ranks]
+        if timeout_s is not None:
+            st.wait(keys, datetime.timedelta(seconds=timeout_s))
+        else:
+            st.wait(keys)
+        return list(st.multi_get(keys))
+
+
+def _ensure_torch_rsdp_importable() -> None:
+    """Fall back to the source tree (in-place build) when torch_rsdp is not installed."""
+    import importlib.util
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if importlib.util.find_spec("torch_rsdp") is None and root not in sys.path:
+        sys.path.append(root)
+
+
+def _enter_netns(name: str) -> None:
+    """Moves this process into network namespace `name` (host name = `name`).
+
+    netns.py is loaded from its file, not through `import torch_rsdp.testing.netns`: the
+    package's __init__ imports torch, which starts a thread, and the namespace switch must
+    happen while this process is still single-threaded.
+    """
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    path = os.path.join(root, "torch_rsdp", "testing", "netns.py")
+    spec = importlib.util.spec_from_file_location("_rsdp_test_netns", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.enter(name, hostname=name)
+
+
+def _resolve_fn(fn):
+    """A ("__fnref__", module, qualname) tuple -> the function (imported only now)."""
+    if isinstance(fn, tuple) and fn and fn[0] == "__fnref__":
+        mod = sys.modules.get("__mp_main__") if fn[1] == "__main__" else None
+        obj = mod or importlib.import_module(fn[1])
+        for part in fn[2].split("."):
+            obj = getattr(obj, part)
+        return obj
+    return fn
+
+
+def _write_result(path: str, payload) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        try:
+            pickle.dump(payload, f)
+        except Exception as e:  # unpicklable return value
+            f.seek(0)
+            f.truncate()
+            pickle.dump(("error", "PicklingError", f"result not picklable: {e!r}", ""), f)
+    os.replace(tmp, path)
+
+
+def _worker_main(fn, args, rank, world_size, backend, workdir, store_port, env, pg_timeout,
+                 init, deadline_s, destroy, store_host="127.0.0.1"):
+    log_path = os.path.join(workdir, f"rank{rank}.log")
+    log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log_fd, 1)
+    os.dup2(log_fd, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    log_file = os.fdopen(log_fd, "w", buffering=1)
+    faulthandler.enable(file=log_file, all_threads=True)
+    # The launcher sends SIGUSR1 to a rank that is still running at the deadline: dump every
+    # thread's Python stack into the log before it is killed (diagnoses hangs).
+    faulthandler.register(signal.SIGUSR1, file=log_file, all_threads=True)
+    netns_error = None
+    if env.get("RSDP_TEST_NETNS"):  # first, while single-threaded
+        try:
+            _enter_netns(env["RSDP_TEST_NETNS"])
+        except BaseException as e:  # noqa: BLE001 - reported as this rank's error below
+            netns_error = e
+
+    for k, v in env.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = str(v)
+    os.environ["RANK"] = str(rank)
+    os.environ["WORLD_SIZE"] = str(world_size)
+    os.environ["LOCAL_RANK"] = str(env.get("LOCAL_RANK", rank))
+    os.environ["LOCAL_WORLD_SIZE"] = str(env.get("LOCAL_WORLD_SIZE", world_size))
+
+    result_path = os.path.join(workdir, f"result{rank}.pkl")
+    try:
+        if netns_error is not None:
+            raise netns_error
+        fn = _resolve_fn(fn)
+        if backend == "rsdp" or os.environ.get("RSDP_TEST_IMPORT", "") == "1":
+            _ensure_torch_rsdp_importable()
+            import torch_rsdp  # noqa: F401  (registers the "rsdp" backend)
+        import torch.distributed as dist
+
+        dist.set_debug_level_from_env()
+        ctx = WorkerContext(rank, world_size, backend, workdir, store_port, pg_timeout, init,
+                            store_host)
+        if init:
+            ctx.init_pg()
+            got = dist.get_backend()
+            if got != backend:
+                raise RuntimeError(f"harness: default group backend is {got!r}, expected {backend!r}")
+        value = fn(ctx, *args)
+        payload = ("ok", value)
+    except BaseException as e:  # noqa: BLE001 - report everything to pytest
+        payload = ("error", type(e).__name__, str(e), traceback.format_exc())
+    _write_result(result_path, payload)
+    print(f"[harness] rank {rank} finished: {payload[0]}", flush=True)
+    if destroy:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except BaseException:  # noqa: BLE001
+            print("[harness] destroy_process_group raised:\n" + traceback.format_exc(), flush=True)
+    print(f"[harness] rank {rank} exiting", flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+# --------------------------------------------------------------------------------------------
+# Launcher side
+# --------------------------------------------------------------------------------------------
+
+
+def _tail(path: str, n: int = 4000) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - n))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _format_failure(what: str, res: LaunchResult, ranks: Iterable[int]) -> str:
+    lines = [what]
+    for r in ranks:
+        o = res.outcomes[r]
+        lines.append(f"---- rank {r}: status={o.status} exitcode={o.exitcode} hung={o.hung}"
+                     + (f" progress={o.progress!r}" if o.progress else ""))
+        if o.status == "error":
+            lines.append(f"{o.exc_type}: {o.exc_msg}")
+            lines.append(o.exc_tb)
+        if o.log_tail.strip():
+            lines.append(f"-- log tail (rank {r}):\n{o.log_tail}")
+    return "\n".join(lines)
+
+
+def _start_all(ctx, procs, ranks, fn, args, world_size, backend, workdir, port, full_env,
+               pg_timeout, init, deadline, destroy, rank_env=None, store_host="127.0.0.1"):
+    for r in ranks:
+        env = dict(full_env, **(rank_env or {}).get(r, {}))
+        saved = {k: os.environ.get(k) for k in env}
+        for k, v in env.items():  # children see the variables from interpreter start
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = str(v)
+        try:
+            p = ctx.Process(
+                target=_worker_main,
+                args=(fn, tuple(args), r, world_size, backend, workdir, port, env, pg_timeout,
+                      init, deadline, destroy, store_host),
+                name=f"rsdp-test-rank{r}",
+                daemon=False,
+            )
+            p.start()
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    os.environ.pop(k, None)
+                else:
+                    os.environ[k] = v
+        procs[r] = p
+
+
+def _node_env(node_of, netns, world_size, caller_env):
+    """Per-rank environment for ranks spread over emulated nodes, and the mode's name."""
+    if len(node_of) != world_size:
+        raise ValueError(f"node_of has {len(node_of)} entries for {world_size} ranks")
+    if netns is not None and max(node_of) >= netns.num_nodes:
+        raise ValueError(f"node_of names node {max(node_of)}, netns has {netns.num_nodes}")
+    rank_env = {}
+    for r, node in enumerate(node_of):
+        peers = [q for q in range(world_size) if node_of[q] == node]
+        env = {"LOCAL_RANK": peers.index(r), "LOCAL_WORLD_SIZE": len(peers)}
+        if "UCX_TLS" not in caller_env:
+            env["UCX_TLS"] = "tcp"  # not UCX's shared memory: traffic must cross the link
+        if netns is not None:
+            env["RSDP_TEST_NETNS"] = netns.netns_name(node)
+            env["GLOO_SOCKET_IFNAME"] = netns.ifname(node)
+            if "UCX_NET_DEVICES" not in caller_env:
+                env["UCX_NET_DEVICES"] = netns.ifname(node)
+        else:
+            env["RSDP_NODE_ID"] = f"node{node}"
+            if "UCX_NET_DEVICES" not in caller_env:
+                # UCX would use every interface, including the bridges of emulated nodes
+                # that another run is about to remove (its connections then die silently).
+                env["UCX_NET_DEVICES"] = "lo"
+        rank_env[r] = env
+    return rank_env, ("network namespaces" if netns is not None else "RSDP_NODE_ID loopback")
+
+
+def launch(
+    fn: Callable,
+    world_size: int,
+    args: Sequence[Any] = (),
+    *,
+    backend: str | None = None,
+    env: dict[str, Any] | None = None,
+    deadline: float = 180.0,
+    pg_timeout: float = 60.0,
+    init: bool = True,
+    ranks: Sequence[int] | None = None,
+    expect_killed: Sequence[int] = (),
+    check_shm: bool = True,
+    destroy: bool = True,
+    raise_on_error: bool = True,
+    allow_exit_abort: bool = False,
+    node_of: Sequence[int] | None = None,
+    netns=None,
+) -> LaunchResult:
+    """Run ``fn(ctx, *args)`` on ``world_size`` ranks; return per-rank outcomes.
+
+    ranks: subset of ranks to actually start (default: all); the others never show up.
+    expect_killed: ranks that are expected to die from SIGKILL (exit code -9) without a result.
+    raise_on_error: raise LaunchError when any started rank raised, died or hung.
+    allow_exit_abort: accept SIGABRT at interpreter exit after a rank reported ok and destroyed
+        its group. Only for reference runs on gloo, whose teardown occasionally aborts
+        ("terminate called without an active exception"); never for the backend under test.
+    node_of: node index of every rank (emulated nodes; see the module docstring).
+    netns: an open torch_rsdp.testing.netns.EmulatedNodes to run the nodes in; None with
+        node_of: all ranks on the loopback, told apart by RSDP_NODE_ID.
+    The /dev/shm check and the deadline are always enforced.
+    """
+    import multiprocessing as mp
+
+    import torch.distributed as dist
+
+    backend = backend or backend_under_test()
+    ranks = list(range(world_size)) if ranks is None else list(ranks)
+    full_env = {"RSDP_SHM_BYTES": DEFAULT_SHM_BYTES}
+    full_env.update(env or {})
+    rank_env, mode, store_host = None, "single node", "127.0.0.1"
+    if netns is not None and node_of is None:
+        raise ValueError("netns needs node_of")
+    if node_of is not None:
+        rank_env, mode = _node_env(list(node_of), netns, world_size, env or {})
+        print(f"[harness] {world_size} ranks on nodes {list(node_of)}: {mode}"
+              + (f" ({netns.describe()})" if netns is not None else ""), flush=True)
+    if netns is not None:
+        store_host = netns.store_addr
+        # imported by the worker only after it entered its namespace (see _resolve_fn)
+        fn = ("__fnref__", fn.__module__, fn.__qualname__)
+
+    workdir = tempfile.mkdtemp(prefix="rstest_launch_")
+    shm_before = rsdp_shm_entries()
+    # The store lives in the launcher so that rank 0 dying (or never starting) cannot take it down.
+    store = dist.TCPStore(
+        store_host,
+        0,
+        world_size=None,
+        is_master=True,
+        timeout=datetime.timedelta(seconds=max(pg_timeout, 60)),
+        wait_for_workers=False,  # never block on clients: some tests start only W-1 ranks
+    )
+    port = store.port
+
+    ctx = mp.get_context("spawn")
+    procs = {}
+    start = time.monotonic()
+    _start_all(ctx, procs, ranks, fn, args, world_size, backend, workdir, port, full_env,
+               pg_timeout, init, deadline, destroy, rank_env, store_host)
+
+    end = start + deadline
+
+    hung = []
+    for r, p in procs.items():
+        p.join(max(0.0, end - time.monotonic()))
+    for r, p in procs.items():
+        if p.is_alive():
+            hung.append(r)
+    if hung:
+        # Ask the hung ranks for a stack dump (faulthandler, SIGUSR1), then kill everything.
+        for r in hung:
+            try:
+                os.kill(procs[r].pid, signal.SIGUSR1)
+            except ProcessLookupError:
+                pass
+        time.sleep(1.5)
+        for r in hung:
+            try:
+                os.kill(procs[r].pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for p in procs.values():
+            if p.is_alive():
+                p.kill()
+        for p in procs.values():
+            p.join(10)
+    elapsed = time.monotonic() - start
+    del store
+
+    res = LaunchResult(world_size=world_size, elapsed=elapsed, mode=mode)
+    for r, p in procs.items():
+        o = RankOutcome(rank=r, exitcode=p.exitcode, hung=r in hung)
+        rp = os.path.join(workdir, f"result{r}.pkl")
+        if os.path.exists(rp):
+            with open(rp, "rb") as f:
+                payload = pickle.load(f)
+            if payload[0] == "ok":
+                o.status, o.value = "ok", payload[1]
+            else:
+                o.status = "error"
+                o.exc_type, o.exc_msg, o.exc_tb = payload[1], payload[2], payload[3]
+        o.log_tail = _tail(os.path.join(workdir, f"rank{r}.log"))
+        try:
+            with open(os.path.join(workdir, f"progress{r}")) as f:
+                o.progress = f.read()
+        except OSError:
+            pass
+        res.outcomes[r] = o
+
+    # /dev/shm must not keep anything once every process is gone (allow a short grace period
+    # for unlinks racing with process exit).
+    # An entry counts as leaked if it appeared during this launch, is still there after a
+    # grace period and no live process holds it (all our children are gone by now, so an
+    # entry held by a live process belongs to another job running at the same time).
+    leaked: set[str] = set()
+    if check_shm:
+        leaked = rsdp_shm_entries() - shm_before
+        for _ in range(20):
+            if not leaked:
+                break
+            time.sleep(0.1)
+            leaked &= rsdp_shm_entries()
+        if leaked:
+            leaked &= own_shm_entries()
+
+    fatal = []  # always fail the launch: hangs, crashes, unexpected exit codes
+    errors = []  # ranks that raised (fail only with raise_on_error)
+    if hung:
+        fatal.append(f"ranks {hung} still running after the {deadline:.0f}s deadline (killed)")
+    for r, o in res.outcomes.items():
+        if r in expect_killed:
+            if o.exitcode != -signal.SIGKILL:
+                fatal.append(f"rank {r} expected to die by SIGKILL, exitcode={o.exitcode}")
+            continue
+        if r in hung:
+            continue
+        if o.status == "missing":
+            fatal.append(f"rank {r} died without a result (exitcode={o.exitcode})")
+        elif o.exitcode != 0 and not (allow_exit_abort and o.status == "ok"
+                                      and o.exitcode == -signal.SIGABRT):
+            fatal.append(f"rank {r} exited with code {o.exitcode} after reporting {o.status}")
+        if o.status == "error":
+            errors.append(f"rank {r} raised {o.exc_type}: {o.exc_msg[:300]}")
+    problems = fatal + (errors if raise_on_error else [])
+    shutil.rmtree(workdir, ignore_errors=True)
+    if problems:
+        msg = _format_failure("; ".join(problems), res, sorted(res.outcomes))
+        if leaked:
+            msg += f"\nalso leaked /dev/shm entries: {sorted(leaked)}"
+        raise LaunchError(msg, res)
+    if leaked:
+        raise LaunchError(f"/dev/shm entries containing 'rsdp' left behind: {sorted(leaked)}", res)
+    return res
+
+
+# --------------------------------------------------------------------------------------------
+# Batched cases: many sub-cases inside one launch, each reported separately.
+# --------------------------------------------------------------------------------------------
+
+
+class CaseRecorder:
+    """Collects per-case failures inside a worker.
+
+    ``with rec.case("float32 SUM n=7"):`` records an AssertionError (wrong result) and keeps
+    going.  Any other exception (the backend raised) is recorded too; after every case the
+    participating ranks exchange their status through the store (never through the backend).
+    If a backend error happened on some participants but not all of them, or took so long that
+    it was probably a timeout, the group may be out of step: the family is marked broken and
+    stops issuing collectives (run_families then re-creates the process group).  An error raised
+    consistently and quickly on every participant (e.g. "dtype not supported") lets the family
+    continue with its next case.
+    """
+
+    def __init__(self, ctx):
+        self.ctx = ctx
+        self.rank = ctx.rank
+        self.failures: dict[str, list[tuple[str, str]]] = {}
+        self.counts: dict[str, int] = {}
+        self.slowest: dict[str, list[tuple[float, str]]] = {}
+        self.family = ""
+        self.broken = False
+        self.slow_error_s = max(2.0, ctx.pg_timeout.total_seconds() / 2)
+
+    def start_family(self, family: str) -> None:
+        self.family = family
+        self.failures.setdefault(family, [])
+        self.counts.setdefault(family, 0)
+        self.slowest.setdefault(family, [])
+        self.broken = False
+
+    def case(self, case_id: str, ranks: Sequence[int] | None = None):
+        """ranks: the ranks that execute this case (default: all ranks of the world)."""
+        rec = self
+        participants = list(range(self.ctx.world_size)) if ranks is None else sorted(ranks)
+
+        class _Case:
+            def __enter__(self_inner):
+                if rec.broken:
+                    raise _Broken()
+                rec.counts[rec.family] += 1
+                self_inner.t0 = time.monotonic()
+                return self_inner
+
+            def __exit__(self_inner, et, ev, tb):
+                if et is _Broken:
+                    return False
+                dt = time.monotonic() - self_inner.t0
+                slow_list = rec.slowest[rec.family]
+                slow_list.append((dt, case_id))
+                slow_list.sort(reverse=True)
+                del slow_list[3:]
+                backend_error = et is not None and not issubclass(et, AssertionError)
+                if et is not None:
+                    text = "".join(traceback.format_exception(et, ev, tb))
+                    rec.failures[rec.family].append((case_id, f"{et.__name__}: {ev}\n{text}"))
+                slow = backend_error and dt > rec.slow_error_s
+                flag = b"2" if slow else (b"1" if backend_error else b"0")
+                flags = rec.ctx.store_sync(f"case/{rec.family}/{case_id}", flag, ranks=participants)
+                if any(f == b"2" for f in flags) or len(set(flags)) > 1:
+                    rec.broken = True
+                    if et is None or not backend_error:
+                        if et is None:
+                            rec.failures[rec.family].append(
+                                (case_id, "another rank failed this case with a backend error; "
+                                          "stopping the family"))
+                        raise _Broken()
+                if backend_error:
+                    if rec.broken:
+                        raise _Broken()
+                return et is not None  # swallow recorded failures, keep going
+
+        return _Case()
+
+
+class _Broken(Exception):
+    """Raised inside a family once the backend errored: stop issuing collectives."""
+
+
+def run_families(ctx: WorkerContext, families: dict[str, Callable], names: Sequence[str]):
+    """Run the named families in order; returns {family: (n_cases, [(case_id, error), ...])}.
+
+    After every family the ranks exchange a flag through the store (not the backend); if any
+    rank saw a backend error, every rank destroys and re-creates the process group so that
+    later families start from a clean, matched state.
+    """
+    import torch.distributed as dist
+
+    rec = CaseRecorder(ctx)
+    out = {}
+    for name in names:
+        rec.start_family(name)
+        t0 = time.monotonic()
+        print(f"[harness] family {name} starting", flush=True)
+        ctx.set_progress(name)
+        try:
+            families[name](ctx, rec)
+        except _Broken:
+            pass
+        except BaseException as e:  # noqa: BLE001 - an error outside any case
+            rec.failures[name].append(
+                ("<family>", f"{type(e).__name__}: {e}\n{traceback.format_exc()}"))
+            rec.broken = True
+        flags = ctx.store_sync(f"family/{name}", b"1" if rec.broken else b"0")
+        if any(f == b"1" for f in flags):
+            try:
+                ctx.reinit()
+            except BaseException as e:  # noqa: BLE001
+                rec.failures[name].append(("<reinit>", f"{type(e).__name__}: {e}"))
+                out[name] = (rec.counts[name], rec.failures[name], time.monotonic() - t0,
+                             rec.slowest[name])
+                # cannot continue without a process group
+                for rest in names[names.index(name) + 1:]:
+                    out[rest] = (0, [("<not run>", "process group could not be re-created")], 0.0, [])
+                return out
+        out[name] = (rec.counts[name], rec.failures[name], time.monotonic() - t0,
+                             rec.slowest[name])
+    if dist.is_initialized():
+        dist.barrier()
+    return out
+
+
+def format_family_failures(results_by_rank: dict[int, dict], family: str, limit: int = 12) -> str | None:
+    """None when every rank passed every case of `family`; otherwise a readable report."""
+    lines = []
+    total = 0
+    ncases = 0
+    for r in sorted(results_by_rank):
+        n, fails = results_by_rank[r].get(family, (0, [("<missing>", "family not run")]))[:2]
+        ncases = max(ncases, n)
+        for cid, err in fails:
+            total += 1
+            if len(lines) < limit:
+                lines.append(f"[rank {r}] {cid}: {err.strip()[:1500]}")
+    if total == 0:
+        if ncases == 0:
+            return f"family {family}: no cases ran"
+        return None
+    head = f"family {family}: {total} failing (rank, case) pairs out of {ncases} cases per rank"
+    return head + "\n" + "\n".join(lines)
+
+
+def launch_families(run: Callable[[list], "LaunchResult"], names: Sequence[str],
+                    world_size: int, attempts: int = 6):
+    """Runs families ``names`` through ``run(names) -> LaunchResult`` in as few launches as
+    possible. If a launch crashes or hangs, the family that was running (the furthest any
+    rank's progress marker reached) is charged with the launch error and the remaining
+    families go on in a new launch, so one crashing case does not hide every other result.
+
+    Returns (results by rank, errors by family, the mode of the last launch)."""
+    names = list(names)
+    results: dict = {r: {} for r in range(world_size)}
+    errors: dict[str, str] = {}
+    mode = ""
+    for _attempt in range(attempts):
+        if not names:
+            break
+        try:
+            res = run(names)
+            mode = res.mode
+            for r in range(world_size):
+                results[r].update(res[r])
+            names = []
+        except LaunchError as e:
+            started = [o.progress for o in (e.result.outcomes.values() if e.result else [])
+                       if o.progress in names]
+            culprit = max(started, key=names.index) if started else names[0]
+            errors[culprit] = str(e)
+            names = names[names.index(culprit) + 1:]
+    for n in names:
+        errors[n] = "not run: too many crashed launches"
+    return results, errors, mode
+
+
+def assert_family(results: dict, errors: dict, family: str, label: str) -> None:
+    """The pytest verdict for one family of a ``launch_families`` batch: the launch error
+    charged to it, or every failing case, with ``label`` naming the batch. Prints the
+    family's case count, time and slowest cases."""
+    if family in errors:
+        raise AssertionError(f"the launch for {label} failed while running {family}:\n"
+                             f"{errors[family]}")
+    if family in results[0]:
+        slow = ", ".join(f"{c} {t:.2f}s" for t, c in results[0][family][3])
+        print(f"{family} {label}: {results[0][family][0]} cases, "
+              f"{max(b[family][2] for b in results.values()):.1f}s; slowest on rank 0: {slow}")
+    msg = format_family_failures(results, family)
+    assert msg is None, f"[{label}] {msg}"

@@ -1,0 +1,223 @@
+"""Test families for RSDP rotation units (``shard(model, tp_plan=...)``): one flat buffer per
+attention block / MLP. Run by tests/rsdp/test_rsdp_hf.py in the same launches as the other
+Hugging Face families (``fam_units``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+from torch.distributed.fsdp import MixedPrecisionPolicy
+
+from .hf_models import _check_tie, _close, _config, _gen, _ids, _loss, _make, _sharded, _train
+
+def _count_shifts(model, fn):
+    """(ring shifts issued while ``fn()`` runs, its result)."""
+    import torch_rsdp.rsdp as rsdp
+
+    ring = rsdp.rsdp_state(model).ring
+    before = ring.hops
+    out = fn()
+    return ring.hops - before, out
+
+
+def _explicit_plan():
+    """The Llama plan in torch's parallelize_module vocabulary, full names, style objects."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    base = "model.layers.*."
+    plan = {base + f"self_attn.{n}_proj": ColwiseParallel() for n in "qkv"}
+    plan[base + "self_attn.o_proj"] = RowwiseParallel()
+    plan.update({base + "mlp.gate_proj": "colwise", base + "mlp.up_proj": "colwise",
+                 base + "mlp.down_proj": "rowwise"})
+    return plan
+
+
+class GatedMLP(nn.Module):
+    """Llama-style names and no config: the built-in rules make it a unit."""
+
+    def __init__(self, d=12, h=24, residual=False):
+        super().__init__()
+        self.gate_proj, self.up_proj = nn.Linear(d, h), nn.Linear(d, h)
+        self.down_proj = nn.Linear(h, d)
+        self.residual = residual
+
+    def forward(self, x):
+        y = self.down_proj(torch.nn.functional.silu(self.gate_proj(x)) * self.up_proj(x))
+        return x + y if self.residual else y
+
+
+def fam_units(ctx, rec):
+    """Rotation units from a tensor-parallel plan: one buffer per attention block / MLP."""
+    import torch_rsdp.rsdp as rsdp
+
+    r, W = ctx.rank, ctx.world_size
+    cases = [("llama_u", "auto", True), ("qwen2_u", "auto", True),
+             ("llama_u", _explicit_plan(), True), ("llama_u", "auto", False),
+             ("qwen2_u", "auto", False),
+             ("llama", "auto", True)]  # the last: 2 KV heads over 3-4 ranks leave ranks without
+    for kind, tp, recompute in cases:
+        with rec.case(f"{kind} tp_plan={'auto' if tp == 'auto' else 'explicit'} "
+                      f"recompute={recompute}"):
+            model, ref = _sharded(kind, tp_plan=tp, unit_recompute=recompute)
+            _check_tie(model, kind)
+            st = rsdp.rsdp_state(model)
+            units = [n for n in st.sharded if n.endswith(("self_attn", "mlp"))]
+            assert len(units) == 4 and len(st.sharded) == 6, sorted(st.sharded)
+            nshift, _ = _count_shifts(model, lambda: model(input_ids=_ids(r)))
+            assert nshift == 6 * (W - 1), f"{kind}: {nshift} forward shifts, expected 6 per hop"
+            loss, logits = _loss(model, r)
+            loss.backward()
+            ref_losses = [_loss(ref, q) for q in range(W)]
+            (sum(lq for lq, _ in ref_losses) / W).backward()
+            _close(logits, ref_losses[r][1].detach(), f"{kind}: logits")
+            ref_params = dict(ref.named_parameters())
+            for name, p in model.named_parameters():
+                exp = rsdp.local_shard_of(model, name, ref_params[name].grad)
+                _close(p.grad, exp, f"{kind}: grad of {name}")
+            if kind != "llama":
+                frac = st.resident_numel() / st.full_numel
+                assert frac <= 1 / W + 0.05, f"{kind}: rank {r} holds {frac:.3f} of the model"
+    with rec.case("eager attention, left padding mask"):
+        cls, cfg = _config("llama_u")
+        cfg._attn_implementation = "eager"
+        torch.manual_seed(0)
+        ref = cls(cfg)
+        model = rsdp.shard(copy.deepcopy(ref), tp_plan="auto", unit_recompute=False)
+
+        def batch(q):
+            ids = _ids(q, "pad")
+            mask = torch.ones_like(ids)
+            mask[0, :2] = 0  # the first sequence is left-padded
+            return ids, mask
+
+        ids, mask = batch(r)
+        out = model(input_ids=ids, attention_mask=mask, labels=ids)
+        out.loss.backward()
+        refs = [ref(input_ids=i, attention_mask=m, labels=i) for i, m in map(batch, range(W))]
+        (sum(o.loss for o in refs) / W).backward()
+        _close(out.logits, refs[r].logits.detach(), "eager padded logits")
+        ref_params = dict(ref.named_parameters())
+        for name, p in model.named_parameters():
+            _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+                   f"eager padded grad of {name}")
+    with rec.case("attention dropout: recomputation replays the forward's masks"):
+        cls, cfg = _config("llama_u")
+        cfg.attention_dropout = 0.3
+        got = []
+        for recompute in (False, True):  # False keeps the forward's graphs: the masks it drew
+            torch.manual_seed(0)
+            model = rsdp.shard(cls(cfg), tp_plan="auto", unit_recompute=recompute).train()
+            torch.manual_seed(100 + r)
+            loss, logits = _loss(model, r)
+            loss.backward()
+            got.append((logits.detach(), {n: p.grad for n, p in model.named_parameters()}))
+        _close(got[1][0], got[0][0], "dropout logits")
+        for n, g in got[0][1].items():
+            _close(got[1][1][n], g, f"dropout grad of {n} (recomputed vs kept)")
+    with rec.case("Hugging Face gradient checkpointing around units"):
+        for recompute in (True, False):
+            model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=recompute)
+            model.gradient_checkpointing_enable()
+            model.train()
+            _loss(model, r)[0].backward()
+            (sum(_loss(ref, q)[0] for q in range(W)) / W).backward()
+            ref_params = dict(ref.named_parameters())
+            for name, p in model.named_parameters():
+                _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+                       f"checkpointed (recompute={recompute}) grad of {name}")
+    with rec.case("llama_u adamw 3 steps + 2x2 accumulated, full state dict into a fresh model"):
+        for steps, micro, recompute in ((3, 1, True), (2, 2, False)):
+            model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=recompute)
+            _train(model, model.parameters(), r, W, steps, micro, reference=False)
+            _train(ref, ref.parameters(), r, W, steps, micro, reference=True)
+            full = rsdp.full_state_dict(model, rank0_only=False)
+            for k, v in ref.state_dict().items():
+                _close(full[k], v, f"units trained {k} ({steps}x{micro})")
+        fresh = _make("llama_u", seed=5)
+        fresh.load_state_dict(full, strict=True)
+    with rec.case("recompute=False keeps activations, not weights"):
+        model, _ = _sharded("llama_u", tp_plan="auto", unit_recompute=False)
+        loss, _ = _loss(model, r)
+        nodes, seen, pending = [], set(), [loss.grad_fn]
+        while pending:  # every unit's backward node, with what it keeps for backward
+            fn = pending.pop()
+            if fn is None or fn in seen:
+                continue
+            seen.add(fn)
+            if type(fn).__name__ == "_UnitFnBackward":
+                nodes.append(fn)
+            pending.extend(f for f, _ in fn.next_functions)
+        assert len(nodes) == 4, len(nodes)
+        for fn in nodes:
+            held = [w for _, weights in fn.graphs.values() for w in weights.values()]
+            assert held and all(w.untyped_storage().nbytes() <= w.element_size() for w in held), (
+                "a kept graph holds weight storage: "
+                f"{max(w.untyped_storage().nbytes() for w in held)} B")
+        loss.backward()
+    with rec.case("bf16 compute"):
+        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                                 output_dtype=torch.float32)
+        model, ref = _sharded("llama_u", tp_plan="auto", mp_policy=mp)
+        loss, logits = _loss(model, r)
+        loss.backward()
+        (sum(_loss(ref, q)[0] for q in range(W)) / W).backward()
+        _close(logits, _loss(ref, r)[1].detach(), "units bf16 logits", 5e-2, 5e-2)
+        ref_params = dict(ref.named_parameters())
+        for name, p in model.named_parameters():
+            assert p.grad.dtype == torch.float32, name
+            _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+                   f"units bf16 grad of {name}", 2e-2, 5e-2)
+    with rec.case("KV cache: filled once with every head, decoding, generate()"):
+        model, ref = _sharded("llama_u", tp_plan="auto")
+        model.eval(), ref.eval()
+        ids = _ids(r, "kv")
+        with torch.no_grad():
+            got = model(input_ids=ids, use_cache=True).past_key_values
+            exp = ref(input_ids=ids, use_cache=True).past_key_values
+            for li in range(2):
+                _close(got.layers[li].keys, exp.layers[li].keys, f"cache keys {li}")
+                _close(got.layers[li].values, exp.layers[li].values, f"cache values {li}")
+            nxt = ids[:, -1:]
+            step = model(input_ids=nxt, past_key_values=got, use_cache=True).logits
+            _close(step, ref(input_ids=nxt, past_key_values=exp, use_cache=True).logits,
+                   "decoding step logits")
+            assert got.get_seq_length(0) == ids.shape[1] + 1
+            kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=1)
+            out = model.generate(ids, **kw)
+            assert torch.equal(out, ref.generate(ids, **kw)), "generate() differs"
+    with rec.case("built-in rules on a plain module (biases: column ones sharded, row one whole)"):
+        torch.manual_seed(0)
+        ref = nn.Sequential(GatedMLP(), nn.LayerNorm(12), GatedMLP())
+        model = rsdp.shard(copy.deepcopy(ref), tp_plan="auto")
+        assert sorted(rsdp.rsdp_state(model).sharded) == ["0", "2"]
+        xs = [torch.randn(2 + q, 3, 12, generator=_gen("mlp", q)) for q in range(W)]
+        x = xs[r].clone().requires_grad_()
+        y = model(x)
+        (y ** 2).mean().backward()
+        xr = [t.clone().requires_grad_() for t in xs]
+        (sum((ref(t) ** 2).mean() for t in xr) / W).backward()
+        _close(y, ref(xs[r]).detach(), "gated mlp output")
+        _close(x.grad, xr[r].grad * W, "gated mlp input gradient")
+        refp = dict(ref.named_parameters())
+        for name, p in model.named_parameters():
+            _close(p.grad, rsdp.local_shard_of(model, name, refp[name].grad), f"grad {name}")
+    with rec.case("a unit whose forward changes the row-split output raises"):
+        model = rsdp.shard(GatedMLP(residual=True), tp_plan="auto")
+        try:
+            model(torch.randn(2, 12))
+        except RuntimeError as e:
+            assert "row-split layer's output as is" in str(e), str(e)
+        else:
+            raise AssertionError("a residual inside a unit was accepted")
+    with rec.case("bad plans are named"):
+        bad = {"model.layers.*.mlp.gate_proj": "colwise", "model.layers.*.mlp.up_proj": "rowwise",
+               "model.layers.*.mlp.down_proj": "rowwise"}
+        try:
+            rsdp.shard(_make("llama"), tp_plan=bad)
+        except ValueError as e:
+            assert "model.layers.0.mlp" in str(e) and "row-split" in str(e), str(e)
+        else:
+            raise AssertionError("a unit with two row-split layers was accepted")
