@@ -42,24 +42,14 @@ void gather_steps(ShmComm& c, const void* in, void* const* outs, const uint64_t*
 
 void allgather(ShmComm& c, const void* in, void* const* outs, const uint64_t* counts, DType dt,
                Millis timeout) {
-  OpDesc d;
-  d.kind = OpKind::kAllgather;
-  d.dtype = dt;
-  for (int p = 0; p < c.size(); ++p) d.count += counts[p];
-  d.aux = hash_sizes(counts, c.size());
-  c.begin(d, timeout);
+  c.begin(OpDesc::per_rank(OpKind::kAllgather, dt, counts, c.size()), timeout);
   if (direct_allgather(c, in, outs, counts, dt)) return;
   gather_steps(c, in, outs, counts, dt, true);
 }
 
 void gather(ShmComm& c, const void* in, void* const* outs, size_t count, DType dt, int root,
             Millis timeout) {
-  OpDesc d;
-  d.kind = OpKind::kGather;
-  d.dtype = dt;
-  d.count = count;
-  d.root = root;
-  c.begin(d, timeout);
+  c.begin(OpDesc::make(OpKind::kGather, dt, count, RedOp::kSum, root), timeout);
   std::vector<uint64_t> counts(c.size(), count);
   gather_steps(c, in, outs, counts.data(), dt, c.rank() == root);
 }

@@ -24,16 +24,10 @@ void allreduce_oneshot(ShmComm& c, void* buf, size_t count, DType dt, RedOp op) 
 
 void allreduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, size_t oneshot_bytes,
                Millis timeout) {
-  OpDesc d;
-  d.kind = OpKind::kAllreduce;
-  d.dtype = dt;
-  d.redop = op;
-  d.count = count;
   const size_t bytes = count * dtype_size(dt);
   const bool oneshot = bytes <= oneshot_bytes && bytes <= c.half_bytes();
   // The choice depends on a per-rank setting, so it is part of what ranks must agree on.
-  d.aux = oneshot ? 1 : 2;
-  c.begin(d, timeout);
+  c.begin(OpDesc::make(OpKind::kAllreduce, dt, count, op, -1, oneshot ? 1 : 2), timeout);
   if (c.size() == 1) {  // every op over one rank is the identity
     c.exchange();
     return;

@@ -20,10 +20,8 @@ namespace algo {
 void alltoall(ShmComm& c, const void* const* sends, const uint64_t* send_bytes,
               void* const* recvs, const uint64_t* recv_bytes, DType dt, Millis timeout) {
   const int n = c.size(), me = c.rank();
-  OpDesc d;
-  d.kind = OpKind::kAlltoall;
-  d.dtype = dt;
-  c.begin(d, timeout);
+  // Sizes differ per pair: they are checked against the peers' below.
+  c.begin(OpDesc::make(OpKind::kAlltoall, dt, 0), timeout);
 
   auto* meta = reinterpret_cast<uint64_t*>(c.stage());
   std::copy(send_bytes, send_bytes + n, meta);

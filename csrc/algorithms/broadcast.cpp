@@ -15,12 +15,7 @@ namespace rsdp {
 namespace algo {
 
 void broadcast(ShmComm& c, void* buf, size_t count, DType dt, int root, Millis timeout) {
-  OpDesc d;
-  d.kind = OpKind::kBroadcast;
-  d.dtype = dt;
-  d.count = count;
-  d.root = root;
-  c.begin(d, timeout);
+  c.begin(OpDesc::make(OpKind::kBroadcast, dt, count, RedOp::kSum, root), timeout);
   char* p = static_cast<char*>(buf);
   const size_t bytes = count * dtype_size(dt);
   if (direct_broadcast(c, buf, bytes, root)) return;
@@ -36,9 +31,7 @@ void broadcast(ShmComm& c, void* buf, size_t count, DType dt, int root, Millis t
 }
 
 void barrier(ShmComm& c, Millis timeout) {
-  OpDesc d;
-  d.kind = OpKind::kBarrier;
-  c.begin(d, timeout);
+  c.begin(OpDesc::make(OpKind::kBarrier, DType::kUInt8, 0), timeout);
   c.exchange();
 }
 

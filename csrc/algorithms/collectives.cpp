@@ -1,17 +1,17 @@
-// Dispatch of every collective to its algorithm (see select.h). On one node
-// the shared-memory algorithms run as before; across nodes the op is
-// numbered on the network and run hierarchically or flat over all ranks,
-// whose network ring is node-major (ranks of a node adjacent). An op on
-// device tensors goes to the group's DeviceCollectives instead.
+// Dispatch of every collective to its algorithm: select_algo() picks a row
+// of the algorithm table (algorithm_table.h) and its entry point runs the op,
+// the shared-memory algorithms on one node, hierarchical or flat network
+// algorithms across nodes. An op on device tensors goes to the group's
+// DeviceCollectives instead.
 #include "algorithms/collectives.h"
 
 #include <algorithm>
 #include <cstring>
 
-#include "algorithms/algorithms.h"
-#include "algorithms/hierarchical.h"
+#include "algorithms/algorithm_table.h"
 #include "algorithms/net/net_algorithms.h"
 #include "algorithms/select.h"
+#include "core/error.h"
 #include "core/reduce_kernels.h"
 #include "patterns/chunks.h"
 #include "patterns/ring_order.h"
@@ -20,21 +20,6 @@
 namespace rsdp {
 namespace coll {
 namespace {
-
-// The descriptor every rank must agree on; the algorithm is part of it
-// because RSDP_ALGO_* is a per-rank setting.
-OpDesc desc(OpKind kind, DType dt, uint64_t count, Algo a, RedOp op = RedOp::kSum,
-            int root = -1, uint64_t aux = 0, QuantBits bits = QuantBits::kNone) {
-  OpDesc d;
-  d.kind = kind;
-  d.dtype = dt;
-  d.count = count;
-  d.redop = op;
-  d.root = root;
-  d.aux = aux * 31 + static_cast<uint64_t>(a);
-  d.wire_bits = static_cast<uint8_t>(bits);
-  return d;
-}
 
 Algo pick(GroupComm& g, OpKind op, size_t bytes) {
   return select_algo(op, bytes, g.topo, g.opts, g.shm->half_bytes());
@@ -60,12 +45,13 @@ QuantBits wire_bits(const GroupComm& g, OpKind op, DType dt, RedOp rop) {
   }
 }
 
-// Reorders a per-group-rank array into ring positions.
-template <typename T>
-std::vector<T> in_ring_order(const std::vector<int>& ring, const T* by_rank) {
-  std::vector<T> out;
-  for (int r : ring) out.push_back(by_rank[r]);
-  return out;
+// The descriptor every rank must agree on across nodes; the algorithm and
+// the wire bits are part of it because RSDP_ALGO_* and the compression are
+// per-rank settings.
+OpDesc net_desc(OpDesc d, Algo a, QuantBits bits) {
+  d.aux = d.aux * 31 + static_cast<uint64_t>(a);
+  d.wire_bits = static_cast<uint8_t>(bits);
+  return d;
 }
 
 uint64_t total(const uint64_t* counts, int n) {
@@ -74,147 +60,89 @@ uint64_t total(const uint64_t* counts, int n) {
   return t;
 }
 
+// Runs the op on the algorithm select_algo() picks, through its row of the
+// table. Across nodes the op is first numbered on the network; the
+// shared-memory algorithms begin their own op.
+void dispatch(CollArgs a) {
+  GroupComm& g = a.g;
+  const uint64_t count = a.counts ? total(a.counts, g.size()) : a.count;
+  Algo algo = pick(g, a.op, count * dtype_size(a.dt));
+  if (g.multi_node()) {
+    // Compressed: the hierarchical algorithm (small messages stay exact on
+    // the leaders' path, where rounds cost more than bytes).
+    if (algo != Algo::kLeaders) a.bits = wire_bits(g, a.op, a.dt, a.redop);
+    if (a.bits != QuantBits::kNone) algo = Algo::kHier;
+  }
+  RSDP_CHECK(algo_info(algo).serves(a.op), "internal error: the algorithm ", algo_name(algo),
+             " chosen for ", op_name(a.op), " does not serve it");
+  if (g.multi_node()) {
+    const OpDesc d = a.counts ? OpDesc::per_rank(a.op, a.dt, a.counts, g.size(), a.redop)
+                              : OpDesc::make(a.op, a.dt, a.count, a.redop, a.root);
+    g.begin_net(net_desc(d, algo, a.bits), a.timeout);
+  }
+  algo_entry(algo).run(a);
+}
+
 }  // namespace
 
 void broadcast(GroupComm& g, void* buf, size_t count, DType dt, int root, Millis timeout) {
   if (g.device_op) return g.device->broadcast(buf, count, dt, root, timeout);
-  if (!g.multi_node()) return algo::broadcast(*g.shm, buf, count, dt, root, timeout);
-  const size_t bytes = count * dtype_size(dt);
-  const Algo a = pick(g, OpKind::kBroadcast, bytes);
-  g.begin_net(desc(OpKind::kBroadcast, dt, count, a, RedOp::kSum, root), timeout);
-  uint32_t step = 0;
-  if (a == Algo::kHier) return hier::broadcast(g, buf, count, dt, root, timeout, step);
-  const auto ring = g.topo.node_major_order();
-  net::broadcast_tree(*g.net, ring, buf, bytes, net::position(ring, root), step);
+  dispatch({.g = g, .op = OpKind::kBroadcast, .timeout = timeout, .dt = dt, .count = count,
+            .root = root, .buf = buf});
 }
 
 void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout) {
   if (g.device_op) return g.device->allreduce(buf, count, dt, op, timeout);
-  const size_t bytes = count * dtype_size(dt);
-  Algo a = pick(g, OpKind::kAllreduce, bytes);
-  if (!g.multi_node()) {
-    // algo::allreduce picks by threshold: 0 forces rs_ag, max forces one-shot.
-    const size_t threshold = a == Algo::kOneshot ? SIZE_MAX : 0;
-    return algo::allreduce(*g.shm, buf, count, dt, op, threshold, timeout);
-  }
-  // Compressed: the hierarchical algorithm (small messages stay exact on
-  // the leaders' path, where rounds cost more than bytes).
-  QuantBits bits = a == Algo::kLeaders ? QuantBits::kNone
-                                       : wire_bits(g, OpKind::kAllreduce, dt, op);
-  if (bits != QuantBits::kNone) a = Algo::kHier;
-  g.begin_net(desc(OpKind::kAllreduce, dt, count, a, op, -1, 0, bits), timeout);
-  uint32_t step = 0;
-  if (a == Algo::kHier) return hier::allreduce(g, buf, count, dt, op, timeout, step, bits);
-  if (a == Algo::kLeaders) return hier::allreduce_leaders(g, buf, count, dt, op, timeout, step);
-  const auto ring = g.topo.node_major_order();
-  if (a == Algo::kRd)
-    return net::allreduce_recursive_doubling(*g.net, ring, buf, count, dt, op, g.size(), step);
-  net::allreduce_ring(*g.net, ring, buf, count, dt, op, g.size(), step);
+  dispatch({.g = g, .op = OpKind::kAllreduce, .timeout = timeout, .dt = dt, .count = count,
+            .redop = op, .buf = buf});
 }
 
 void reduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, int root, Millis timeout) {
   if (g.device_op) return g.device->reduce(buf, count, dt, op, root, timeout);
-  if (!g.multi_node())
-    return algo::reduce(*g.shm, buf, count, dt, op, root, g.opts.oneshot_bytes, timeout);
-  const Algo a = pick(g, OpKind::kReduce, count * dtype_size(dt));
-  g.begin_net(desc(OpKind::kReduce, dt, count, a, op, root), timeout);
-  uint32_t step = 0;
-  if (a == Algo::kHier) return hier::reduce(g, buf, count, dt, op, root, timeout, step);
-  const auto ring = g.topo.node_major_order();
-  net::reduce_tree(*g.net, ring, buf, count, dt, op, net::position(ring, root), g.size(), step);
+  dispatch({.g = g, .op = OpKind::kReduce, .timeout = timeout, .dt = dt, .count = count,
+            .redop = op, .root = root, .buf = buf});
 }
 
 void allgather(GroupComm& g, const void* in, void* const* outs, const uint64_t* counts, DType dt,
                Millis timeout) {
   if (g.device_op) return g.device->allgather(in, outs, counts, dt, timeout);
-  if (!g.multi_node()) return algo::allgather(*g.shm, in, outs, counts, dt, timeout);
-  const int n = g.size();
-  const uint64_t all = total(counts, n);
-  Algo a = pick(g, OpKind::kAllgather, all * dtype_size(dt));
-  const QuantBits bits = wire_bits(g, OpKind::kAllgather, dt, RedOp::kSum);
-  if (bits != QuantBits::kNone) a = Algo::kHier;
-  g.begin_net(desc(OpKind::kAllgather, dt, all, a, RedOp::kSum, -1, hash_sizes(counts, n), bits),
-              timeout);
-  uint32_t step = 0;
-  if (a == Algo::kHier) return hier::allgather(g, in, outs, counts, dt, timeout, step, bits);
-  const auto ring = g.topo.node_major_order();
-  auto ring_outs = in_ring_order(ring, outs);
-  auto ring_counts = in_ring_order(ring, counts);
-  net::allgather_ring(*g.net, ring, in, ring_outs.data(), ring_counts.data(), dt, step);
+  dispatch({.g = g, .op = OpKind::kAllgather, .timeout = timeout, .dt = dt, .counts = counts,
+            .in = in, .outs = outs});
 }
 
 void gather(GroupComm& g, const void* in, void* const* outs, size_t count, DType dt, int root,
             Millis timeout) {
   if (g.device_op) return g.device->gather(in, outs, count, dt, root, timeout);
-  if (!g.multi_node()) return algo::gather(*g.shm, in, outs, count, dt, root, timeout);
-  g.begin_net(desc(OpKind::kGather, dt, count, Algo::kFlat, RedOp::kSum, root), timeout);
-  uint32_t step = 0;
-  const auto ring = g.topo.node_major_order();
-  std::vector<void*> ring_outs(ring.size(), nullptr);
-  if (g.rank() == root) ring_outs = in_ring_order(ring, outs);
-  net::gather_linear(*g.net, ring, in, ring_outs.data(), count * dtype_size(dt),
-                     net::position(ring, root), step);
+  dispatch({.g = g, .op = OpKind::kGather, .timeout = timeout, .dt = dt, .count = count,
+            .root = root, .in = in, .outs = outs});
 }
 
 void scatter(GroupComm& g, const void* const* ins, void* out, size_t count, DType dt, int root,
              Millis timeout) {
   if (g.device_op) return g.device->scatter(ins, out, count, dt, root, timeout);
-  if (!g.multi_node()) return algo::scatter(*g.shm, ins, out, count, dt, root, timeout);
-  g.begin_net(desc(OpKind::kScatter, dt, count, Algo::kFlat, RedOp::kSum, root), timeout);
-  uint32_t step = 0;
-  const auto ring = g.topo.node_major_order();
-  std::vector<const void*> ring_ins(ring.size(), nullptr);
-  if (g.rank() == root) ring_ins = in_ring_order(ring, ins);
-  net::scatter_linear(*g.net, ring, ring_ins.data(), out, count * dtype_size(dt),
-                      net::position(ring, root), step);
+  dispatch({.g = g, .op = OpKind::kScatter, .timeout = timeout, .dt = dt, .count = count,
+            .root = root, .ins = ins, .out = out});
 }
 
 void reduce_scatter(GroupComm& g, const void* const* ins, void* out, const uint64_t* counts,
                     DType dt, RedOp op, Millis timeout, float* const* residual) {
   if (g.device_op) return g.device->reduce_scatter(ins, out, counts, dt, op, timeout);
-  if (!g.multi_node()) return algo::reduce_scatter(*g.shm, ins, out, counts, dt, op, timeout);
-  const int n = g.size();
-  const uint64_t all = total(counts, n);
-  Algo a = pick(g, OpKind::kReduceScatter, all * dtype_size(dt));
-  const QuantBits bits = wire_bits(g, OpKind::kReduceScatter, dt, op);
-  if (bits != QuantBits::kNone) a = Algo::kHier;
-  g.begin_net(desc(OpKind::kReduceScatter, dt, all, a, op, -1, hash_sizes(counts, n), bits),
-              timeout);
-  uint32_t step = 0;
-  if (a == Algo::kHier)
-    return hier::reduce_scatter(g, ins, out, counts, dt, op, timeout, step, bits,
-                                bits == QuantBits::kNone ? nullptr : residual);
-  const auto ring = g.topo.node_major_order();
-  auto ring_ins = in_ring_order(ring, ins);
-  auto ring_counts = in_ring_order(ring, counts);
-  net::reduce_scatter_ring(*g.net, ring, ring_ins.data(), out, ring_counts.data(), dt, op, n,
-                           step);
+  dispatch({.g = g, .op = OpKind::kReduceScatter, .timeout = timeout, .dt = dt,
+            .counts = counts, .redop = op, .ins = ins, .out = out, .residual = residual});
 }
 
 void alltoall(GroupComm& g, const void* const* sends, const uint64_t* send_bytes,
               void* const* recvs, const uint64_t* recv_bytes, DType dt, Millis timeout) {
   if (g.device_op)
     return g.device->alltoall(sends, send_bytes, recvs, recv_bytes, dt, timeout);
-  if (!g.multi_node())
-    return algo::alltoall(*g.shm, sends, send_bytes, recvs, recv_bytes, dt, timeout);
-  // Sizes differ per rank: the transport checks each message's size instead.
-  g.begin_net(desc(OpKind::kAlltoall, dt, 0, Algo::kFlat), timeout);
-  uint32_t step = 0;
-  const auto ring = g.topo.node_major_order();
-  auto s = in_ring_order(ring, sends);
-  auto sb = in_ring_order(ring, send_bytes);
-  auto r = in_ring_order(ring, recvs);
-  auto rb = in_ring_order(ring, recv_bytes);
-  net::alltoall_pairwise(*g.net, ring, s.data(), sb.data(), r.data(), rb.data(), step);
+  // Sizes differ per rank: the descriptor's count is 0, and each message's
+  // size is checked instead.
+  dispatch({.g = g, .op = OpKind::kAlltoall, .timeout = timeout, .dt = dt, .sends = sends,
+            .send_bytes = send_bytes, .recvs = recvs, .recv_bytes = recv_bytes});
 }
 
 void barrier(GroupComm& g, Millis timeout) {
-  if (!g.multi_node()) return algo::barrier(*g.shm, timeout);
-  const Algo a = pick(g, OpKind::kBarrier, 0);
-  g.begin_net(desc(OpKind::kBarrier, DType::kUInt8, 0, a), timeout);
-  uint32_t step = 0;
-  if (a == Algo::kHier) return hier::barrier(g, timeout, step);
-  net::barrier(*g.net, g.topo.node_major_order(), step);
+  dispatch({.g = g, .op = OpKind::kBarrier, .timeout = timeout});
 }
 
 void ring_shift(GroupComm& g, const std::vector<int>& order, const void* send, void* recv,
@@ -229,9 +157,9 @@ void ring_shift(GroupComm& g, const std::vector<int>& order, const void* send, v
   // only then written to `recv`, so recv may alias send.
   const RedOp rop = add ? RedOp::kSum : RedOp::kMax;
   const QuantBits bits = wire_bits(g, OpKind::kRingShift, dt, rop);
-  OpDesc d = desc(OpKind::kRingShift, dt, count, Algo::kRing, rop, -1, 0, bits);
-  d.direction = direction >= 0 ? 1 : -1;
-  g.begin_net(d, timeout);
+  // Not a row of the table: one algorithm everywhere, a ring on the network.
+  const OpDesc d = OpDesc::ring_shift(dt, count, direction, add != nullptr);
+  g.begin_net(net_desc(d, Algo::kRing, bits), timeout);
   const RingNeighbours nb = ring_neighbours(order, g.rank(), direction);
   uint32_t step = 0;
   if (bits != QuantBits::kNone)

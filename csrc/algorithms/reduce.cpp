@@ -19,17 +19,11 @@ namespace algo {
 
 void reduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, int root,
             size_t oneshot_bytes, Millis timeout) {
-  OpDesc d;
-  d.kind = OpKind::kReduce;
-  d.dtype = dt;
-  d.redop = op;
-  d.count = count;
-  d.root = root;
   const int n = c.size(), me = c.rank();
   const size_t es = dtype_size(dt);
   const bool oneshot = count * es <= std::min(oneshot_bytes, c.half_bytes());
-  d.aux = oneshot ? 1 : 2;  // per-rank setting: part of what ranks must agree on
-  c.begin(d, timeout);
+  // A per-rank setting: part of what ranks must agree on.
+  c.begin(OpDesc::make(OpKind::kReduce, dt, count, op, root, oneshot ? 1 : 2), timeout);
   char* data = static_cast<char*>(buf);
   std::vector<const void*> srcs(n);
 

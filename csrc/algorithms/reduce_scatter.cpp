@@ -20,13 +20,7 @@ namespace algo {
 void reduce_scatter(ShmComm& c, const void* const* ins, void* out, const uint64_t* counts,
                     DType dt, RedOp op, Millis timeout) {
   const int n = c.size(), me = c.rank();
-  OpDesc d;
-  d.kind = OpKind::kReduceScatter;
-  d.dtype = dt;
-  d.redop = op;
-  for (int p = 0; p < n; ++p) d.count += counts[p];
-  d.aux = hash_sizes(counts, n);
-  c.begin(d, timeout);
+  c.begin(OpDesc::per_rank(OpKind::kReduceScatter, dt, counts, n, op), timeout);
   if (direct_reduce_scatter(c, ins, out, counts, dt, op)) return;
   const size_t es = dtype_size(dt);
   const size_t sub = slot_elems(c.half_bytes(), n, es);

@@ -13,12 +13,7 @@ namespace algo {
 
 void scatter(ShmComm& c, const void* const* ins, void* out, size_t count, DType dt, int root,
              Millis timeout) {
-  OpDesc d;
-  d.kind = OpKind::kScatter;
-  d.dtype = dt;
-  d.count = count;
-  d.root = root;
-  c.begin(d, timeout);
+  c.begin(OpDesc::make(OpKind::kScatter, dt, count, RedOp::kSum, root), timeout);
   const int n = c.size(), me = c.rank();
   const size_t es = dtype_size(dt), bytes = count * es;
   const size_t slot = slot_elems(c.half_bytes(), n, 1);  // bytes

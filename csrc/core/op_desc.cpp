@@ -41,6 +41,29 @@ std::string OpDesc::describe() const {
   return os.str();
 }
 
+OpDesc OpDesc::make(OpKind kind, DType dt, uint64_t count, RedOp redop, int root, uint64_t aux) {
+  OpDesc d;
+  d.kind = kind;
+  d.dtype = dt;
+  d.count = count;
+  d.redop = redop;
+  d.root = root;
+  d.aux = aux;
+  return d;
+}
+
+OpDesc OpDesc::per_rank(OpKind kind, DType dt, const uint64_t* counts, int n, RedOp redop) {
+  uint64_t total = 0;
+  for (int p = 0; p < n; ++p) total += counts[p];
+  return make(kind, dt, total, redop, -1, hash_sizes(counts, n));
+}
+
+OpDesc OpDesc::ring_shift(DType dt, uint64_t count, int direction, bool reduce) {
+  OpDesc d = make(OpKind::kRingShift, dt, count, reduce ? RedOp::kSum : RedOp::kMax);
+  d.direction = direction >= 0 ? 1 : -1;
+  return d;
+}
+
 uint64_t hash_sizes(const uint64_t* sizes, int n) {
   uint64_t h = 1469598103934665603ull;
   for (int i = 0; i < n; ++i) {

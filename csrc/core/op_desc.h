@@ -23,9 +23,13 @@ enum class OpKind : uint8_t {
   kBarrier,
   kRingShift,
 };
+inline constexpr int kNumOpKinds = static_cast<int>(OpKind::kRingShift) + 1;
 
 const char* op_name(OpKind k);
 
+// Made with make() or the named makers below, never field by field, so that
+// no op leaves out a field its peers compare; seq and on_device are the
+// comm's to fill in.
 struct OpDesc {
   uint64_t seq = 0;    // per-group collective counter, filled in by the comm
   uint64_t count = 0;  // elements (op-specific meaning, identical on all ranks)
@@ -49,6 +53,18 @@ struct OpDesc {
   }
   // e.g. "allreduce(float32 SUM, 1000 elements) as collective #5"
   std::string describe() const;
+
+  // `root` for rooted ops (broadcast, reduce, gather, scatter), else -1;
+  // `aux` as above.
+  static OpDesc make(OpKind kind, DType dt, uint64_t count, RedOp redop = RedOp::kSum,
+                     int root = -1, uint64_t aux = 0);
+  // The ops with a size per rank (allgather, reduce_scatter): `count` is the
+  // total of counts[0..n), `aux` the hash of the list.
+  static OpDesc per_rank(OpKind kind, DType dt, const uint64_t* counts, int n,
+                         RedOp redop = RedOp::kSum);
+  // A ring shift by one position (direction >= 0: forward); `reduce`: the
+  // shift-reduce, told apart by its redop (SUM, else MAX).
+  static OpDesc ring_shift(DType dt, uint64_t count, int direction, bool reduce);
 };
 
 // Order-sensitive hash of a list of sizes (FNV-1a over the 64-bit values).

@@ -1,9 +1,11 @@
 #include "core/options.h"
 
+#include <cctype>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "algorithms/algorithm_table.h"
 #include "core/error.h"
 
 namespace rsdp {
@@ -45,27 +47,27 @@ Options Options::from_env() {
   if (const char* v = env("RSDP_NODE_ID")) o.node_id = v;
   if (const char* v = env("RSDP_CUDA_STAGING_BYTES"))
     o.cuda_staging_bytes = parse_bytes("RSDP_CUDA_STAGING_BYTES", v);
-  struct Algo {
-    const char* var;
-    std::string* into;
-    const char* names;  // accepted values, space-separated
+  // `v` must be one of `names` (space-separated).
+  auto check_choice = [](const char* var, const char* v, const std::string& names) {
+    RSDP_CHECK((" " + names + " ").find(std::string(" ") + v + " ") != std::string::npos,
+               "environment variable ", var, "='", v, "' names no algorithm; choose one of: ",
+               names);
   };
-  const Algo algos[] = {
-      {"RSDP_ALGO_ALLREDUCE", &o.algo_allreduce, "auto oneshot rs_ag hier ring rd"},
-      {"RSDP_ALGO_ALLGATHER", &o.algo_allgather, "auto hier ring"},
-      {"RSDP_ALGO_REDUCE_SCATTER", &o.algo_reduce_scatter, "auto hier ring"},
-      {"RSDP_ALGO_BROADCAST", &o.algo_broadcast, "auto hier tree"},
-      {"RSDP_ALGO_REDUCE", &o.algo_reduce, "auto hier tree"},
-      {"RSDP_ALGO_BARRIER", &o.algo_barrier, "auto hier flat"},
-      {"RSDP_CUDA_INTRA", &o.cuda_intra, "auto ipc nccl"},
-  };
-  for (const Algo& a : algos) {
-    const char* v = env(a.var);
+  // RSDP_ALGO_<OP> for each op with a choice of algorithms (algorithms.def).
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    const OpKind op = static_cast<OpKind>(k);
+    const std::string names = algo_choices(op);
+    if (names.empty()) continue;
+    std::string var = "RSDP_ALGO_";
+    for (const char* p = op_name(op); *p; ++p) var += static_cast<char>(std::toupper(*p));
+    const char* v = env(var.c_str());
     if (!v) continue;
-    std::string names = std::string(" ") + a.names + " ";
-    RSDP_CHECK(names.find(std::string(" ") + v + " ") != std::string::npos, "environment variable ",
-               a.var, "='", v, "' names no algorithm; choose one of: ", a.names);
-    *a.into = v;
+    check_choice(var.c_str(), v, "auto " + names);
+    if (std::strcmp(v, "auto") != 0) o.algo[k] = v;
+  }
+  if (const char* v = env("RSDP_CUDA_INTRA")) {
+    check_choice("RSDP_CUDA_INTRA", v, "auto ipc nccl");
+    o.cuda_intra = v;
   }
   RSDP_CHECK(o.shm_bytes >= 8192, "RSDP_SHM_BYTES must be at least 8K, got ", o.shm_bytes);
   RSDP_CHECK(o.cuda_staging_bytes >= 8192, "RSDP_CUDA_STAGING_BYTES must be at least 8K, got ",

@@ -2,8 +2,11 @@
 // Every variable is documented in docs/configuration.md.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <string>
+
+#include "core/op_desc.h"
 
 namespace rsdp {
 
@@ -25,10 +28,10 @@ struct Options {
   bool debug = false;
   // Explicit node identity (empty: host name + boot id).
   std::string node_id;
-  // Forced algorithms, from RSDP_ALGO_<OP> ("auto" when unset); the names
-  // each op accepts are in algorithms/select.h.
-  std::string algo_allreduce = "auto", algo_allgather = "auto", algo_reduce_scatter = "auto",
-              algo_broadcast = "auto", algo_reduce = "auto", algo_barrier = "auto";
+  // Forced algorithms by op, from RSDP_ALGO_<OP> (empty when unset or
+  // "auto"); the names each op accepts are in algorithms/algorithms.def.
+  std::array<std::string, kNumOpKinds> algo;
+  const std::string& forced_algo(OpKind op) const { return algo[static_cast<size_t>(op)]; }
 
   // CUDA ops: device staging bytes per rank for the CUDA-IPC path (two
   // halves), and which transport serves ranks of one node: "auto" (NCCL when

@@ -28,13 +28,7 @@ void stage_segment(RingShiftOp& op) {
 void ring_shift_start(ShmComm& c, RingShiftOp& op, const std::vector<int>& order,
                       const void* send, void* recv, size_t count, DType dt, int direction,
                       const void* add, std::chrono::milliseconds timeout) {
-  OpDesc d;
-  d.kind = OpKind::kRingShift;
-  d.dtype = dt;
-  d.count = count;
-  d.direction = direction >= 0 ? 1 : -1;
-  d.redop = add ? RedOp::kSum : RedOp::kMax;  // tells shift and shift_reduce apart
-  c.begin(d, timeout);
+  c.begin(OpDesc::ring_shift(dt, count, direction, add != nullptr), timeout);
   op.c = &c;
   op.nb = ring_neighbours(order, c.rank(), direction);
   op.es = dtype_size(dt);

@@ -67,16 +67,10 @@ void allreduce(IpcComm& c, void* buf, size_t count, DType dt, RedOp op, size_t o
                Millis timeout, cudaStream_t stream) {
   impl::check_redop(c, dt, op, OpKind::kAllreduce);
   CudaDeviceScope scope(c.device());
-  OpDesc d;
-  d.kind = OpKind::kAllreduce;
-  d.dtype = dt;
-  d.redop = op;
-  d.count = count;
   const size_t bytes = count * dtype_size(dt);
   const bool oneshot = bytes <= oneshot_bytes && bytes <= c.half_bytes();
   // The choice depends on a per-rank setting, so it is part of what ranks must agree on.
-  d.aux = oneshot ? 1 : 2;
-  c.begin(d, timeout, stream);
+  c.begin(OpDesc::make(OpKind::kAllreduce, dt, count, op, -1, oneshot ? 1 : 2), timeout, stream);
   if (c.size() == 1) {  // every op over one rank is the identity
     c.exchange();
     return;
@@ -92,17 +86,11 @@ void reduce(IpcComm& c, void* buf, size_t count, DType dt, RedOp op, int root,
   impl::check_root(c, root, OpKind::kReduce);
   impl::check_redop(c, dt, op, OpKind::kReduce);
   CudaDeviceScope scope(c.device());
-  OpDesc d;
-  d.kind = OpKind::kReduce;
-  d.dtype = dt;
-  d.redop = op;
-  d.count = count;
-  d.root = root;
   const int n = c.size(), me = c.rank();
   const size_t es = dtype_size(dt);
   const bool oneshot = count * es <= std::min(oneshot_bytes, c.half_bytes());
-  d.aux = oneshot ? 1 : 2;  // per-rank setting: part of what ranks must agree on
-  c.begin(d, timeout, stream);
+  // A per-rank setting: part of what ranks must agree on.
+  c.begin(OpDesc::make(OpKind::kReduce, dt, count, op, root, oneshot ? 1 : 2), timeout, stream);
   char* data = static_cast<char*>(buf);
   std::vector<const void*> srcs(n);
 

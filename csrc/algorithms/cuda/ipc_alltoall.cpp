@@ -33,10 +33,8 @@ void alltoall(IpcComm& c, const void* const* sends, const uint64_t* send_bytes,
   RSDP_CHECK_KIND(ErrorKind::kSystem, meta_bytes <= c.host_half_bytes(), c.group().me(),
                   ": alltoall: the host staging half (", c.host_half_bytes(),
                   " bytes) cannot hold the size matrix of ", n, " ranks");
-  OpDesc d;
-  d.kind = OpKind::kAlltoall;
-  d.dtype = dt;
-  c.begin(d, timeout, stream);
+  // Sizes differ per pair: they are checked against the peers' below.
+  c.begin(OpDesc::make(OpKind::kAlltoall, dt, 0), timeout, stream);
 
   auto* meta = reinterpret_cast<uint64_t*>(c.host_stage());
   std::copy(send_bytes, send_bytes + n, meta);

@@ -55,12 +55,7 @@ void broadcast(IpcComm& c, void* buf, size_t count, DType dt, int root, Millis t
                cudaStream_t stream) {
   impl::check_root(c, root, OpKind::kBroadcast);
   CudaDeviceScope scope(c.device());
-  OpDesc d;
-  d.kind = OpKind::kBroadcast;
-  d.dtype = dt;
-  d.count = count;
-  d.root = root;
-  c.begin(d, timeout, stream);
+  c.begin(OpDesc::make(OpKind::kBroadcast, dt, count, RedOp::kSum, root), timeout, stream);
   const bool is_root = c.rank() == root, others = c.size() > 1;
   char* p = static_cast<char*>(buf);
   const size_t bytes = count * dtype_size(dt);
@@ -77,21 +72,14 @@ void broadcast(IpcComm& c, void* buf, size_t count, DType dt, int root, Millis t
 
 void barrier(IpcComm& c, Millis timeout, cudaStream_t stream) {
   CudaDeviceScope scope(c.device());
-  OpDesc d;
-  d.kind = OpKind::kBarrier;
-  c.begin(d, timeout, stream);
+  c.begin(OpDesc::make(OpKind::kBarrier, DType::kUInt8, 0), timeout, stream);
   c.exchange();
 }
 
 void allgather(IpcComm& c, const void* in, void* const* outs, const uint64_t* counts, DType dt,
                Millis timeout, cudaStream_t stream) {
   CudaDeviceScope scope(c.device());
-  OpDesc d;
-  d.kind = OpKind::kAllgather;
-  d.dtype = dt;
-  for (int p = 0; p < c.size(); ++p) d.count += counts[p];
-  d.aux = hash_sizes(counts, c.size());
-  c.begin(d, timeout, stream);
+  c.begin(OpDesc::per_rank(OpKind::kAllgather, dt, counts, c.size()), timeout, stream);
   gather_steps(c, in, outs, counts, dt, true, true);
 }
 
@@ -99,12 +87,7 @@ void gather(IpcComm& c, const void* in, void* const* outs, size_t count, DType d
             Millis timeout, cudaStream_t stream) {
   impl::check_root(c, root, OpKind::kGather);
   CudaDeviceScope scope(c.device());
-  OpDesc d;
-  d.kind = OpKind::kGather;
-  d.dtype = dt;
-  d.count = count;
-  d.root = root;
-  c.begin(d, timeout, stream);
+  c.begin(OpDesc::make(OpKind::kGather, dt, count, RedOp::kSum, root), timeout, stream);
   std::vector<uint64_t> counts(c.size(), count);
   const bool is_root = c.rank() == root;
   gather_steps(c, in, outs, counts.data(), dt, !is_root, is_root);
@@ -114,12 +97,7 @@ void scatter(IpcComm& c, const void* const* ins, void* out, size_t count, DType 
              Millis timeout, cudaStream_t stream) {
   impl::check_root(c, root, OpKind::kScatter);
   CudaDeviceScope scope(c.device());
-  OpDesc d;
-  d.kind = OpKind::kScatter;
-  d.dtype = dt;
-  d.count = count;
-  d.root = root;
-  c.begin(d, timeout, stream);
+  c.begin(OpDesc::make(OpKind::kScatter, dt, count, RedOp::kSum, root), timeout, stream);
   const int n = c.size(), me = c.rank();
   const size_t es = dtype_size(dt), bytes = count * es;
   const size_t slot = slot_elems(c.half_bytes(), n, 1);  // bytes

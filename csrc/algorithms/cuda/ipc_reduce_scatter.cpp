@@ -22,13 +22,7 @@ void reduce_scatter(IpcComm& c, const void* const* ins, void* out, const uint64_
   impl::check_redop(c, dt, op, OpKind::kReduceScatter);
   CudaDeviceScope scope(c.device());
   const int n = c.size(), me = c.rank();
-  OpDesc d;
-  d.kind = OpKind::kReduceScatter;
-  d.dtype = dt;
-  d.redop = op;
-  for (int p = 0; p < n; ++p) d.count += counts[p];
-  d.aux = hash_sizes(counts, n);
-  c.begin(d, timeout, stream);
+  c.begin(OpDesc::per_rank(OpKind::kReduceScatter, dt, counts, n, op), timeout, stream);
   const size_t es = dtype_size(dt);
   const size_t sub = slot_elems(c.half_bytes(), n, es);
   size_t most = 0;

@@ -26,13 +26,7 @@ void ring_shift(IpcComm& c, const std::vector<int>& order, const void* send, voi
              c.group().me(), ": ring_shift: the ring has ", order.size(),
              " entries but must list each of the node's ", c.size(), " ranks once");
   CudaDeviceScope scope(c.device());
-  OpDesc d;
-  d.kind = OpKind::kRingShift;
-  d.dtype = dt;
-  d.count = count;
-  d.direction = direction >= 0 ? 1 : -1;
-  d.redop = add ? RedOp::kSum : RedOp::kMax;  // tells shift and shift_reduce apart
-  c.begin(d, timeout, stream);
+  c.begin(OpDesc::ring_shift(dt, count, direction, add != nullptr), timeout, stream);
   const RingNeighbours nb = ring_neighbours(order, me, direction);
   const size_t es = dtype_size(dt), bytes = count * es;
   const size_t seg = c.half_bytes() / es * es;

@@ -99,18 +99,17 @@ inline WireHeader make_header(const OpDesc& d, uint32_t step, uint64_t bytes) {
   return h;
 }
 
+// Every field make_header() sends, in OpDesc's order (on_device is not sent).
 inline OpDesc header_desc(const WireHeader& h) {
-  OpDesc d;
-  d.seq = h.seq;
-  d.count = h.count;
-  d.aux = h.aux;
-  d.root = h.root;
-  d.kind = static_cast<OpKind>(h.kind);
-  d.dtype = static_cast<DType>(h.dtype);
-  d.redop = static_cast<RedOp>(h.redop);
-  d.direction = h.direction;
-  d.wire_bits = h.wire_bits;
-  return d;
+  return OpDesc{.seq = h.seq,
+                .count = h.count,
+                .aux = h.aux,
+                .root = h.root,
+                .kind = static_cast<OpKind>(h.kind),
+                .dtype = static_cast<DType>(h.dtype),
+                .redop = static_cast<RedOp>(h.redop),
+                .direction = h.direction,
+                .wire_bits = h.wire_bits};
 }
 
 }  // namespace ucx_wire
