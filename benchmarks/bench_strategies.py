@@ -47,7 +47,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # harness (launcher)
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # support.harness (launcher)
 sys.path.insert(0, HERE)
 sys.path.append(ROOT)
 
@@ -201,7 +201,7 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
 
 
 def run(setting, spec, args, nodes):
-    from harness import LaunchError, launch
+    from support.harness import LaunchError, launch
     label, p = plan_of(spec)
     comp = compression_of(spec)[1]
     label += spec[len(spec.partition("+")[0]):]

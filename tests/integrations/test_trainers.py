@@ -197,6 +197,8 @@ def _lightning_fsdp_refuses(ctx):
 
     from torch_rsdp import plan
     from support.plan_cases import make_llama
+
+    sys.path.insert(0, HERE)  # the worker scripts import each other by name, as torchrun runs them
     from trainer_lightning_worker import LitLM
 
     model = make_llama()
