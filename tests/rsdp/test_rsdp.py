@@ -168,6 +168,16 @@ def fam_linear(ctx, rec):
             if bias and split == "out":
                 assert (_loc(model.weight.grad).untyped_storage().data_ptr()
                         == _loc(model.bias.grad).untyped_storage().data_ptr())
+    with rec.case("input of the wrong width raises, naming the rank, the layer and the shape"):
+        model = _shard(nn.Sequential(nn.Linear(8, 6)))
+        try:
+            model(torch.randn(5, 7))
+        except ValueError as e:
+            msg = str(e)
+        else:
+            raise AssertionError("a (5, 7) input to Linear(8, 6) did not raise")
+        assert f"rank {ctx.rank}" in msg and "'0'" in msg and "(5, 7)" in msg, msg
+        model(torch.randn(4 + 8 * ctx.rank, 8)).sum().backward()  # the group is still usable
     with rec.case("input without grad (no weight rotation in backward)"):
         _check_layer(ctx, lambda: nn.Linear(4, 6),
                      lambda q: torch.randn(3, 4, generator=_gen("x", q)), "nograd-input")

@@ -130,11 +130,12 @@ class _LinearFn(torch.autograd.Function):
         st: ShardState = mod._rsdp
         ring, lay = st.ring, st.layout
         fin, fout, split, tr = _geometry(mod)
-        src = st.compute_flat()
-        if x.shape[-1] != fin:
+        if x.shape[-1] != fin:  # before any buffer is taken
             name = getattr(mod, "_rsdp_name", "")
-            raise ValueError(f"{type(mod).__name__} {name!r}: input of shape {tuple(x.shape)} "
+            raise ValueError(f"torch_rsdp.rsdp rank {ring.rank}: {type(mod).__name__} {name!r}: "
+                             f"input of shape {tuple(x.shape)} "
                              f"does not end with in_features={fin}")
+        src = st.compute_flat()
         x2 = x.reshape(-1, fin).to(src.dtype)
         C = _native(st, src)
         if C is not None:
