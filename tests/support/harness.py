@@ -534,7 +534,10 @@ def launch(
             else:
                 o.status = "error"
                 o.exc_type, o.exc_msg, o.exc_tb = payload[1], payload[2], payload[3]
-        o.log_tail = _tail(os.path.join(workdir, f"rank{r}.log"))
+        # A rank killed by a signal (a native abort) printed its reason above a long native
+        # backtrace: keep enough of its log to hold both.
+        o.log_tail = _tail(os.path.join(workdir, f"rank{r}.log"),
+                           16000 if (p.exitcode or 0) < 0 else 4000)
         try:
             with open(os.path.join(workdir, f"progress{r}")) as f:
                 o.progress = f.read()
