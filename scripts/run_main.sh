@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets everything up, then runs the main job on CPU ranks (about 7 minutes after set-up on
+# Sets everything up, then runs the main job on CPU ranks (about 9 minutes after set-up on
 # 2 cores), printing each comparison against the stock backend (gloo):
 #   1. fine-tuning a Hugging Face Llama (1 M parameters, built from a config) on chess games
 #      the project generates, one rank per core (--nproc N to change it): RSDP, FSDP2 over

@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Where an RSDP step's time goes next to FSDP2's: three measurements behind
+docs/benchmarks.md's "Where the time goes now".
+
+    python benchmarks/profile_ring_costs.py steps --world-size 4    # CPU, context switches
+    python benchmarks/profile_ring_costs.py hops --world-size 4     # what one ring hop costs
+    python benchmarks/profile_ring_costs.py single                  # no communication at all
+
+``steps``: the ``act`` setting of ``bench_rsdp_fsdp2.py`` (Llama 4.2 M parameters, 4 x 64
+tokens per rank), every ``--variants`` model built in the same processes and timed in turns
+(``--rounds`` rounds of ``--steps`` steps each). Per variant and round: wall time per step,
+CPU time per step summed over the ranks (``time.process_time``), its share of
+``cores x wall``, voluntary and involuntary context switches and system time per step summed
+over the ranks (``getrusage``). With more ranks than cores the CPU share says whether cores
+sat idle; the switches count the synchronisation points that put a rank to sleep.
+
+``hops``: ``--iters`` iterations of a 256 x 256 matmul followed by nothing (``none``), one ring
+hop (``ring1``), a whole rotation of W - 1 hops (``ring``, as a layer's forward makes), an
+all-gather or a reduce-scatter of a shard of ``--numel`` float32 elements; the time added to an
+iteration over ``none`` is the cost of that synchronisation, compute in between included as a
+layer has.
+
+``single``: one rank, one thread: a step of the unsharded model, under RSDP and under FSDP2
+(their bookkeeping without any communication), and AdamW's step alone on each model's
+parameters (plain tensors against DTensors).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import bench_rsdp_fsdp2 as bench  # noqa: E402
+import training_models as tm  # noqa: E402
+
+
+def _init(rank, world, port, threads):
+    import torch
+    import torch.distributed as dist
+    tm.tune_for_oversubscription(world)
+    import torch_rsdp  # noqa: F401  (registers "rsdp")
+    torch.set_num_threads(threads or tm.default_threads(world))
+    dist.init_process_group("rsdp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+
+
+def _step_fn(model, opt, cfg, rank):
+    import torch
+
+    def step(i):
+        g = torch.Generator().manual_seed(1000 * i + rank)
+        ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def _steps_worker(rank, world, port, a):
+    import torch
+    import torch.distributed as dist
+    from torch_rsdp.rsdp import sharded_linear
+    _init(rank, world, port, a.threads)
+    cfg = bench.SETTINGS["act"]
+    variants = a.variants.split(",")
+    steps = {}
+    for v in variants:
+        m = bench.wrap(bench.build_model(cfg), v)
+        steps[v] = _step_fn(m, torch.optim.AdamW(m.parameters(), lr=1e-4), cfg, rank)
+    cores = os.cpu_count() or 1
+    for rnd in range(a.rounds):
+        for v in variants:
+            sharded_linear.WHOLE_SMALL = v not in bench.PER_SHARD
+            for i in range(2):
+                steps[v](i)
+            dist.barrier()
+            ru0, c0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), \
+                time.perf_counter()
+            for i in range(a.steps):
+                steps[v](10 + i)
+            dist.barrier()
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            ru1 = resource.getrusage(resource.RUSAGE_SELF)
+            t = torch.tensor([wall, cpu, ru1.ru_nvcsw - ru0.ru_nvcsw,
+                              ru1.ru_nivcsw - ru0.ru_nivcsw, ru1.ru_stime - ru0.ru_stime],
+                             dtype=torch.float64) / a.steps
+            dist.all_reduce(t)
+            wall_s = t[0].item() / world
+            if rank == 0:
+                print(f"round {rnd + 1} {v:14s} wall {wall_s * 1e3:7.1f} ms/step  "
+                      f"cpu {t[1].item() * 1e3:7.1f} ms/step "
+                      f"({t[1].item() / (min(world, cores) * wall_s):.2f} of the cores)  "
+                      f"switches {t[2].item():5.0f} voluntary {t[3].item():5.0f} involuntary  "
+                      f"sys {t[4].item() * 1e3:5.1f} ms", flush=True)
+    dist.destroy_process_group()
+
+
+def _hops_worker(rank, world, port, a):
+    import torch
+    import torch.distributed as dist
+    from torch_rsdp.ring import rsdp_backend
+    _init(rank, world, port, 1)
+    be = rsdp_backend()
+    x, w = torch.randn(256, 256), torch.randn(256, 256)
+    for n in (int(s) for s in a.numel.split(",")):
+        src, bufs = torch.randn(n), [torch.empty(n), torch.empty(n)]
+        gathered = torch.empty(world * n)
+
+        def sync(mode):
+            if mode == "ring1":
+                be.ring_step(src, bufs[0], 1, None).wait()
+            elif mode == "ring":
+                cur = src
+                for t in range(world - 1):
+                    be.ring_step(cur, bufs[t % 2], 1, None).wait()
+                    cur = bufs[t % 2]
+            elif mode == "allgather":
+                dist.all_gather_into_tensor(gathered, src)
+            elif mode == "reduce_scatter":
+                dist.reduce_scatter_tensor(src, gathered)
+
+        for rnd in range(a.rounds):
+            us = {}
+            for mode in ("none", "ring1", "ring", "allgather", "reduce_scatter"):
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(a.iters):
+                    torch.mm(x, w)
+                    sync(mode)
+                dist.barrier()
+                us[mode] = (time.perf_counter() - t0) / a.iters * 1e6
+            if rank == 0:
+                print(f"round {rnd + 1}, shard {n * 4 / 1024:.0f} KiB: matmul alone "
+                      f"{us['none']:.0f} us per iteration; added: "
+                      + ", ".join(f"{m} {us[m] - us['none']:+.0f} us" for m in us if m != "none"),
+                      flush=True)
+    dist.destroy_process_group()
+
+
+def _single_worker(rank, world, port, a):
+    import torch
+    import torch.distributed as dist
+    _init(rank, 1, port, 1)
+    cfg = bench.SETTINGS["act"]
+    models = {"unsharded": bench.build_model(cfg)}
+    for v in ("rsdp", "fsdp2"):
+        models[v] = bench.wrap(bench.build_model(cfg), v)
+    opts = {k: torch.optim.AdamW(m.parameters(), lr=1e-4) for k, m in models.items()}
+    steps = {k: _step_fn(m, opts[k], cfg, 0) for k, m in models.items()}
+    best = {k: float("inf") for k in models}
+    for rnd in range(max(a.rounds, 3)):
+        for k in models:
+            t0 = time.perf_counter()
+            for i in range(a.steps):
+                steps[k](i)
+            best[k] = min(best[k], (time.perf_counter() - t0) / a.steps)
+    for k, m in models.items():
+        m(input_ids=torch.zeros(1, cfg["seq"], dtype=torch.long),
+          labels=torch.zeros(1, cfg["seq"], dtype=torch.long)).loss.backward()
+        ts = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            opts[k].step()
+            ts.append(time.perf_counter() - t0)
+        opts[k].zero_grad(set_to_none=True)
+        print(f"{k:10s} step {best[k] * 1e3:6.1f} ms (best round)  AdamW step alone "
+              f"{min(ts) * 1e3:5.1f} ms", flush=True)
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("what", choices=("steps", "hops", "single"))
+    p.add_argument("--world-size", type=int, default=4)
+    p.add_argument("--variants", default="rsdp,fsdp2", help="steps: bench_rsdp_fsdp2 variants")
+    p.add_argument("--steps", type=int, default=8, help="steps / single: steps per round")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=None, help="steps: threads per rank")
+    p.add_argument("--numel", default="1024,49152", help="hops: shard sizes (float32 elements)")
+    p.add_argument("--iters", type=int, default=300, help="hops: iterations per mode")
+    a = p.parse_args(argv)
+    for v in a.variants.split(","):
+        if v not in bench.VARIANTS:
+            raise SystemExit(f"unknown variant {v!r}; choose from {list(bench.VARIANTS)}")
+    import torch.multiprocessing as mp
+    fn = {"steps": _steps_worker, "hops": _hops_worker, "single": _single_worker}[a.what]
+    world = 1 if a.what == "single" else a.world_size
+    mp.spawn(fn, args=(world, tm.free_port(), a), nprocs=world)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
