@@ -59,9 +59,11 @@ SETTINGS = {
 }
 VARIANTS = {"rsdp": dict(), "rsdp-units": dict(tp_plan="auto"),
             "rsdp-units-keep": dict(tp_plan="auto", unit_recompute=False), "fsdp2": None,
-            "rsdp-pershard": dict()}
+            "rsdp-pershard": dict(), "rsdp-perlayer": dict()}
 #: variants that compute every layer shard by shard ([Note: whole small layers] off)
 PER_SHARD = {"rsdp-pershard"}
+#: variants whose small layers rotate one by one, not as their block ([Note: block gathers])
+PER_LAYER = {"rsdp-pershard", "rsdp-perlayer"}
 MEM_CATS = ("params", "grads+optim", "rest")
 
 _BUSY = "import time\nt = time.time() + {secs}\nx = 0\nwhile time.time() < t:\n    x += 1\n"
@@ -98,7 +100,7 @@ def _worker(rank, world, port, cfg, variants, a, out_path):
     import torch.distributed as dist
     tm.tune_for_oversubscription(world)
     import torch_rsdp  # noqa: F401  (registers "rsdp")
-    from torch_rsdp.rsdp import sharded_linear
+    from torch_rsdp.rsdp import block_gather, sharded_linear
     torch.set_num_threads(a.threads or tm.default_threads(world))
     dist.init_process_group("rsdp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -112,6 +114,7 @@ def _worker(rank, world, port, cfg, variants, a, out_path):
 
     def step(v, i):
         sharded_linear.WHOLE_SMALL = v not in PER_SHARD
+        block_gather.ENABLED = v not in PER_LAYER
         ids = batch(i)
         loss = models[v](input_ids=ids, labels=ids).loss
         loss.backward()

@@ -46,6 +46,7 @@ from .._dtensor_params import local, mesh_of_group, refuse_ddp, replicate_params
 from .._grad_sync import GradSync
 from .._utils import broadcast_module_states
 from . import coverage
+from .block_gather import make_blocks
 from .coverage import FILTERED, NOT_DECOMPOSABLE, TOO_SMALL, LeftWhole, classify
 from .ring_feedback import RingFeedback
 from .state_dict import shard_dim
@@ -243,6 +244,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
 
     for name, mod in sharded.items():
         mod._rsdp_name = name  # for error messages
+    make_blocks(model, sharded, ring)  # [Note: block gathers]
     # Submodules an earlier shard() call sharded (a deeper unit of a torch_rsdp.plan) hold
     # shards too: neither replicated nor left whole here.
     earlier = {n: m for n, m in model.named_modules()

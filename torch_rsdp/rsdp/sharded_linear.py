@@ -261,7 +261,13 @@ class _LinearFn(torch.autograd.Function):
 @torch.compiler.disable  # [Note: ring steps under torch.compile] in .ring_order
 def sharded_linear_forward(mod, x: torch.Tensor) -> torch.Tensor:
     """Forward of a sharded linear-like module (output split: the bias is sharded with the
-    rows and added inside the ring; input split: the replicated bias is added afterwards)."""
+    rows and added inside the ring; input split: the replicated bias is added afterwards).
+    A small layer of a block computes in its block's pass ([Note: block gathers])."""
+    block = getattr(mod, "_rsdp_block", None)
+    if block is not None:
+        y = block.forward(mod, x)
+        if y is not None:
+            return y
     if mod._rsdp_split == "out":
         return _LinearFn.apply(x, mod.weight, mod.bias, mod)
     y = _LinearFn.apply(x, mod.weight, None, mod)

@@ -1,0 +1,299 @@
+"""Small layers of one block gathered together: one rotation for a block instead of one a layer.
+
+[Note: block gathers]
+A layer no larger than its activations is computed whole anyway ([Note: whole small layers] in
+:mod:`.sharded_linear`), yet shard by shard it still costs ``W - 1`` ring hops in forward and
+twice that in backward, each a point where the rank waits for its neighbour's turn on a core.
+In a transformer block made of such layers (q, k, v, o, gate, up, down of a small model with a
+long batch) those waits, not the arithmetic, set the step time when ranks share cores (63 hops
+a block at 4 ranks against FSDP2's 3 collectives: ``benchmarks/profile_ring_costs.py``).
+
+So the sharded Linears (and ``Conv1D``) of one *block* (an element of an ``nn.ModuleList``,
+the decoder layers of every transformers model) that are small take part in one *pass*:
+
+* forward: the first of them to run rotates the concatenation of all their shards once
+  (``W - 1`` hops) and assembles each layer's whole weight (:class:`_Gather`); each layer then
+  computes with its whole weight and drops it (:class:`_WholeLinear` keeps only its input);
+* backward: the first of them to need its weight again rotates the block's shards once more,
+  and the layers drop them when the last is done; the weight gradients autograd hands to
+  :class:`_Gather` ride home in one counter-rotation (``W - 1`` hops), already summed, and
+  autograd accumulates each rank's piece into its shard as it would any gradient (hooks,
+  clipping, accumulation and the trainers see nothing new).
+
+That is ``3 (W - 1)`` hops a block. Whole weights live only while their block computes (at
+most the block's small layers at once, as FSDP2 gathers a block); a layer larger than its
+activations never takes part, so the large layers RSDP exists for are never whole.
+
+Whether a layer is small depends on the tokens it sees, which may differ between ranks, while
+which layers take part decides how much the ring carries and must be the same everywhere. So
+the first pass after each forward of the sharded root agrees on the smallest token count over
+the group (one all-reduce a step, :class:`SmallLayers`); every rank then decides from that
+number and the layers' shapes alone.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .memory import alloc_buffer, release_buffers
+from .rotation import counter_rotate, rotate
+from .ring_order import Ring
+
+__all__ = ["SmallLayers", "Block", "make_blocks"]
+
+#: ``False`` turns block gathers off (every layer rotates on its own), for comparison.
+ENABLED = True
+
+
+def is_small(fin: int, fout: int, tokens: int) -> bool:
+    """A layer no larger than its input and output activations."""
+    return fin * fout <= tokens * (fin + fout)
+
+
+class SmallLayers:
+    """The group's agreement, once per forward of the sharded root, on the fewest tokens any
+    rank feeds its layers (which layers are small is decided from it)."""
+
+    def __init__(self, ring: Ring):
+        self.ring = ring
+        self.tokens: Optional[int] = None
+        self.epoch = 0  # forwards of the root so far: a new one starts new passes
+
+    def new_forward(self, module, args) -> None:  # a forward pre-hook of the root
+        self.tokens = None
+        self.epoch += 1
+
+    def agreed(self, tokens: int) -> int:
+        if self.tokens is None:  # the first pass of this forward: the same call on every rank
+            t = torch.tensor([tokens], dtype=torch.int64)
+            dist.all_reduce(t, op=dist.ReduceOp.MIN, group=self.ring.group)
+            self.tokens = int(t.item())
+        return self.tokens
+
+
+class _Pass:
+    """One forward of a block's small layers (and its backward): who takes part, their whole
+    weights while the block computes, and the block's concatenated shard layout."""
+
+    def __init__(self, block: "Block", mods: List[nn.Module], epoch: int):
+        self.block, self.mods, self.epoch = block, mods, epoch
+        self.used: set = set()  # members whose forward has run in this pass
+        self.whole: Dict[nn.Module, tuple] = {}  # forward: member -> (weight, bias or None)
+        self.offsets, off = {}, 0
+        for m in mods:
+            self.offsets[m] = off
+            off += m._rsdp.layout.numel
+        self.numel = off
+        self.backward_whole: Optional[Dict[nn.Module, dict]] = None
+        self.waiting = 0  # members whose backward has not run yet
+        self.registered = 0  # members whose backward will run
+
+    def gather(self) -> Dict[nn.Module, dict]:
+        """Every member's whole parameters, by one rotation of the block's shards."""
+        ring = self.block.ring
+        flats = [m._rsdp.compute_flat() for m in self.mods]
+        src = alloc_buffer(self.numel, flats[0].dtype, flats[0].device)
+        for m, f in zip(self.mods, flats):
+            src[self.offsets[m]:self.offsets[m] + f.numel()].copy_(f)
+            m._rsdp.release(f)
+        whole = {m: {n: _empty(m, n, src) for n in m._rsdp.names} for m in self.mods}
+
+        def visit(j, buf):
+            for m in self.mods:
+                st = m._rsdp
+                region = buf[self.offsets[m]:self.offsets[m] + st.layout.numel]
+                for n, t in whole[m].items():
+                    st.take(n, t, j).copy_(st.layout.view(region, n, j))
+
+        rotate(ring, src, visit, direction=1, label="RSDP::block_gather")
+        release_buffers(src)
+        return whole
+
+    def weights_for_backward(self, mod) -> tuple:
+        if self.backward_whole is None:
+            self.backward_whole = self.gather()
+        w = self.backward_whole[mod]
+        return w["weight"], w.get("bias")
+
+    def backward_done(self) -> None:
+        self.waiting -= 1
+        if self.waiting <= 0:  # the block's last layer: its whole weights go
+            released = self.backward_whole
+            self.backward_whole = None
+            self.waiting = self.registered  # a second backward (retain_graph) gathers again
+            del released  # dead buffers leave the MemoryTracker's count by themselves
+
+
+def _empty(mod, name, like):
+    """A whole parameter ``name`` of ``mod`` to assemble, tracked like every RSDP buffer."""
+    st = mod._rsdp
+    shapes, d = st.layout.shapes[name], st.dims[name]
+    shape = list(shapes[0])
+    shape[d] = sum(s[d] for s in shapes)
+    n = 1
+    for s in shape:
+        n *= s
+    return alloc_buffer(n, like.dtype, like.device).view(shape)
+
+
+class _Gather(torch.autograd.Function):
+    """Forward: the members' whole parameters (flattened, in member then name order) from
+    their shards. Backward: the whole parameters' gradients, summed over the group in one
+    counter-rotation, as each rank's shard gradients (averaged, like every RSDP gradient)."""
+
+    @staticmethod
+    def forward(ctx, p: _Pass, *params):
+        ctx.p = p
+        whole = p.gather()
+        return tuple(t for m in p.mods for t in whole[m].values())
+
+    @staticmethod
+    def backward(ctx, *grads):
+        p: _Pass = ctx.p
+        ring = p.block.ring
+        per: Dict[nn.Module, dict] = {}
+        k = 0
+        for m in p.mods:
+            per[m] = {}
+            for n in m._rsdp.names:
+                per[m][n] = grads[k]
+                k += 1
+        st0 = p.mods[0]._rsdp
+        gdt = st0.grad_dtype
+
+        def contribute(j, buf):
+            for m in p.mods:
+                st = m._rsdp
+                region = buf[p.offsets[m]:p.offsets[m] + st.layout.numel]
+                for n, g in per[m].items():
+                    st.layout.view(region, n, j).copy_(st.take(n, g, j))
+
+        # counter_rotate reads only the size, dtype and device of ``src`` when it only sums
+        shape_of = torch.empty(1, dtype=gdt, device=grads[0].device).expand(p.numel)
+        acc = counter_rotate(ring, shape_of, contribute=contribute, grad_dtype=gdt,
+                             label="RSDP::block_reduce")
+        out = []
+        for m in p.mods:
+            st = m._rsdp
+            gs = st.grads_from(acc[p.offsets[m]:p.offsets[m] + st.layout.numel])
+            out.extend(gs[n] for n in st.names)
+        out = [g if need else None for g, need in zip(out, ctx.needs_input_grad[1:])]
+        return (None, *out)
+
+
+class _WholeLinear(torch.autograd.Function):
+    """``y = x W^T + b`` (``x W + b`` for ``Conv1D``) with a member's whole weight from its
+    pass, keeping only ``x``: backward gets the weight from the pass's second gather."""
+
+    @staticmethod
+    def forward(ctx, x2, w, b, p: _Pass, mod):
+        tr = mod._rsdp_transposed
+        w_io = w if tr else w.t()
+        y = torch.addmm(b, x2, w_io) if b is not None else torch.mm(x2, w_io)
+        ctx.p, ctx.mod = p, mod
+        ctx.save_for_backward(x2)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (x2,) = ctx.saved_tensors
+        p: _Pass = ctx.p
+        mod = ctx.mod
+        tr = mod._rsdp_transposed
+        gx = gw = gb = None
+        if ctx.needs_input_grad[0]:
+            w, _ = p.weights_for_backward(mod)
+            gx = dy.mm(w.t() if tr else w)
+        if ctx.needs_input_grad[1]:
+            gw = x2.t().mm(dy) if tr else dy.t().mm(x2)
+        if ctx.needs_input_grad[2]:
+            gb = dy.sum(0)
+        p.backward_done()
+        return gx, gw, gb, None, None
+
+
+class Block:
+    """The sharded linear layers of one block, and the pass they are in."""
+
+    def __init__(self, ring: Ring, members: List[nn.Module], small: SmallLayers):
+        self.ring, self.members, self.small = ring, members, small
+        self.current: Optional[_Pass] = None
+
+    def forward(self, mod, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """``mod``'s output through the block's pass, or None: ``mod`` rotates on its own."""
+        fin, fout = mod._rsdp_in, mod._rsdp_out
+        if not ENABLED or x.shape[-1] != fin or x.device.type != "cpu":
+            return None
+        p = self.current
+        if p is None or mod in p.used or p.epoch != self.small.epoch:
+            p = self.current = self._new_pass(x.numel() // fin)
+        p.used.add(mod)
+        if mod not in p.whole:
+            return None
+        w, b = p.whole.pop(mod)
+        st = mod._rsdp
+        x2 = x.reshape(-1, fin).to(w.dtype)
+        y = _WholeLinear.apply(x2, w, b, p, mod)
+        if y.requires_grad:  # its backward will ask for the weight (Function.forward runs
+            p.registered += 1  # without grad mode, so it cannot tell)
+            p.waiting += 1
+        y = y.view(*x.shape[:-1], fout).to(st.mp.output_dtype or y.dtype)
+        if mod._rsdp_split == "in" and mod.bias is not None:
+            y = y + mod.bias.to(y.dtype)
+        return y
+
+    def _new_pass(self, tokens: int) -> _Pass:
+        """A pass of the members small at the group's token count (the same on every rank)."""
+        T = self.small.agreed(tokens)
+        mods = [m for m in self.members if is_small(m._rsdp_in, m._rsdp_out, T)]
+        dtypes = {d for m in mods
+                  for d in (m._rsdp.mp.param_dtype or m._rsdp.flat.dtype, m._rsdp.grad_dtype)}
+        if len(mods) < 2 or len(dtypes) != 1:
+            mods = []  # one layer gains nothing; mixed dtypes need the per-layer schedules
+        p = _Pass(self, mods, self.small.epoch)
+        if mods:
+            params = [m._rsdp.param(n) for m in mods for n in m._rsdp.names]
+            whole = _Gather.apply(p, *params)
+            k = 0
+            for m in mods:
+                names = m._rsdp.names
+                got = whole[k:k + len(names)]
+                k += len(names)
+                d = dict(zip(names, got))
+                p.whole[m] = (d["weight"], d.get("bias"))
+        return p
+
+
+def make_blocks(model: nn.Module, sharded: Dict[str, nn.Module], ring: Ring) -> int:
+    """Groups the sharded linear layers of ``sharded`` (qualified name -> module) by the
+    ``nn.ModuleList`` element holding them, gives each group of two or more a :class:`Block`
+    and hooks the agreement on tokens to ``model``'s forward; returns how many blocks."""
+    if ring.world < 2 or not ring.one_node:
+        return 0
+    lists = {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))}
+    groups: Dict[str, list] = {}
+    for name, mod in sharded.items():
+        if getattr(mod, "_rsdp_transposed", None) is None or mod._rsdp.module_ref is not mod:
+            continue  # not a linear layer, or a head on its embedding's shard
+        parts = name.split(".")
+        key = None
+        for i in range(len(parts) - 1, 0, -1):  # the nearest element of a ModuleList
+            if ".".join(parts[:i - 1]) in lists:
+                key = ".".join(parts[:i])
+                break
+        if key is not None:
+            groups.setdefault(key, []).append(mod)
+    small = SmallLayers(ring)
+    n = 0
+    for mods in groups.values():
+        if len(mods) >= 2:
+            block = Block(ring, mods, small)
+            for m in mods:
+                m._rsdp_block = block
+            n += 1
+    if n:
+        model.register_forward_pre_hook(small.new_forward)
+    return n
