@@ -13,11 +13,13 @@ A Hugging Face ``LlamaForCausalLM`` built from a config, in two settings:
   32,000, untied head), 1 sequence of 32 tokens per rank.
 
 In one launch per (setting, world size) every variant is built in the same processes from the
-same initial weights and trained with AdamW on the same batches: ``rsdp`` (``rsdp.shard``:
-every layer rotates on its own), ``rsdp-units`` (``tp_plan="auto"``: attention and MLP rotate
-as units), ``rsdp-units-keep`` (``unit_recompute=False``), ``rsdp-pershard`` (``rsdp`` with
-layers smaller than their activations computed shard by shard too), ``fsdp2`` (``fully_shard`` per decoder layer and on the root, over the rsdp
-backend). The variants take turns step by step, each round starting with the next one, so a
+same initial weights and trained with AdamW on the same batches: ``rsdp`` (``rsdp.shard``,
+the defaults: from 3 ranks on, a decoder layer's small layers rotate together, [Note: block
+gathers]), ``rsdp-perlayer`` (every layer rotates on its own), ``rsdp-pershard``
+(``rsdp-perlayer`` with layers smaller than their activations computed shard by shard too),
+``rsdp-units`` (``tp_plan="auto"``: attention and MLP rotate as units), ``rsdp-units-keep``
+(``unit_recompute=False``), ``fsdp2`` (``fully_shard`` per decoder layer and on the root, over
+the rsdp backend). The variants take turns step by step, each round starting with the next one, so a
 slow spell of the shared machine touches each alike. A step is forward, backward and the
 optimizer step after a barrier; its time is the slowest rank's.
 

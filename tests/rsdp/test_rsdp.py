@@ -494,6 +494,114 @@ def fam_extras(ctx, rec):
             assert torch.equal(back[k], v), k
 
 
+class ConvBlock(nn.Module):
+    """A GPT-2 MLP (transformers' transposed ``Conv1D``) and an input-split Linear."""
+
+    def __init__(self, d=10, h=14):
+        super().__init__()
+        from transformers.pytorch_utils import Conv1D
+
+        self.c_fc, self.c_proj = Conv1D(h, d), Conv1D(d, h)
+        self.mix = nn.Linear(d, d)
+
+    def forward(self, x):
+        return self.mix(x + self.c_proj(torch.tanh(self.c_fc(x))))
+
+
+class ConvStack(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.h = nn.ModuleList([ConvBlock(), ConvBlock()])
+
+    def forward(self, x):
+        for blk in self.h:
+            x = blk(x)
+        return x
+
+
+def _hops(model, x, r):
+    """Ring hops of one forward and backward of ``model`` on ``x``."""
+    import torch_rsdp.rsdp as rsdp
+
+    ring = rsdp.rsdp_state(model).ring
+    before = ring.hops
+    _loss(model(x), r).backward()
+    return ring.hops - before
+
+
+def fam_blocks(ctx, rec):
+    """[Note: block gathers]: the small layers of a block rotate together from 3 ranks on."""
+    import torch_rsdp.rsdp as rsdp
+    from torch_rsdp.rsdp import block_gather
+
+    r, W = ctx.rank, ctx.world_size
+    with rec.case("a block's small layers share one pass, with fewer hops, same values"):
+        model, _ = _check_layer(ctx, Tiny, _tokens, "blocks")
+        b0, b1 = (model.blocks[i].fc1.__dict__.get("_rsdp_block") for i in (0, 1))
+        if W < 3:
+            assert b0 is None and b1 is None, "two ranks keep every layer on its own"
+        else:
+            assert b0 is not None and b0 is model.blocks[0].fc2._rsdp_block and b1 is not b0
+            assert len(b0.current.mods) == 2, b0.current.mods
+            together = _hops(model, _tokens(r, 1), r)
+            block_gather.ENABLED = False
+            try:
+                alone = _hops(model, _tokens(r, 1), r)
+            finally:
+                block_gather.ENABLED = True
+            # fc1 and fc2 of each block: 3 (W - 1) hops together instead of 6 (W - 1)
+            assert alone - together == 2 * 3 * (W - 1), (together, alone)
+    with rec.case("Conv1D and input-split Linear layers in a ModuleList"):
+        _check_layer(ctx, ConvStack, _float_input(lambda q: (3 + q, 4, 10)), "conv blocks",
+                     linear_split=lambda n, m: "in" if n.endswith("mix") else "out")
+    with rec.case("a rank with too few tokens turns the passes off on every rank"):
+        # fc1 (10 -> 18) is small from 7 tokens on: rank 0 feeds 5, the others 10 or 15
+        def few(q):
+            return torch.randint(0, 17, (1 if q == 0 else 2 + q % 2, 5), generator=_gen("few", q))
+
+        model, _ = _check_layer(ctx, Tiny, few, "few tokens")
+        if W >= 3:
+            assert model.blocks[0].fc1._rsdp_block.current.mods == [], "rank disagrees"
+    with rec.case("a frozen layer in a block, a second backward, and no_grad"):
+        torch.manual_seed(0)
+        ref = Tiny()
+        model = _shard(copy.deepcopy(ref))
+        for m in (ref, model):
+            m.blocks[0].fc1.requires_grad_(False)
+        x = _tokens(r)
+        y = model(x)
+        loss = _loss(y, r)
+        loss.backward(retain_graph=True)
+        loss.backward()  # the block gathers again: every gradient doubles
+        outs = [ref(_tokens(q)) for q in range(W)]
+        (2 * sum(_loss(o, q) for q, o in enumerate(outs)) / W).backward()
+        _close(y, outs[r].detach(), "frozen: output")
+        ref_params = dict(ref.named_parameters())
+        for name, p in model.named_parameters():
+            if "blocks.0.fc1" in name:
+                assert p.grad is None, name
+            else:
+                _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+                       f"frozen: grad of {name}")
+        with torch.no_grad():
+            _close(model(x), ref(x), "no_grad forward")
+    with rec.case("whole weights live only while their block computes"):
+        torch.manual_seed(0)
+        model = _shard(Tiny())
+        with rsdp.MemoryTracker(model) as tr:
+            _loss(model(_tokens(r)), r).backward()
+            for _ in range(100):
+                left = len(tr.live_buffers())
+                if not left:
+                    break
+                time.sleep(0.01)
+        assert not left, f"{left} RSDP buffers alive after the step"
+        if W >= 3:  # the two blocks' whole layers were never alive at once
+            block = sum(p.numel() * 4 for p in Tiny().blocks[0].parameters()
+                        if p.dim() == 2 or p.numel() == 18)
+            assert tr.peak_buffers < 2 * block + 4096, (tr.peak_buffers, block)
+
+
 def _as_ckpt(model):
     model.__class__ = TinyCheckpointed
     return model
@@ -507,6 +615,7 @@ FAMILIES = {
     "adam": fam_adam,
     "memory": fam_memory,
     "extras": fam_extras,
+    "blocks": fam_blocks,
 }
 
 

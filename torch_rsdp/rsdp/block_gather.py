@@ -121,10 +121,8 @@ class _Pass:
     def backward_done(self) -> None:
         self.waiting -= 1
         if self.waiting <= 0:  # the block's last layer: its whole weights go
-            released = self.backward_whole
             self.backward_whole = None
             self.waiting = self.registered  # a second backward (retain_graph) gathers again
-            del released  # dead buffers leave the MemoryTracker's count by themselves
 
 
 def _empty(mod, name, like):
@@ -271,8 +269,8 @@ def make_blocks(model: nn.Module, sharded: Dict[str, nn.Module], ring: Ring) -> 
     """Groups the sharded linear layers of ``sharded`` (qualified name -> module) by the
     ``nn.ModuleList`` element holding them, gives each group of two or more a :class:`Block`
     and hooks the agreement on tokens to ``model``'s forward; returns how many blocks."""
-    if ring.world < 2 or not ring.one_node:
-        return 0
+    if ring.world < 3 or not ring.one_node:
+        return 0  # two ranks: see [Note: block gathers]
     lists = {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))}
     groups: Dict[str, list] = {}
     for name, mod in sharded.items():
@@ -287,13 +285,10 @@ def make_blocks(model: nn.Module, sharded: Dict[str, nn.Module], ring: Ring) -> 
         if key is not None:
             groups.setdefault(key, []).append(mod)
     small = SmallLayers(ring)
-    n = 0
-    for mods in groups.values():
-        if len(mods) >= 2:
-            block = Block(ring, mods, small)
-            for m in mods:
-                m._rsdp_block = block
-            n += 1
-    if n:
+    blocks = [Block(ring, mods, small) for mods in groups.values() if len(mods) >= 2]
+    for block in blocks:
+        for m in block.members:
+            m._rsdp_block = block
+    if blocks:
         model.register_forward_pre_hook(small.new_forward)
-    return n
+    return len(blocks)

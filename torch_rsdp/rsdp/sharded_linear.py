@@ -29,6 +29,7 @@ import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy
 
 from .. import _C
+from .block_gather import is_small
 from .flat_shard import chunk_sizes, chunk_starts
 from .memory import alloc_buffer, release_buffers
 from .rotation import counter_rotate, rotate
@@ -107,7 +108,7 @@ def _whole(world: int, tokens: int, fin: int, fout: int) -> bool:
     With two shards the split costs about what the copies do (``bench_rsdp_fsdp2.py``, variant
     ``rsdp-pershard``: 0.95-0.99x FSDP2 whole against 0.97-1.02x shard by shard at 2 ranks,
     0.89-0.98x against 0.85-0.95x at 4), so two ranks keep every layer shard by shard."""
-    return WHOLE_SMALL and world > 2 and fin * fout <= tokens * (fin + fout)
+    return WHOLE_SMALL and world > 2 and is_small(fin, fout, tokens)
 
 
 def _grads(ctx, st: ShardState, acc, gx, dy, fin: int):
