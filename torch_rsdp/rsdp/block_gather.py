@@ -8,8 +8,9 @@ In a transformer block made of such layers (q, k, v, o, gate, up, down of a smal
 long batch) those waits, not the arithmetic, set the step time when ranks share cores (63 hops
 a block at 4 ranks against FSDP2's 3 collectives: ``benchmarks/profile_ring_costs.py``).
 
-So the sharded Linears (and ``Conv1D``) of one *block* (an element of an ``nn.ModuleList``,
-the decoder layers of every transformers model) that are small take part in one *pass*:
+So the sharded Linears (and ``Conv1D``) of one *block* (an element of an ``nn.ModuleList`` or
+``nn.Sequential``: the decoder layers of every transformers model) that are small take part in
+one *pass*:
 
 * forward: the first of them to run rotates the concatenation of all their shards once
   (``W - 1`` hops) and assembles each layer's whole weight (:class:`_Gather`); each layer then
@@ -23,6 +24,14 @@ the decoder layers of every transformers model) that are small take part in one 
 That is ``3 (W - 1)`` hops a block. Whole weights live only while their block computes (at
 most the block's small layers at once, as FSDP2 gathers a block); a layer larger than its
 activations never takes part, so the large layers RSDP exists for are never whole.
+
+From 3 ranks on only, where it pays: at 4 ranks sharing 2 cores it took RSDP from 0.83-0.91x
+FSDP2's throughput to 0.93-0.97x where activations dominate (``bench_rsdp_fsdp2.py``, variants
+``rsdp`` and ``rsdp-perlayer`` in the same runs); at 2 ranks, where each rank has a core and a
+hop is cheap, shard by shard stayed 3-4 % faster (1 hop a layer forward, 2 backward). Tried and
+dropped: the next block's gather riding along the current block's layers (a hop posted before
+each layer computes, waited after) measured 0.88-0.90x against 0.93-0.94x without; the gathers
+and reductions as one all-gather and one reduce-scatter of the group, no faster than the ring.
 
 Whether a layer is small depends on the tokens it sees, which may differ between ranks, while
 which layers take part decides how much the ring carries and must be the same everywhere. So
@@ -267,18 +276,20 @@ class Block:
 
 def make_blocks(model: nn.Module, sharded: Dict[str, nn.Module], ring: Ring) -> int:
     """Groups the sharded linear layers of ``sharded`` (qualified name -> module) by the
-    ``nn.ModuleList`` element holding them, gives each group of two or more a :class:`Block`
-    and hooks the agreement on tokens to ``model``'s forward; returns how many blocks."""
+    ``nn.ModuleList`` / ``nn.Sequential`` element holding them, gives each group of two or
+    more a :class:`Block` and hooks the agreement on tokens to ``model``'s forward; returns
+    how many blocks."""
     if ring.world < 3 or not ring.one_node:
         return 0  # two ranks: see [Note: block gathers]
-    lists = {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))}
+    lists = {n for n, m in model.named_modules()
+             if isinstance(m, (nn.ModuleList, nn.Sequential))}
     groups: Dict[str, list] = {}
     for name, mod in sharded.items():
         if getattr(mod, "_rsdp_transposed", None) is None or mod._rsdp.module_ref is not mod:
             continue  # not a linear layer, or a head on its embedding's shard
         parts = name.split(".")
         key = None
-        for i in range(len(parts) - 1, 0, -1):  # the nearest element of a ModuleList
+        for i in range(len(parts) - 1, 0, -1):  # the nearest element of a container
             if ".".join(parts[:i - 1]) in lists:
                 key = ".".join(parts[:i])
                 break
