@@ -552,8 +552,12 @@ def fam_blocks(ctx, rec):
             # fc1 and fc2 of each block: 3 (W - 1) hops together instead of 6 (W - 1)
             assert alone - together == 2 * 3 * (W - 1), (together, alone)
     with rec.case("Conv1D and input-split Linear layers in a ModuleList"):
-        _check_layer(ctx, ConvStack, _float_input(lambda q: (3 + q, 4, 10)), "conv blocks",
-                     linear_split=lambda n, m: "in" if n.endswith("mix") else "out")
+        model, _ = _check_layer(ctx, ConvStack, _float_input(lambda q: (3 + q, 4, 10)),
+                                "conv blocks",
+                                linear_split=lambda n, m: "in" if n.endswith("mix") else "out")
+        if W >= 3:
+            blk = model.h[1]
+            assert blk.c_fc._rsdp_block.current.mods == [blk.c_fc, blk.c_proj, blk.mix]
     with rec.case("a rank with too few tokens turns the passes off on every rank"):
         # fc1 (10 -> 18) is small from 7 tokens on: rank 0 feeds 5, the others 10 or 15
         def few(q):
