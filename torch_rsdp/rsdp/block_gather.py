@@ -41,6 +41,7 @@ number and the layers' shapes alone.
 """
 from __future__ import annotations
 
+import math
 from typing import Dict, List, Optional
 
 import torch
@@ -140,10 +141,7 @@ def _empty(mod, name, like):
     shapes, d = st.layout.shapes[name], st.dims[name]
     shape = list(shapes[0])
     shape[d] = sum(s[d] for s in shapes)
-    n = 1
-    for s in shape:
-        n *= s
-    return alloc_buffer(n, like.dtype, like.device).view(shape)
+    return alloc_buffer(math.prod(shape), like.dtype, like.device).view(shape)
 
 
 class _Gather(torch.autograd.Function):
