@@ -17,10 +17,11 @@ same initial weights and trained with AdamW on the same batches: ``rsdp`` (``rsd
 the defaults: from 3 ranks on, a decoder layer's small layers rotate together, [Note: block
 gathers]), ``rsdp-perlayer`` (every layer rotates on its own), ``rsdp-pershard``
 (``rsdp-perlayer`` with layers smaller than their activations computed shard by shard too),
-``rsdp-units`` (``tp_plan="auto"``: attention and MLP rotate as units), ``rsdp-units-keep``
-(``unit_recompute=False``), ``fsdp2`` (``fully_shard`` per decoder layer and on the root, over
-the rsdp backend). The variants take turns step by step, each round starting with the next one, so a
-slow spell of the shared machine touches each alike. A step is forward, backward and the
+``rsdp-units`` (``tp_plan="auto"``: attention and MLP rotate as units; a unit no larger than
+its activations computes whole, [Note: small units computed whole]), ``rsdp-units-pershard``
+(every unit shard by shard), ``rsdp-units-recompute`` (``unit_recompute=True``), ``fsdp2``
+(``fully_shard`` per decoder layer and on the root, over the rsdp backend). The variants take
+turns step by step, each round starting with the next one, so a slow spell of the shared machine touches each alike. A step is forward, backward and the
 optimizer step after a barrier; its time is the slowest rank's.
 
 Reported per variant: median step time, tokens/s, **throughput ratio to FSDP2** (FSDP2's
@@ -60,12 +61,24 @@ SETTINGS = {
     "weights": dict(vocab=32000, hidden=256, ffn=512, layers=4, heads=8, kv=4, seq=32, batch=1),
 }
 VARIANTS = {"rsdp": dict(), "rsdp-units": dict(tp_plan="auto"),
-            "rsdp-units-keep": dict(tp_plan="auto", unit_recompute=False), "fsdp2": None,
-            "rsdp-pershard": dict(), "rsdp-perlayer": dict()}
+            "rsdp-units-recompute": dict(tp_plan="auto", unit_recompute=True), "fsdp2": None,
+            "rsdp-pershard": dict(), "rsdp-perlayer": dict(),
+            "rsdp-units-pershard": dict(tp_plan="auto")}
 #: variants that compute every layer shard by shard ([Note: whole small layers] off)
 PER_SHARD = {"rsdp-pershard"}
 #: variants whose small layers rotate one by one, not as their block ([Note: block gathers])
 PER_LAYER = {"rsdp-pershard", "rsdp-perlayer"}
+#: unit variants whose units rotate shard by shard whatever their size ([Note: small units
+#: computed whole] off)
+UNITS_PER_SHARD = {"rsdp-units-pershard"}
+
+
+def use_variant(v) -> None:
+    """Sets the module switches variant ``v`` runs with (variants share the processes)."""
+    from torch_rsdp.rsdp import block_gather, sharded_linear, unit_whole
+    sharded_linear.WHOLE_SMALL = v not in PER_SHARD
+    block_gather.ENABLED = v not in PER_LAYER
+    unit_whole.MODE = "never" if v in UNITS_PER_SHARD else "auto"
 MEM_CATS = ("params", "grads+optim", "rest")
 
 _BUSY = "import time\nt = time.time() + {secs}\nx = 0\nwhile time.time() < t:\n    x += 1\n"
@@ -102,7 +115,6 @@ def _worker(rank, world, port, cfg, variants, a, out_path):
     import torch.distributed as dist
     tm.tune_for_oversubscription(world)
     import torch_rsdp  # noqa: F401  (registers "rsdp")
-    from torch_rsdp.rsdp import block_gather, sharded_linear
     torch.set_num_threads(a.threads or tm.default_threads(world))
     dist.init_process_group("rsdp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
@@ -115,8 +127,7 @@ def _worker(rank, world, port, cfg, variants, a, out_path):
         return torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
 
     def step(v, i):
-        sharded_linear.WHOLE_SMALL = v not in PER_SHARD
-        block_gather.ENABLED = v not in PER_LAYER
+        use_variant(v)
         ids = batch(i)
         loss = models[v](input_ids=ids, labels=ids).loss
         loss.backward()

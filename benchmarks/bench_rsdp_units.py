@@ -8,10 +8,11 @@
 Three runs, each in fresh processes, same model (seed 0), same batches: ``layer`` --
 ``shard(model)``, every Linear rotates on its own (7 rotations per transformer layer);
 ``units`` -- ``shard(model, tp_plan="auto")``, attention and MLP rotate as one buffer each (2
-per layer), backward recomputes each shard's part; ``units-keep`` -- the same with
-``unit_recompute=False`` (activations kept from forward). Reported per run: median forward and
-backward time (slowest rank, after one warm-up step), ring shifts per forward, and the loss
-(all runs compute the same math, so losses agree to rounding). Needs ``transformers``.
+per layer; a unit no larger than its activations computes whole, [Note: small units computed
+whole]); ``units-recompute`` -- the same with ``unit_recompute=True`` (backward recomputes
+each unit's forward). Reported per run: median forward and backward time (slowest rank, after
+one warm-up step), ring shifts per forward, and the loss (all runs compute the same math, so
+losses agree to rounding). Needs ``transformers``.
 With more ranks than cores, RSDP_SPIN_US=0 unless set (a spinning rank steals its peer's core).
 """
 from __future__ import annotations
@@ -28,7 +29,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 RUNS = {"layer": dict(), "units": dict(tp_plan="auto"),
-        "units-keep": dict(tp_plan="auto", unit_recompute=False)}
+        "units-recompute": dict(tp_plan="auto", unit_recompute=True)}
 
 
 def _worker(rank, args, run, port, out):

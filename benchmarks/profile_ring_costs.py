@@ -64,7 +64,6 @@ def _step_fn(model, opt, cfg, rank):
 def _steps_worker(rank, world, port, a):
     import torch
     import torch.distributed as dist
-    from torch_rsdp.rsdp import block_gather, sharded_linear
     _init(rank, world, port, a.threads)
     cfg = bench.SETTINGS["act"]
     variants = a.variants.split(",")
@@ -75,8 +74,7 @@ def _steps_worker(rank, world, port, a):
     cores = os.cpu_count() or 1
     for rnd in range(a.rounds):
         for v in variants:
-            sharded_linear.WHOLE_SMALL = v not in bench.PER_SHARD
-            block_gather.ENABLED = v not in bench.PER_LAYER
+            bench.use_variant(v)
             for i in range(2):
                 steps[v](i)
             dist.barrier()

@@ -36,7 +36,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from support.harness import assert_family, launch, launch_families, run_families
 from support.hf_models import (MODELS, _check_tie, _close, _gen, _loc, _ids, _loss, _make, _sharded,
                        _train)
-from support.rsdp_unit_families import fam_units
+from support.rsdp_unit_families import fam_units, fam_units_whole
 
 WORLD_SIZES = (2, 3, 4)
 def fam_parity(ctx, rec):
@@ -249,6 +249,7 @@ FAMILIES = {
     "mixed_precision": fam_mixed_precision,
     "coverage": fam_coverage,
     "units": fam_units,
+    "units_whole": fam_units_whole,
 }
 
 

@@ -49,6 +49,64 @@ class GatedMLP(nn.Module):
         return x + y if self.residual else y
 
 
+def _unit_nodes(loss):
+    """Every rotation unit's backward node in ``loss``'s graph (shard by shard or whole)."""
+    nodes, seen, pending = [], set(), [loss.grad_fn]
+    while pending:
+        fn = pending.pop()
+        if fn is None or fn in seen:
+            continue
+        seen.add(fn)
+        if type(fn).__name__ in ("_UnitFnBackward", "WholeUnitFnBackward"):
+            nodes.append(fn)
+        pending.extend(f for f, _ in fn.next_functions)
+    return nodes
+
+
+def _node_name():
+    """The backward node units make in this family: whole (``fam_units_whole``) or not."""
+    from torch_rsdp.rsdp import unit_whole
+
+    return "WholeUnitFnBackward" if unit_whole.MODE == "always" else "_UnitFnBackward"
+
+
+def fam_units_whole(ctx, rec):
+    """Units computed whole ([Note: small units computed whole]): every case of
+    :func:`fam_units` with every unit whole (the models here are tiny and their inputs few,
+    so the size rule alone would never pick them), then the rule itself."""
+    import torch_rsdp.rsdp as rsdp
+    from torch_rsdp.rsdp import unit_whole
+
+    r, W = ctx.rank, ctx.world_size
+    unit_whole.MODE = "always"
+    try:
+        fam_units(ctx, rec)
+    finally:
+        unit_whole.MODE = "auto"
+    with rec.case("the size rule: long batches compute whole, one short rank keeps all per shard"):
+        # llama_u's attention unit is small from 42 tokens on, its MLP from 48: every rank
+        # feeds 3 x 24 tokens (whole everywhere) or, in the second round, rank 0 only 1 x 24
+        # (the agreed minimum: per shard everywhere)
+        for short, want in ((False, "WholeUnitFnBackward"), (True, "_UnitFnBackward")):
+            model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=False)
+
+            def ids(q):
+                n = 1 if (short and q == 0) else 3
+                return torch.randint(0, 100, (n, 24), generator=_gen("rule", q, short))
+
+            out = model(input_ids=ids(r), labels=ids(r))
+            got = {type(n).__name__ for n in _unit_nodes(out.loss)}
+            assert got == {want}, f"short={short}: rank {r} made {got}, expected {want}"
+            out.loss.backward()
+            refs = [ref(input_ids=ids(q), labels=ids(q)) for q in range(W)]
+            (sum(o.loss for o in refs) / W).backward()
+            _close(out.logits, refs[r].logits.detach(), f"rule logits (short={short})")
+            refp = dict(ref.named_parameters())
+            for name, p in model.named_parameters():
+                _close(p.grad, rsdp.local_shard_of(model, name, refp[name].grad),
+                       f"rule grad {name} (short={short})")
+
+
 def fam_units(ctx, rec):
     """Rotation units from a tensor-parallel plan: one buffer per attention block / MLP."""
     import torch_rsdp.rsdp as rsdp
@@ -141,18 +199,11 @@ def fam_units(ctx, rec):
     with rec.case("recompute=False keeps activations, not weights"):
         model, _ = _sharded("llama_u", tp_plan="auto", unit_recompute=False)
         loss, _ = _loss(model, r)
-        nodes, seen, pending = [], set(), [loss.grad_fn]
-        while pending:  # every unit's backward node, with what it keeps for backward
-            fn = pending.pop()
-            if fn is None or fn in seen:
-                continue
-            seen.add(fn)
-            if type(fn).__name__ == "_UnitFnBackward":
-                nodes.append(fn)
-            pending.extend(f for f, _ in fn.next_functions)
-        assert len(nodes) == 4, len(nodes)
+        nodes = _unit_nodes(loss)
+        assert len(nodes) == 4 and {type(n).__name__ for n in nodes} == {_node_name()}, nodes
         for fn in nodes:
-            held = [w for _, weights in fn.graphs.values() for w in weights.values()]
+            graphs = fn.graphs.values() if hasattr(fn, "graphs") else [fn.graph]
+            held = [w for _, weights in graphs for w in weights.values()]
             assert held and all(w.untyped_storage().nbytes() <= w.element_size() for w in held), (
                 "a kept graph holds weight storage: "
                 f"{max(w.untyped_storage().nbytes() for w in held)} B")

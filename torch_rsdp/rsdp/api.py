@@ -46,7 +46,7 @@ from .._dtensor_params import local, mesh_of_group, refuse_ddp, replicate_params
 from .._grad_sync import GradSync
 from .._utils import broadcast_module_states
 from . import coverage
-from .block_gather import make_blocks
+from .block_gather import SmallLayers, make_blocks
 from .coverage import FILTERED, NOT_DECOMPOSABLE, TOO_SMALL, LeftWhole, classify
 from .ring_feedback import RingFeedback
 from .state_dict import shard_dim
@@ -138,7 +138,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
           min_numel: int = 0, filter: Optional[Filter] = None,
           mp_policy: Optional[MixedPrecisionPolicy] = None,
           sync_module_states: bool = True, tp_plan=None,
-          unit_recompute: bool = True, sync_replicated: bool = True,
+          unit_recompute: bool = False, sync_replicated: bool = True,
           checkpoint_hooks: bool = True) -> nn.Module:
     """Shards ``model`` over ``group`` (default: world) in place and returns it. Collective.
 
@@ -163,9 +163,10 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
             they feed, under one parent (an attention block, an MLP), become one rotation
             unit: their shards travel in one buffer (:mod:`.rotation_unit`). With a dict, a
             pairing that cannot form a unit raises.
-        unit_recompute: units recompute each shard's part in backward (default; they keep
-            only their inputs) or, with False, keep each shard's activations from forward
-            (faster, as much activation memory as the unsharded blocks).
+        unit_recompute: with True, units recompute their forward in backward and keep only
+            their inputs (activation checkpointing built into the unit: less memory, one more
+            forward of every unit); by default they keep their activations from forward, as
+            much activation memory as the unsharded model and FSDP2 (never their weights).
         sync_replicated: average the gradients of the parameters left whole during every
             backward (default); with False the caller does it (``torch_rsdp.plan`` syncs
             them with its other replicated parameters).
@@ -244,7 +245,14 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
 
     for name, mod in sharded.items():
         mod._rsdp_name = name  # for error messages
-    make_blocks(model, sharded, ring)  # [Note: block gathers]
+    # Block gathers and units computed whole decide from the group's token count, agreed
+    # once per forward of the root ([Note: block gathers], [Note: small units computed whole])
+    small = SmallLayers(ring)
+    units = [m for m in sharded.values() if getattr(m, "_rsdp_unit", None) is not None]
+    for unit in units:
+        unit._rsdp_unit.small = small
+    if make_blocks(model, sharded, ring, small) or units:
+        model.register_forward_pre_hook(small.new_forward)
     # Submodules an earlier shard() call sharded (a deeper unit of a torch_rsdp.plan) hold
     # shards too: neither replicated nor left whole here.
     earlier = {n: m for n, m in model.named_modules()

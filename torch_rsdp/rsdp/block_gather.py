@@ -272,11 +272,12 @@ class Block:
         return p
 
 
-def make_blocks(model: nn.Module, sharded: Dict[str, nn.Module], ring: Ring) -> int:
+def make_blocks(model: nn.Module, sharded: Dict[str, nn.Module], ring: Ring,
+                small: SmallLayers) -> int:
     """Groups the sharded linear layers of ``sharded`` (qualified name -> module) by the
-    ``nn.ModuleList`` / ``nn.Sequential`` element holding them, gives each group of two or
-    more a :class:`Block` and hooks the agreement on tokens to ``model``'s forward; returns
-    how many blocks."""
+    ``nn.ModuleList`` / ``nn.Sequential`` element holding them and gives each group of two or
+    more a :class:`Block` deciding from ``small`` (whose ``new_forward`` the caller hooks to
+    ``model``'s forward); returns how many blocks."""
     if ring.world < 3 or not ring.one_node:
         return 0  # two ranks: see [Note: block gathers]
     lists = {n for n, m in model.named_modules()
@@ -293,11 +294,8 @@ def make_blocks(model: nn.Module, sharded: Dict[str, nn.Module], ring: Ring) -> 
                 break
         if key is not None:
             groups.setdefault(key, []).append(mod)
-    small = SmallLayers(ring)
     blocks = [Block(ring, mods, small) for mods in groups.values() if len(mods) >= 2]
     for block in blocks:
         for m in block.members:
             m._rsdp_block = block
-    if blocks:
-        model.register_forward_pre_hook(small.new_forward)
     return len(blocks)

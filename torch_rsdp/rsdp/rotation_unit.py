@@ -17,8 +17,10 @@ shard's call starts from the same RNG state, so dropout after the row-split laye
 every partial sum alike. Backward (:func:`.rotation.rotate_accumulate`) recomputes each
 shard's part while its weights are in hand and sends its weight gradient home; with
 ``recompute=False`` it instead runs each shard's autograd graph recorded in forward, whose
-saved weights are references into the rotation buffer (:class:`_WeightRefs`), so activations
-are kept but weights never are.
+saved weights are references into the rotation buffer (:class:`.unit_call.WeightRefs`), so
+activations are kept but weights never are. A unit no larger than its activations skips the
+per-shard calls and computes whole while it is gathered ([Note: small units computed whole]
+in :mod:`.unit_whole`).
 
 Contract: the unit's forward must return (first, if a tuple) the row-split layer's output
 *as is* (checked on every call: a forward that adds a residual or a norm after it cannot be
@@ -35,7 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.utils._pytree import tree_flatten
 
 from .._utils import is_conv1d, swap_class
 from .flat_shard import chunk_sizes, chunk_starts
@@ -43,19 +45,11 @@ from .ring_order import Ring
 from .rotation import rotate, rotate_accumulate
 from .shard_state import ShardState
 from .tp_plan import COL, ROW
+from .unit_whole import WholeUnitFn, computes_whole
+from .unit_call import (CACHE_KWARGS, Call, WeightRefs, fill_caches, is_cache, rng_state, run_part,
+                        set_rng_state, stub)
 
 __all__ = ["unit_problem", "shard_unit", "RSDPUnitMixin"]
-
-# The KV cache's keyword in Hugging Face attention forwards (it was renamed twice); any other
-# keyword whose value is a cache (``_is_cache``) is taken too: a cache passed on to every
-# shard's forward would collect each shard's keys one after another, silently wrong.
-_CACHE_KWARGS = ("past_key_values", "past_key_value", "cache")
-
-
-def _is_cache(value) -> bool:
-    return (not isinstance(value, torch.Tensor) and callable(getattr(value, "update", None))
-            and callable(getattr(value, "get_seq_length", None)))
-
 
 def _io(m: nn.Module) -> Tuple[int, int]:
     return (m.nx, m.nf) if is_conv1d(m) else (m.in_features, m.out_features)
@@ -104,55 +98,19 @@ class _Unit:
         self.members = members  # [(attribute, module, style)]
         self.row = [m for _, m, s in members if s == ROW][0]
         self.sizes, self.starts = chunk_sizes(atoms, world), chunk_starts(atoms, world)
+        self.atoms = atoms
         self.base_forward = base_forward
+        ios = [_io(m) for _, m, _ in members]
+        self.fin = [fi for (fi, _), (_, _, s) in zip(ios, members) if s == COL][0]
+        # the unit's weight elements and activation features per token, for
+        # [Note: small units computed whole] in .unit_whole
+        self.weight_numel = sum(fi * fo for fi, fo in ios)
+        self.features = sum(fi + fo for fi, fo in ios)
+        self.small = None  # the group's SmallLayers (set by rsdp.shard)
 
-
-class _Call:
-    """One call's inputs: the flattened (args, kwargs), which leaves carry gradients, caches."""
-
-    def __init__(self, leaves, spec, grad_idx, caches):
-        self.leaves, self.spec, self.grad_idx, self.caches = leaves, spec, grad_idx, caches
-        self.kv: dict = {}  # cache kwarg -> {shard: (keys, values, layer_idx, args, kwargs)}
-        self.past: dict = {}  # cache kwarg -> {layer_idx: cached length before this call}
-
-
-class _CacheShard:
-    """Stands in for a KV cache during one shard's call. ``update`` hands back what the real
-    cache would for this shard's KV heads (its past keys / values, then the new ones) without
-    storing anything; in forward it keeps the new ones, so that the real cache is updated once
-    with every head (:func:`_fill_caches`). Backward's recomputation sees the past as the
-    forward saw it (``past``: cached length per layer when the forward ran)."""
-
-    def __init__(self, real, store: Optional[dict], past: dict, heads: slice, j: int):
-        self._real, self._store, self._past, self._heads, self._j = real, store, past, heads, j
-
-    def update(self, keys, values, layer_idx, *args, **kwargs):
-        if self._store is not None:  # forward: remember how much was cached before
-            self._past.setdefault(layer_idx, self._real.get_seq_length(layer_idx))
-            self._store[self._j] = (keys, values, layer_idx, args, kwargs)
-        n = self._past.get(layer_idx, 0)
-        if n == 0:
-            return keys, values
-        layer = self._real.layers[layer_idx] if hasattr(self._real, "layers") else None
-        if type(layer).__name__ != "DynamicLayer":
-            raise NotImplementedError(f"torch_rsdp.rsdp rotation units: decoding with a "
-                                      f"filled {type(layer).__name__} is not supported (only "
-                                      f"DynamicCache's full layers); shard without tp_plan")
-        return (torch.cat([layer.keys[:, self._heads, :n], keys], dim=-2),
-                torch.cat([layer.values[:, self._heads, :n], values], dim=-2))
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
-
-
-def _fill_caches(call: _Call) -> None:
-    for key, per_shard in call.kv.items():
-        if per_shard:
-            parts = [per_shard[j] for j in sorted(per_shard)]
-            _, _, layer_idx, args, kwargs = parts[0]
-            call.caches[key].update(torch.cat([p[0] for p in parts], dim=1),
-                                    torch.cat([p[1] for p in parts], dim=1), layer_idx,
-                                    *args, **kwargs)
+    def heads(self, j: int) -> slice:
+        """Shard ``j``'s atoms (the KV heads of a unit with a cache)."""
+        return slice(self.starts[j], self.starts[j] + self.sizes[j])
 
 
 def _views(st: ShardState, buf: torch.Tensor, j: int, leaves: bool) -> Dict[str, torch.Tensor]:
@@ -164,114 +122,40 @@ def _views(st: ShardState, buf: torch.Tensor, j: int, leaves: bool) -> Dict[str,
     return views
 
 
-def _run_shard(unit, call: _Call, ins, weights: Dict[str, torch.Tensor], j: int,
-               record: bool) -> torch.Tensor:
-    """The unit's own forward on shard ``j`` (its parameters: ``weights``); returns the
-    row-split layer's partial output."""
-    u: _Unit = unit._rsdp_unit
-    leaves = list(call.leaves)
-    for i, t in zip(call.grad_idx, ins):
-        leaves[i] = t
-    args, kwargs = tree_unflatten(leaves, call.spec)
-    heads = slice(u.starts[j], u.starts[j] + u.sizes[j])  # atoms of a unit with a cache: KV heads
-    for key, real in call.caches.items():
-        kwargs[key] = _CacheShard(real, call.kv.setdefault(key, {}) if record else None,
-                                  call.past.setdefault(key, {}), heads, j)
-    for _, m, _ in u.members:
-        m._rsdp_hand = weights
-    try:
-        out = u.base_forward(unit, *args, **kwargs)
-        row_out = u.row._rsdp_last
-    finally:
-        for _, m, _ in u.members:
-            m._rsdp_hand = None
-        u.row._rsdp_last = None
-    y = out[0] if isinstance(out, (tuple, list)) else out
-    if y is not row_out or y is None:
-        raise RuntimeError(f"rotation unit {u.name or type(unit).__name__}: its forward must "
-                           f"return its row-split layer's output as is (it changes it after "
-                           f"the layer); shard it without tp_plan")
-    unit._rsdp_out_len = len(out) if isinstance(out, (tuple, list)) else 0
-    return y
-
-
-def _rng_state(device: torch.device):
-    """The CPU generator's state and, for a CUDA unit, the device's (dropout draws there)."""
-    return (torch.get_rng_state(),
-            torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
-
-
-def _set_rng_state(state, device: torch.device) -> None:
-    torch.set_rng_state(state[0])
-    if state[1] is not None:
-        torch.cuda.set_rng_state(state[1], device)
-
-
-def _stub(t: torch.Tensor) -> torch.Tensor:
-    """A tensor of ``t``'s shape and dtype over one element (stride 0)."""
-    return torch.zeros((), dtype=t.dtype, device=t.device).expand(t.shape)
-
-
-class _WeightRefs:
-    """[Note: keeping activations without keeping weights]
-    With ``recompute=False`` each shard's forward is recorded by autograd while its weights
-    are in hand. Autograd would save those weights (``grad_input = dy @ W`` needs them), i.e.
-    keep every shard of the layer alive until backward. These saved-tensor hooks save a
-    tensor living in the rotation buffer as a *reference* (offset, shape, strides) instead,
-    and backward resolves it in whichever buffer holds that shard when its graph is run."""
-
-    def __init__(self):
-        self.fwd_ptr = None  # storage of the buffer in hand during forward
-        self.bwd_buf = None  # the buffer in hand during backward
-
-    def pack(self, t):
-        if (self.fwd_ptr is not None and t.device.type != "meta"
-                and t.untyped_storage().data_ptr() == self.fwd_ptr):
-            return ("rsdp_weight", t.storage_offset(), tuple(t.shape), t.stride(),
-                    t.requires_grad)
-        return t
-
-    def unpack(self, packed):
-        if isinstance(packed, tuple) and packed and packed[0] == "rsdp_weight":
-            _, off, shape, stride, _ = packed
-            return self.bwd_buf.as_strided(shape, stride, off)
-        return packed
-
-
 class _UnitFn(torch.autograd.Function):
     """Sum over shards of the unit's row-split partial outputs (row bias excluded)."""
 
     @staticmethod
-    def forward(ctx, unit, call: _Call, *tensors):
+    def forward(ctx, unit, call: Call, *tensors):
         st: ShardState = unit._rsdp
         u: _Unit = unit._rsdp_unit
         n_in = len(call.grad_idx)
         ins = tensors[:n_in]
         keep = not u.recompute and any(ctx.needs_input_grad[2:])
         src = st.compute_flat()
-        rng = _rng_state(src.device)
+        rng = rng_state(src.device)
         acc, graphs = [], {}
-        refs = _WeightRefs() if keep else None
+        refs = WeightRefs() if keep else None
         leaves_in = [t.detach().requires_grad_(t.requires_grad) for t in ins] if keep else ins
 
         def visit(j, buf):
             if not u.sizes[j]:
                 return
-            _set_rng_state(rng, src.device)  # every shard draws the same dropout masks
+            set_rng_state(rng, src.device)  # every shard draws the same dropout masks
             if keep:  # record this shard's graph; its weights are saved as references
                 refs.fwd_ptr = buf.untyped_storage().data_ptr()
                 weights = _views(st, buf, j, leaves=True)
                 with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
                         refs.pack, refs.unpack):
-                    y = _run_shard(unit, call, leaves_in, weights, j, record=True)
+                    y = run_part(unit, call, leaves_in, weights, j, u.heads(j), record=True)
                 # the leaves are only gradient targets now: let go of the rotation buffer
                 for w in weights.values():
-                    w.data = _stub(w)
+                    w.data = stub(w)
                 graphs[j] = (y, weights)
                 y = y.detach()
             else:
-                y = _run_shard(unit, call, ins, _views(st, buf, j, leaves=False), j,
-                               record=True)
+                y = run_part(unit, call, ins, _views(st, buf, j, leaves=False), j,
+                             u.heads(j), record=True)
             if acc:
                 acc[0].add_(y)
             else:
@@ -281,7 +165,7 @@ class _UnitFn(torch.autograd.Function):
             rotate(st.ring, src, visit, direction=1, label="RSDP::unit_forward")
         st.release(src)
         del src, visit
-        _fill_caches(call)
+        fill_caches(call)
         call.kv = {}
         ctx.unit, ctx.call, ctx.rng = unit, call, rng
         ctx.graphs, ctx.refs, ctx.leaves_in = graphs, refs, leaves_in if keep else None
@@ -318,8 +202,8 @@ class _UnitFn(torch.autograd.Function):
                 weights = _views(st, buf, j, leaves=True)
                 with torch.enable_grad(), torch.random.fork_rng(
                         devices=[src.device] if src.device.type == "cuda" else []):
-                    _set_rng_state(ctx.rng, src.device)
-                    y = _run_shard(unit, call, leaves_in, weights, j, record=False)
+                    set_rng_state(ctx.rng, src.device)
+                    y = run_part(unit, call, leaves_in, weights, j, u.heads(j), record=False)
             wanted = [t for t, w in zip(leaves_in, need_in) if w and t.requires_grad]
             wl = [weights[n] for n in names] if need_w else []
             with torch.enable_grad():
@@ -355,7 +239,7 @@ def unit_forward(unit: nn.Module, args, kwargs):
     u: _Unit = unit._rsdp_unit
     kwargs = dict(kwargs)
     caches = {k: kwargs.pop(k) for k in list(kwargs)
-              if kwargs[k] is not None and (k in _CACHE_KWARGS or _is_cache(kwargs[k]))}
+              if kwargs[k] is not None and (k in CACHE_KWARGS or is_cache(kwargs[k]))}
     leaves, spec = tree_flatten((args, kwargs))
     cdt = st.mp.param_dtype
     if cdt is not None:  # compute dtype for every float input (activations, rotary tables)
@@ -363,9 +247,10 @@ def unit_forward(unit: nn.Module, args, kwargs):
                   for t in leaves]
     grad_idx = [i for i, t in enumerate(leaves)
                 if isinstance(t, torch.Tensor) and t.requires_grad]
-    call = _Call(leaves, spec, grad_idx, caches)
+    call = Call(leaves, spec, grad_idx, caches)
     params = [st.param(n) for n in st.names]
-    y = _UnitFn.apply(unit, call, *[leaves[i] for i in grad_idx], *params)
+    fn = WholeUnitFn if computes_whole(unit, leaves) else _UnitFn
+    y = fn.apply(unit, call, *[leaves[i] for i in grad_idx], *params)
     for i in grad_idx:  # backward gets these from the saved tensors; do not keep them twice
         call.leaves[i] = None
     if u.row.bias is not None:
@@ -410,14 +295,15 @@ class RSDPUnitMemberMixin:
 
 def shard_unit(unit: nn.Module, members: List[tuple], ring: Ring,
                mp: Optional[MixedPrecisionPolicy] = None, name: str = "",
-               recompute: bool = True) -> nn.Module:
+               recompute: bool = False) -> nn.Module:
     """Shards ``unit`` (its planned children ``members``: ``(attribute, module, style)``) as
     one rotation unit, in place, and returns it.
 
     ``recompute``: backward recomputes each shard's part while its weights are in hand (the
-    unit keeps only its inputs, like activation checkpointing); ``False`` keeps each shard's
-    activations from forward instead (as much activation memory as the unsharded block, no
-    recomputation; weights are still never kept, see :class:`_WeightRefs`)."""
+    unit keeps only its inputs, like activation checkpointing); ``False`` (default) keeps each
+    shard's activations from forward instead (as much activation memory as the unsharded
+    block, no recomputation; weights are still never kept, see
+    :class:`.unit_call.WeightRefs`)."""
     problem = unit_problem(unit, members)
     if problem is not None:
         raise ValueError(f"rotation unit {name or type(unit).__name__}: {problem}")

@@ -1,0 +1,188 @@
+"""A rotation unit no larger than its activations computes whole: one call of its forward.
+
+[Note: small units computed whole]
+A rotation unit (:mod:`.rotation_unit`) runs its module's own forward once per shard: at 4
+ranks an attention block's Python forward (rotary embeddings, the attention kernel, reshapes)
+four times on a quarter of the heads, and in backward four ``autograd.grad`` calls, each
+recomputing its shard's part unless ``unit_recompute=False``. Where the unit's weights are no
+larger than the activations it reads and writes (``sum in*out <= tokens * sum(in+out)`` over
+its layers: the rule of [Note: whole small layers] in :mod:`.sharded_linear`, summed), that
+per-shard work, not the arithmetic, is what a step costs (units measured 0.66-0.76x FSDP2's
+throughput where activations dominate, ``benchmarks/bench_rsdp_fsdp2.py``).
+
+Such a unit rotates the same flat shard as before (``W - 1`` hops forward), but copies each
+shard as it passes into one buffer of the unit's whole parameters and then runs its forward
+once, on every head, and drops the buffer. Backward gathers the whole parameters again (``W -
+1`` hops), runs one ``autograd.grad`` (recomputing the forward first unless
+``unit_recompute=False``, whose recorded graph saves the weights as references into the
+gathered buffer: :class:`.unit_call.WeightRefs`) and sends every shard its gradient in one
+counter-rotation (``W - 1`` hops). The whole unit lives only while it computes, like a block
+FSDP2 gathers, and only where it is no larger than its activations; a unit larger than that
+(weights dominate) still rotates shard by shard and is never whole.
+
+Which units compute whole decides the ring's schedule in backward, so every rank decides from
+the token count the group agreed on (:class:`.block_gather.SmallLayers`, one all-reduce per
+forward of the sharded root). CPU and one node only, as block gathers: across nodes the
+counter-rotation of a compressed ring feeds its error back per hop, and the shard-by-shard
+schedule makes one hop more. Dropout inside a whole unit draws one mask over all heads, not one
+per shard: the same distribution, and backward replays it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Dict, Tuple
+
+import torch
+
+from .memory import alloc_buffer, release_buffers
+from .rotation import counter_rotate, rotate
+from .shard_state import ShardState
+from .unit_call import Call, WeightRefs, fill_caches, rng_state, run_part, set_rng_state, stub
+
+__all__ = ["MODE", "computes_whole", "WholeUnitFn"]
+
+#: ``"auto"``: units no larger than their activations compute whole; ``"never"``: every unit
+#: rotates shard by shard (for comparison); ``"always"``: every unit computes whole on CPU
+#: and one node, whatever its size (for tests, whose models are tiny and whose inputs are few).
+MODE = "auto"
+
+
+def computes_whole(unit, leaves) -> bool:
+    """Whether this call of ``unit`` (inputs flattened into ``leaves``) computes whole; the
+    same answer on every rank (a collective on the first unit of a forward)."""
+    u, st = unit._rsdp_unit, unit._rsdp
+    if MODE == "never" or u.small is None or st.ring.world < 2 or not st.ring.one_node:
+        return False
+    x = next((t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()
+              and t.dim() >= 2 and t.shape[-1] == u.fin), None)
+    if x is None or x.device.type != "cpu":
+        return False
+    if MODE == "always":
+        return True
+    return u.weight_numel <= u.small.agreed(x.numel() // u.fin) * u.features
+
+
+def _whole_shapes(st: ShardState) -> Dict[str, Tuple[int, ...]]:
+    out = {}
+    for n in st.names:
+        shapes, d = st.layout.shapes[n], st.dims[n]
+        shape = list(shapes[0])
+        shape[d] = sum(s[d] for s in shapes)
+        out[n] = tuple(shape)
+    return out
+
+
+def _gather(st: ShardState) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
+    """The unit's whole parameters, views of one buffer (one storage, so that a recorded
+    graph can save them as references), filled by one rotation of the unit's shard."""
+    src = st.compute_flat()
+    shapes = _whole_shapes(st)
+    flat = alloc_buffer(sum(math.prod(s) for s in shapes.values()), src.dtype, src.device)
+    whole, off = {}, 0
+    for n in st.names:
+        k = math.prod(shapes[n])
+        whole[n] = flat[off:off + k].view(shapes[n])
+        off += k
+
+    def visit(j, buf):
+        for n, t in whole.items():
+            st.take(n, t, j).copy_(st.layout.view(buf, n, j))
+
+    rotate(st.ring, src, visit, direction=1, label="RSDP::unit_whole_gather")
+    st.release(src)
+    return flat, whole
+
+
+class WholeUnitFn(torch.autograd.Function):
+    """The unit's output (row-split bias excluded) from its whole parameters; the inputs and
+    signature of :class:`.rotation_unit._UnitFn`."""
+
+    @staticmethod
+    def forward(ctx, unit, call: Call, *tensors):
+        st: ShardState = unit._rsdp
+        u = unit._rsdp_unit
+        ins = tensors[:len(call.grad_idx)]
+        keep = not u.recompute and any(ctx.needs_input_grad[2:])
+        flat, whole = _gather(st)
+        rng = rng_state(flat.device)
+        everything = slice(0, u.atoms)
+        refs = leaves_in = graph = None
+        if keep:  # record the graph; its weights are saved as references into ``flat``
+            refs = WeightRefs()
+            refs.fwd_ptr = flat.untyped_storage().data_ptr()
+            leaves_in = [t.detach().requires_grad_(t.requires_grad) for t in ins]
+            leaves_w = {n: w.detach().requires_grad_() for n, w in whole.items()}
+            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
+                    refs.pack, refs.unpack):
+                y = run_part(unit, call, leaves_in, leaves_w, 0, everything, record=True)
+            for w in leaves_w.values():  # gradient targets only: let go of ``flat``
+                w.data = stub(w)
+            graph = (y, leaves_w)
+            y = y.detach()
+        else:
+            y = run_part(unit, call, ins, whole, 0, everything, record=True)
+        release_buffers(flat)
+        del flat, whole
+        fill_caches(call)
+        call.kv = {}
+        ctx.unit, ctx.call, ctx.rng, ctx.refs = unit, call, rng, refs
+        ctx.graph, ctx.leaves_in = graph, leaves_in
+        ctx.save_for_backward(*([] if keep else ins))
+        ctx.in_meta = [(t.dtype, t.shape, t.device) for t in ins]
+        return y.to(st.mp.output_dtype or y.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):
+        unit, call = ctx.unit, ctx.call
+        st: ShardState = unit._rsdp
+        u = unit._rsdp_unit
+        n_in = len(ctx.in_meta)
+        need_in = ctx.needs_input_grad[2:2 + n_in]
+        need_w = any(ctx.needs_input_grad[2 + n_in:])
+        flat, whole = _gather(st)
+        if ctx.refs is not None:  # run the recorded graph, its weights resolved in ``flat``
+            y, leaves_w = ctx.graph
+            leaves_in = ctx.leaves_in
+            ctx.refs.bwd_buf = flat
+        else:  # recompute the forward, replaying its random draws
+            leaves_in = [t.detach().requires_grad_(w) for t, w in zip(ctx.saved_tensors, need_in)]
+            leaves_w = {n: w.detach().requires_grad_(need_w) for n, w in whole.items()}
+            with torch.enable_grad(), torch.random.fork_rng(
+                    devices=[flat.device] if flat.device.type == "cuda" else []):
+                set_rng_state(ctx.rng, flat.device)
+                y = run_part(unit, call, leaves_in, leaves_w, 0, slice(0, u.atoms),
+                             record=False)
+        wanted = [t for t, w in zip(leaves_in, need_in) if w and t.requires_grad]
+        wl = [leaves_w[n] for n in st.names] if need_w else []
+        with torch.enable_grad():
+            got = list(torch.autograd.grad(y, wanted + wl, dy.to(y.dtype), allow_unused=True))
+        ctx.graph = ctx.leaves_in = None
+        if ctx.refs is not None:
+            ctx.refs.bwd_buf = None
+        release_buffers(flat)
+        del y, leaves_w, flat, whole
+        gins = []
+        for t, w, (dt, shape, dev) in zip(leaves_in, need_in, ctx.in_meta):
+            g = got.pop(0) if w and t.requires_grad else None
+            if w and g is None:
+                g = torch.zeros(shape, dtype=dt, device=dev)
+            gins.append(g.to(dt) if g is not None else None)
+        grads = {}
+        if need_w:
+            gw = dict(zip(st.names, got))
+
+            def contribute(j, buf):
+                for n in st.names:
+                    dst = st.layout.view(buf, n, j)
+                    if gw[n] is None:
+                        dst.zero_()
+                    else:
+                        dst.copy_(st.take(n, gw[n], j))
+
+            # counter_rotate reads only the size, dtype and device of ``src`` when it only sums
+            gdt = st.grad_dtype
+            shape_of = torch.empty(1, dtype=gdt, device=dy.device).expand(st.layout.numel)
+            acc = counter_rotate(st.ring, shape_of, contribute=contribute, grad_dtype=gdt,
+                                 label="RSDP::unit_whole_reduce", feedback=st.feedback)
+            grads = st.grads_from(acc)
+        return (None, None, *gins, *[grads.get(n) for n in st.names])
