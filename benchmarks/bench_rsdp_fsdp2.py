@@ -21,8 +21,9 @@ gathers]), ``rsdp-perlayer`` (every layer rotates on its own), ``rsdp-pershard``
 its activations computes whole, [Note: small units computed whole]), ``rsdp-units-pershard``
 (every unit shard by shard), ``rsdp-units-recompute`` (``unit_recompute=True``), ``fsdp2``
 (``fully_shard`` per decoder layer and on the root, over the rsdp backend). The variants take
-turns step by step, each round starting with the next one, so a slow spell of the shared machine touches each alike. A step is forward, backward and the
-optimizer step after a barrier; its time is the slowest rank's.
+turns step by step, each round starting with the next one, so a slow spell of the shared
+machine touches each alike. A step is forward, backward and the optimizer step after a
+barrier; its time is the slowest rank's.
 
 Reported per variant: median step time, tokens/s, **throughput ratio to FSDP2** (FSDP2's
 median / the variant's: > 1 is faster), step-time **spread** (max / median over the timed

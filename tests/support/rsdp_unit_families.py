@@ -83,6 +83,23 @@ def fam_units_whole(ctx, rec):
         fam_units(ctx, rec)
     finally:
         unit_whole.MODE = "auto"
+    with rec.case("backward hops: 2 (W - 1) a whole unit, the last one's gather kept"):
+        # per shard a unit's backward makes W - 1 weight hops and W gradient hops; whole, it
+        # gathers (W - 1) and reduces (W - 1), and the last unit of the forward ([Note: the
+        # last gather stays for backward]) does not gather again: 4 units, 4 + W - 1 fewer
+        hops = {}
+        for mode in ("never", "always"):
+            unit_whole.MODE = mode
+            try:
+                model, _ = _sharded("llama_u", tp_plan="auto")
+                ring = rsdp.rsdp_state(model).ring
+                loss = _loss(model, r)[0]
+                before = ring.hops
+                loss.backward()
+                hops[mode] = ring.hops - before
+            finally:
+                unit_whole.MODE = "auto"
+        assert hops["never"] - hops["always"] == 4 + W - 1, hops
     with rec.case("the size rule: long batches compute whole, one short rank keeps all per shard"):
         # llama_u's attention unit is small from 42 tokens on, its MLP from 48: every rank
         # feeds 3 x 24 tokens (whole everywhere) or, in the second round, rank 0 only 1 x 24

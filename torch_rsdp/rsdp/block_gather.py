@@ -65,16 +65,38 @@ def is_small(fin: int, fout: int, tokens: int) -> bool:
 
 class SmallLayers:
     """The group's agreement, once per forward of the sharded root, on the fewest tokens any
-    rank feeds its layers (which layers are small is decided from it)."""
+    rank feeds its layers (which layers are small is decided from it); and the last whole
+    gather, kept for its backward.
+
+    [Note: the last gather stays for backward]
+    Backward starts with the block forward ended with, so gathering that block again right
+    away is wasted hops. Every gather (a block's pass, a unit computed whole) is kept until
+    the next gather starts (which drops it first: still one block whole at a time) or the
+    root's next forward; a backward that finds its forward's gather still kept uses it. That
+    is the last block of a forward (and, under activation checkpointing, every recomputed
+    one). Every rank makes the same gathers in the same order, so every rank gathers again
+    or not alike. Only a gather whose outputs require grad is kept (a backward will come)."""
 
     def __init__(self, ring: Ring):
         self.ring = ring
         self.tokens: Optional[int] = None
         self.epoch = 0  # forwards of the root so far: a new one starts new passes
+        self.kept = None  # what holds the last gather: has ``drop_kept()``
 
     def new_forward(self, module, args) -> None:  # a forward pre-hook of the root
         self.tokens = None
         self.epoch += 1
+        self.drop()
+
+    def keep(self, holder) -> None:
+        self.drop()
+        self.kept = holder
+
+    def drop(self) -> None:
+        """Before a gather: the kept one goes (if its backward has not taken it)."""
+        if self.kept is not None:
+            self.kept.drop_kept()
+            self.kept = None
 
     def agreed(self, tokens: int) -> int:
         if self.tokens is None:  # the first pass of this forward: the same call on every rank
@@ -98,6 +120,7 @@ class _Pass:
             off += m._rsdp.layout.numel
         self.numel = off
         self.backward_whole: Optional[Dict[nn.Module, dict]] = None
+        self.kept: Optional[Dict[nn.Module, dict]] = None  # the forward's gather, detached
         self.waiting = 0  # members whose backward has not run yet
         self.registered = 0  # members whose backward will run
 
@@ -122,9 +145,14 @@ class _Pass:
         release_buffers(src)
         return whole
 
+    def drop_kept(self) -> None:
+        self.kept = None
+
     def weights_for_backward(self, mod) -> tuple:
         if self.backward_whole is None:
-            self.backward_whole = self.gather()
+            # [Note: the last gather stays for backward]
+            self.backward_whole = self.kept if self.kept is not None else self.gather()
+            self.kept = None
         w = self.backward_whole[mod]
         return w["weight"], w.get("bias")
 
@@ -261,14 +289,22 @@ class Block:
         p = _Pass(self, mods, self.small.epoch)
         if mods:
             params = [m._rsdp.param(n) for m in mods for n in m._rsdp.names]
+            self.small.drop()
             whole = _Gather.apply(p, *params)
             k = 0
+            kept = {}
             for m in mods:
                 names = m._rsdp.names
                 got = whole[k:k + len(names)]
                 k += len(names)
                 d = dict(zip(names, got))
                 p.whole[m] = (d["weight"], d.get("bias"))
+                # detached: the pass must not hold its own autograd node's outputs (a cycle
+                # through C++ nodes that Python's collector cannot break)
+                kept[m] = {n: t.detach() for n, t in d.items()}
+            if whole[0].requires_grad:  # [Note: the last gather stays for backward]
+                p.kept = kept
+                self.small.keep(p)
         return p
 
 

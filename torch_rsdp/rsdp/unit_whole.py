@@ -93,6 +93,24 @@ def _gather(st: ShardState) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     return flat, whole
 
 
+class _Kept:
+    """A unit's forward gather, kept for its backward ([Note: the last gather stays for
+    backward] in :mod:`.block_gather`)."""
+
+    def __init__(self, flat, whole):
+        self.flat, self.whole = flat, whole
+
+    def drop_kept(self) -> None:
+        if self.flat is not None:
+            release_buffers(self.flat)
+        self.flat = self.whole = None
+
+    def take(self):
+        got = (self.flat, self.whole)
+        self.flat = self.whole = None
+        return got
+
+
 class WholeUnitFn(torch.autograd.Function):
     """The unit's output (row-split bias excluded) from its whole parameters; the inputs and
     signature of :class:`.rotation_unit._UnitFn`."""
@@ -103,6 +121,7 @@ class WholeUnitFn(torch.autograd.Function):
         u = unit._rsdp_unit
         ins = tensors[:len(call.grad_idx)]
         keep = not u.recompute and any(ctx.needs_input_grad[2:])
+        u.small.drop()
         flat, whole = _gather(st)
         rng = rng_state(flat.device)
         everything = slice(0, u.atoms)
@@ -121,7 +140,12 @@ class WholeUnitFn(torch.autograd.Function):
             y = y.detach()
         else:
             y = run_part(unit, call, ins, whole, 0, everything, record=True)
-        release_buffers(flat)
+        ctx.kept = None
+        if any(ctx.needs_input_grad[2:]):  # [Note: the last gather stays for backward]
+            ctx.kept = _Kept(flat, whole)
+            u.small.keep(ctx.kept)
+        else:
+            release_buffers(flat)
         del flat, whole
         fill_caches(call)
         call.kv = {}
@@ -139,7 +163,9 @@ class WholeUnitFn(torch.autograd.Function):
         n_in = len(ctx.in_meta)
         need_in = ctx.needs_input_grad[2:2 + n_in]
         need_w = any(ctx.needs_input_grad[2 + n_in:])
-        flat, whole = _gather(st)
+        flat, whole = ctx.kept.take() if ctx.kept is not None else (None, None)
+        if flat is None:  # the forward's gather is gone: gather again
+            flat, whole = _gather(st)
         if ctx.refs is not None:  # run the recorded graph, its weights resolved in ``flat``
             y, leaves_w = ctx.graph
             leaves_in = ctx.leaves_in
@@ -156,7 +182,7 @@ class WholeUnitFn(torch.autograd.Function):
         wl = [leaves_w[n] for n in st.names] if need_w else []
         with torch.enable_grad():
             got = list(torch.autograd.grad(y, wanted + wl, dy.to(y.dtype), allow_unused=True))
-        ctx.graph = ctx.leaves_in = None
+        ctx.graph = ctx.leaves_in = ctx.kept = None
         if ctx.refs is not None:
             ctx.refs.bwd_buf = None
         release_buffers(flat)
