@@ -45,9 +45,9 @@ from .ring_order import Ring
 from .rotation import rotate, rotate_accumulate
 from .shard_state import ShardState
 from .tp_plan import COL, ROW
+from .unit_call import (CACHE_KWARGS, Call, WeightRefs, fill_caches, is_cache, rng_state,
+                        run_part, set_rng_state, stub)
 from .unit_whole import WholeUnitFn, computes_whole
-from .unit_call import (CACHE_KWARGS, Call, WeightRefs, fill_caches, is_cache, rng_state, run_part,
-                        set_rng_state, stub)
 
 __all__ = ["unit_problem", "shard_unit", "RSDPUnitMixin"]
 

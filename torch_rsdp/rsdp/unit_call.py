@@ -125,9 +125,9 @@ def stub(t: torch.Tensor) -> torch.Tensor:
 
 class WeightRefs:
     """[Note: keeping activations without keeping weights]
-    With ``recompute=False`` each shard's (or the whole unit's) forward is recorded by autograd while its weights
-    are in hand. Autograd would save those weights (``grad_input = dy @ W`` needs them), i.e.
-    keep every shard of the layer alive until backward. These saved-tensor hooks save a
+    With ``recompute=False`` each shard's (or the whole unit's) forward is recorded by autograd
+    while its weights are in hand. Autograd would save those weights (``grad_input = dy @ W``
+    needs them), i.e. keep every shard of the layer alive until backward. These saved-tensor hooks save a
     tensor living in the rotation buffer as a *reference* (offset, shape, strides) instead,
     and backward resolves it in whichever buffer holds that shard when its graph is run."""
 
