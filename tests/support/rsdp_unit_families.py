@@ -57,17 +57,24 @@ def _unit_nodes(loss):
         if fn is None or fn in seen:
             continue
         seen.add(fn)
-        if type(fn).__name__ in ("_UnitFnBackward", "WholeUnitFnBackward"):
+        if type(fn).__name__ in ("_UnitFnBackward", "WholeUnitFnBackward",
+                                 "_BlockUnitFnBackward"):
             nodes.append(fn)
         pending.extend(f for f, _ in fn.next_functions)
     return nodes
 
 
-def _node_name():
+def _whole_node(W):
+    """The backward node of a unit computed whole: in its block's pass from 3 ranks on
+    ([Note: unit blocks]), alone at 2."""
+    return "_BlockUnitFnBackward" if W >= 3 else "WholeUnitFnBackward"
+
+
+def _node_name(W):
     """The backward node units make in this family: whole (``fam_units_whole``) or not."""
     from torch_rsdp.rsdp import unit_whole
 
-    return "WholeUnitFnBackward" if unit_whole.MODE == "always" else "_UnitFnBackward"
+    return _whole_node(W) if unit_whole.MODE == "always" else "_UnitFnBackward"
 
 
 def fam_units_whole(ctx, rec):
@@ -83,10 +90,12 @@ def fam_units_whole(ctx, rec):
         fam_units(ctx, rec)
     finally:
         unit_whole.MODE = "auto"
-    with rec.case("backward hops: 2 (W - 1) a whole unit, the last one's gather kept"):
-        # per shard a unit's backward makes W - 1 weight hops and W gradient hops; whole, it
-        # gathers (W - 1) and reduces (W - 1), and the last unit of the forward ([Note: the
-        # last gather stays for backward]) does not gather again: 4 units, 4 + W - 1 fewer
+    with rec.case("backward hops: whole units gather and reduce by block, the last gather kept"):
+        # per shard a unit's backward makes W - 1 weight hops and W gradient hops: 4 units,
+        # 4 (2 W - 1). Whole, from 3 ranks on, each of the 2 blocks gathers (W - 1) and
+        # reduces (W - 1) for both its units, and the last block of the forward does not
+        # gather again ([Note: the last gather stays for backward]): 3 (W - 1). At 2 ranks
+        # each unit gathers and reduces alone, the last one without gathering: 7 (W - 1).
         hops = {}
         for mode in ("never", "always"):
             unit_whole.MODE = mode
@@ -99,12 +108,13 @@ def fam_units_whole(ctx, rec):
                 hops[mode] = ring.hops - before
             finally:
                 unit_whole.MODE = "auto"
-        assert hops["never"] - hops["always"] == 4 + W - 1, hops
+        whole = 3 * (W - 1) if W >= 3 else 7 * (W - 1)
+        assert hops["never"] - hops["always"] == 4 * (2 * W - 1) - whole, hops
     with rec.case("the size rule: long batches compute whole, one short rank keeps all per shard"):
         # llama_u's attention unit is small from 42 tokens on, its MLP from 48: every rank
         # feeds 3 x 24 tokens (whole everywhere) or, in the second round, rank 0 only 1 x 24
         # (the agreed minimum: per shard everywhere)
-        for short, want in ((False, "WholeUnitFnBackward"), (True, "_UnitFnBackward")):
+        for short, want in ((False, _whole_node(W)), (True, "_UnitFnBackward")):
             model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=False)
 
             def ids(q):
@@ -142,7 +152,9 @@ def fam_units(ctx, rec):
             units = [n for n in st.sharded if n.endswith(("self_attn", "mlp"))]
             assert len(units) == 4 and len(st.sharded) == 6, sorted(st.sharded)
             nshift, _ = _count_shifts(model, lambda: model(input_ids=_ids(r)))
-            assert nshift == 6 * (W - 1), f"{kind}: {nshift} forward shifts, expected 6 per hop"
+            # 4 units, the embedding and the head; the units of a block in one pass
+            rot = 4 if _node_name(W) == "_BlockUnitFnBackward" else 6
+            assert nshift == rot * (W - 1), f"{kind}: {nshift} forward shifts, expected {rot} a hop"
             loss, logits = _loss(model, r)
             loss.backward()
             ref_losses = [_loss(ref, q) for q in range(W)]
@@ -217,7 +229,7 @@ def fam_units(ctx, rec):
         model, _ = _sharded("llama_u", tp_plan="auto", unit_recompute=False)
         loss, _ = _loss(model, r)
         nodes = _unit_nodes(loss)
-        assert len(nodes) == 4 and {type(n).__name__ for n in nodes} == {_node_name()}, nodes
+        assert len(nodes) == 4 and {type(n).__name__ for n in nodes} == {_node_name(W)}, nodes
         for fn in nodes:
             graphs = fn.graphs.values() if hasattr(fn, "graphs") else [fn.graph]
             held = [w for _, weights in graphs for w in weights.values()]

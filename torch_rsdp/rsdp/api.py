@@ -58,6 +58,7 @@ from .sharded_embedding import shard_embedding
 from .sharded_linear import shard_linear, tie_linear
 from .tied import find_ties, tied_group
 from .tp_plan import group_units, resolve_plan
+from .unit_block import make_unit_blocks
 
 __all__ = ["shard", "RSDPState", "rsdp_state"]
 
@@ -251,6 +252,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     units = [m for m in sharded.values() if getattr(m, "_rsdp_unit", None) is not None]
     for unit in units:
         unit._rsdp_unit.small = small
+    make_unit_blocks(model, sharded, ring, small)  # [Note: unit blocks]
     if make_blocks(model, sharded, ring, small) or units:
         model.register_forward_pre_hook(small.new_forward)
     # Submodules an earlier shard() call sharded (a deeper unit of a torch_rsdp.plan) hold

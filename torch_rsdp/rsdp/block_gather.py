@@ -113,7 +113,7 @@ class _Pass:
     def __init__(self, block: "Block", mods: List[nn.Module], epoch: int):
         self.block, self.mods, self.epoch = block, mods, epoch
         self.used: set = set()  # members whose forward has run in this pass
-        self.whole: Dict[nn.Module, tuple] = {}  # forward: member -> (weight, bias or None)
+        self.whole: Dict[nn.Module, dict] = {}  # forward: member -> {name: whole parameter}
         self.offsets, off = {}, 0
         for m in mods:
             self.offsets[m] = off
@@ -148,13 +148,13 @@ class _Pass:
     def drop_kept(self) -> None:
         self.kept = None
 
-    def weights_for_backward(self, mod) -> tuple:
+    def whole_for_backward(self, mod) -> Dict[str, torch.Tensor]:
+        """``mod``'s whole parameters again, from the pass's second gather."""
         if self.backward_whole is None:
             # [Note: the last gather stays for backward]
             self.backward_whole = self.kept if self.kept is not None else self.gather()
             self.kept = None
-        w = self.backward_whole[mod]
-        return w["weight"], w.get("bias")
+        return self.backward_whole[mod]
 
     def backward_done(self) -> None:
         self.waiting -= 1
@@ -238,7 +238,7 @@ class _WholeLinear(torch.autograd.Function):
         tr = mod._rsdp_transposed
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            w, _ = p.weights_for_backward(mod)
+            w = p.whole_for_backward(mod)["weight"]
             gx = dy.mm(w.t() if tr else w)
         if ctx.needs_input_grad[1]:
             gw = x2.t().mm(dy) if tr else dy.t().mm(x2)
@@ -266,7 +266,8 @@ class Block:
         p.used.add(mod)
         if mod not in p.whole:
             return None
-        w, b = p.whole.pop(mod)
+        whole = p.whole.pop(mod)
+        w, b = whole["weight"], whole.get("bias")
         st = mod._rsdp
         x2 = x.reshape(-1, fin).to(w.dtype)
         y = _WholeLinear.apply(x2, w, b, p, mod)
@@ -281,31 +282,50 @@ class Block:
     def _new_pass(self, tokens: int) -> _Pass:
         """A pass of the members small at the group's token count (the same on every rank)."""
         T = self.small.agreed(tokens)
-        mods = [m for m in self.members if is_small(m._rsdp_in, m._rsdp_out, T)]
-        dtypes = {d for m in mods
-                  for d in (m._rsdp.mp.param_dtype or m._rsdp.flat.dtype, m._rsdp.grad_dtype)}
-        if len(mods) < 2 or len(dtypes) != 1:
-            mods = []  # one layer gains nothing; mixed dtypes need the per-layer schedules
-        p = _Pass(self, mods, self.small.epoch)
-        if mods:
-            params = [m._rsdp.param(n) for m in mods for n in m._rsdp.names]
-            self.small.drop()
-            whole = _Gather.apply(p, *params)
-            k = 0
-            kept = {}
-            for m in mods:
-                names = m._rsdp.names
-                got = whole[k:k + len(names)]
-                k += len(names)
-                d = dict(zip(names, got))
-                p.whole[m] = (d["weight"], d.get("bias"))
-                # detached: the pass must not hold its own autograd node's outputs (a cycle
-                # through C++ nodes that Python's collector cannot break)
-                kept[m] = {n: t.detach() for n, t in d.items()}
-            if whole[0].requires_grad:  # [Note: the last gather stays for backward]
-                p.kept = kept
-                self.small.keep(p)
-        return p
+        return open_pass(self, [m for m in self.members if is_small(m._rsdp_in, m._rsdp_out, T)])
+
+
+def open_pass(owner, mods: List[nn.Module]) -> _Pass:
+    """A new pass of ``owner`` (a :class:`Block` or a block of units: ``ring``, ``small``) over
+    ``mods``, their whole parameters gathered into ``whole``; a pass of nobody when fewer than
+    two or of mixed dtypes (one member gains nothing; mixed dtypes need the per-layer
+    schedules)."""
+    dtypes = {d for m in mods
+              for d in (m._rsdp.mp.param_dtype or m._rsdp.flat.dtype, m._rsdp.grad_dtype)}
+    if len(mods) < 2 or len(dtypes) != 1:
+        mods = []
+    p = _Pass(owner, mods, owner.small.epoch)
+    if mods:
+        params = [m._rsdp.param(n) for m in mods for n in m._rsdp.names]
+        owner.small.drop()
+        whole = _Gather.apply(p, *params)
+        k = 0
+        kept = {}
+        for m in mods:
+            names = m._rsdp.names
+            p.whole[m] = dict(zip(names, whole[k:k + len(names)]))
+            k += len(names)
+            # detached: the pass must not hold its own autograd node's outputs (a cycle
+            # through C++ nodes that Python's collector cannot break)
+            kept[m] = {n: t.detach() for n, t in p.whole[m].items()}
+        if whole[0].requires_grad:  # [Note: the last gather stays for backward]
+            p.kept = kept
+            owner.small.keep(p)
+    return p
+
+
+def block_key(name: str, lists: set) -> Optional[str]:
+    """The nearest element of a container (a name in ``lists``) holding module ``name``."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, 0, -1):
+        if ".".join(parts[:i - 1]) in lists:
+            return ".".join(parts[:i])
+    return None
+
+
+def containers(model: nn.Module) -> set:
+    """The names of ``model``'s ``nn.ModuleList`` and ``nn.Sequential`` modules."""
+    return {n for n, m in model.named_modules() if isinstance(m, (nn.ModuleList, nn.Sequential))}
 
 
 def make_blocks(model: nn.Module, sharded: Dict[str, nn.Module], ring: Ring,
@@ -316,18 +336,12 @@ def make_blocks(model: nn.Module, sharded: Dict[str, nn.Module], ring: Ring,
     ``model``'s forward); returns how many blocks."""
     if ring.world < 3 or not ring.one_node:
         return 0  # two ranks: see [Note: block gathers]
-    lists = {n for n, m in model.named_modules()
-             if isinstance(m, (nn.ModuleList, nn.Sequential))}
+    lists = containers(model)
     groups: Dict[str, list] = {}
     for name, mod in sharded.items():
         if getattr(mod, "_rsdp_transposed", None) is None or mod._rsdp.module_ref is not mod:
             continue  # not a linear layer, or a head on its embedding's shard
-        parts = name.split(".")
-        key = None
-        for i in range(len(parts) - 1, 0, -1):  # the nearest element of a container
-            if ".".join(parts[:i - 1]) in lists:
-                key = ".".join(parts[:i])
-                break
+        key = block_key(name, lists)
         if key is not None:
             groups.setdefault(key, []).append(mod)
     blocks = [Block(ring, mods, small) for mods in groups.values() if len(mods) >= 2]

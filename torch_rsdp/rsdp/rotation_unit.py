@@ -107,6 +107,7 @@ class _Unit:
         self.weight_numel = sum(fi * fo for fi, fo in ios)
         self.features = sum(fi + fo for fi, fo in ios)
         self.small = None  # the group's SmallLayers (set by rsdp.shard)
+        self.block = None  # its UnitBlock, when it shares gathers with its block's units
 
     def heads(self, j: int) -> slice:
         """Shard ``j``'s atoms (the KV heads of a unit with a cache)."""
@@ -143,7 +144,7 @@ class _UnitFn(torch.autograd.Function):
                 return
             set_rng_state(rng, src.device)  # every shard draws the same dropout masks
             if keep:  # record this shard's graph; its weights are saved as references
-                refs.fwd_ptr = buf.untyped_storage().data_ptr()
+                refs.watch({0: buf})
                 weights = _views(st, buf, j, leaves=True)
                 with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
                         refs.pack, refs.unpack):
@@ -196,7 +197,7 @@ class _UnitFn(torch.autograd.Function):
             if keep:  # run the graph recorded in forward, weights resolved in ``buf``
                 y, weights = ctx.graphs.pop(j)
                 leaves_in = ins
-                ctx.refs.bwd_buf = buf
+                ctx.refs.bwd = {0: buf}
             else:  # recompute this shard's part while its weights are in hand
                 leaves_in = [t.detach().requires_grad_(w) for t, w in zip(ins, need_in)]
                 weights = _views(st, buf, j, leaves=True)
@@ -249,8 +250,11 @@ def unit_forward(unit: nn.Module, args, kwargs):
                 if isinstance(t, torch.Tensor) and t.requires_grad]
     call = Call(leaves, spec, grad_idx, caches)
     params = [st.param(n) for n in st.names]
-    fn = WholeUnitFn if computes_whole(unit, leaves) else _UnitFn
-    y = fn.apply(unit, call, *[leaves[i] for i in grad_idx], *params)
+    ins = [leaves[i] for i in grad_idx]
+    whole = computes_whole(unit, leaves)
+    y = u.block.forward(unit, call, ins) if whole and u.block is not None else None
+    if y is None:  # [Note: unit blocks] in .unit_block, else alone
+        y = (WholeUnitFn if whole else _UnitFn).apply(unit, call, *ins, *params)
     for i in grad_idx:  # backward gets these from the saved tensors; do not keep them twice
         call.leaves[i] = None
     if u.row.bias is not None:

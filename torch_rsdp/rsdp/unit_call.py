@@ -127,23 +127,28 @@ class WeightRefs:
     """[Note: keeping activations without keeping weights]
     With ``recompute=False`` each shard's (or the whole unit's) forward is recorded by autograd
     while its weights are in hand. Autograd would save those weights (``grad_input = dy @ W``
-    needs them), i.e. keep every shard of the layer alive until backward. These saved-tensor hooks save a
-    tensor living in the rotation buffer as a *reference* (offset, shape, strides) instead,
-    and backward resolves it in whichever buffer holds that shard when its graph is run."""
+    needs them), i.e. keep every shard of the layer alive until backward. These saved-tensor
+    hooks save a tensor living in a rotation (or gather) buffer as a *reference* (the buffer's
+    key, offset, shape, strides) instead, and backward resolves it in whichever buffer holds
+    those weights when the graph is run."""
 
     def __init__(self):
-        self.fwd_ptr = None  # storage of the buffer in hand during forward
-        self.bwd_buf = None  # the buffer in hand during backward
+        self.fwd: Dict[int, object] = {}  # storage of a buffer in hand during forward -> key
+        self.bwd: Dict[object, torch.Tensor] = {}  # key -> the buffer in hand during backward
+
+    def watch(self, buffers: Dict[object, torch.Tensor]) -> None:
+        """Forward: tensors living in these buffers (key -> buffer) are saved by reference."""
+        self.fwd = {t.untyped_storage().data_ptr(): k for k, t in buffers.items()}
 
     def pack(self, t):
-        if (self.fwd_ptr is not None and t.device.type != "meta"
-                and t.untyped_storage().data_ptr() == self.fwd_ptr):
-            return ("rsdp_weight", t.storage_offset(), tuple(t.shape), t.stride(),
-                    t.requires_grad)
+        if self.fwd and t.device.type != "meta":
+            key = self.fwd.get(t.untyped_storage().data_ptr())
+            if key is not None:
+                return ("rsdp_weight", key, t.storage_offset(), tuple(t.shape), t.stride())
         return t
 
     def unpack(self, packed):
         if isinstance(packed, tuple) and packed and packed[0] == "rsdp_weight":
-            _, off, shape, stride, _ = packed
-            return self.bwd_buf.as_strided(shape, stride, off)
+            _, key, off, shape, stride = packed
+            return self.bwd[key].as_strided(shape, stride, off)
         return packed

@@ -39,7 +39,7 @@ from .rotation import counter_rotate, rotate
 from .shard_state import ShardState
 from .unit_call import Call, WeightRefs, fill_caches, rng_state, run_part, set_rng_state, stub
 
-__all__ = ["MODE", "computes_whole", "WholeUnitFn"]
+__all__ = ["MODE", "computes_whole", "small_at", "WholeUnitFn"]
 
 #: ``"auto"``: units no larger than their activations compute whole; ``"never"``: every unit
 #: rotates shard by shard (for comparison); ``"always"``: every unit computes whole on CPU
@@ -57,9 +57,13 @@ def computes_whole(unit, leaves) -> bool:
               and t.dim() >= 2 and t.shape[-1] == u.fin), None)
     if x is None or x.device.type != "cpu":
         return False
-    if MODE == "always":
-        return True
-    return u.weight_numel <= u.small.agreed(x.numel() // u.fin) * u.features
+    return MODE == "always" or small_at(u, u.small.agreed(x.numel() // u.fin))
+
+
+def small_at(u, tokens: int) -> bool:
+    """Whether unit ``u`` (its ``_rsdp_unit``) is no larger than its activations at ``tokens``
+    (or :data:`MODE` says every unit computes whole)."""
+    return MODE == "always" or u.weight_numel <= tokens * u.features
 
 
 def _whole_shapes(st: ShardState) -> Dict[str, Tuple[int, ...]]:
@@ -128,7 +132,7 @@ class WholeUnitFn(torch.autograd.Function):
         refs = leaves_in = graph = None
         if keep:  # record the graph; its weights are saved as references into ``flat``
             refs = WeightRefs()
-            refs.fwd_ptr = flat.untyped_storage().data_ptr()
+            refs.watch({0: flat})
             leaves_in = [t.detach().requires_grad_(t.requires_grad) for t in ins]
             leaves_w = {n: w.detach().requires_grad_() for n, w in whole.items()}
             with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
@@ -169,7 +173,7 @@ class WholeUnitFn(torch.autograd.Function):
         if ctx.refs is not None:  # run the recorded graph, its weights resolved in ``flat``
             y, leaves_w = ctx.graph
             leaves_in = ctx.leaves_in
-            ctx.refs.bwd_buf = flat
+            ctx.refs.bwd = {0: flat}
         else:  # recompute the forward, replaying its random draws
             leaves_in = [t.detach().requires_grad_(w) for t, w in zip(ctx.saved_tensors, need_in)]
             leaves_w = {n: w.detach().requires_grad_(need_w) for n, w in whole.items()}
@@ -184,7 +188,7 @@ class WholeUnitFn(torch.autograd.Function):
             got = list(torch.autograd.grad(y, wanted + wl, dy.to(y.dtype), allow_unused=True))
         ctx.graph = ctx.leaves_in = ctx.kept = None
         if ctx.refs is not None:
-            ctx.refs.bwd_buf = None
+            ctx.refs.bwd = {}
         release_buffers(flat)
         del y, leaves_w, flat, whole
         gins = []
