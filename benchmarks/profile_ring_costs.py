@@ -11,8 +11,9 @@ tokens per rank), every ``--variants`` model built in the same processes and tim
 (``--rounds`` rounds of ``--steps`` steps each). Per variant and round: wall time per step,
 CPU time per step summed over the ranks (``time.process_time``), its share of
 ``cores x wall``, voluntary and involuntary context switches and system time per step summed
-over the ranks (``getrusage``). With more ranks than cores the CPU share says whether cores
-sat idle; the switches count the synchronisation points that put a rank to sleep.
+over the ranks (``getrusage``), and an RSDP variant's ring hops per step on rank 0. With more
+ranks than cores the CPU share says whether cores sat idle; the switches count the
+synchronisation points that put a rank to sleep.
 
 ``hops``: ``--iters`` iterations of a 256 x 256 matmul followed by nothing (``none``), one ring
 hop (``ring1``), a whole rotation of W - 1 hops (``ring``, as a layer's forward makes), an
@@ -67,10 +68,13 @@ def _steps_worker(rank, world, port, a):
     _init(rank, world, port, a.threads)
     cfg = bench.SETTINGS["act"]
     variants = a.variants.split(",")
-    steps = {}
+    steps, rings = {}, {}
     for v in variants:
         m = bench.wrap(bench.build_model(cfg), v)
         steps[v] = _step_fn(m, torch.optim.AdamW(m.parameters(), lr=1e-4), cfg, rank)
+        if bench.VARIANTS[v] is not None:
+            import torch_rsdp.rsdp as rsdp
+            rings[v] = rsdp.rsdp_state(m).ring
     cores = os.cpu_count() or 1
     for rnd in range(a.rounds):
         for v in variants:
@@ -80,10 +84,12 @@ def _steps_worker(rank, world, port, a):
             dist.barrier()
             ru0, c0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.process_time(), \
                 time.perf_counter()
+            h0 = rings[v].hops if v in rings else 0
             for i in range(a.steps):
                 steps[v](10 + i)
             dist.barrier()
             wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            hops = ((rings[v].hops - h0) / a.steps) if v in rings else 0
             ru1 = resource.getrusage(resource.RUSAGE_SELF)
             t = torch.tensor([wall, cpu, ru1.ru_nvcsw - ru0.ru_nvcsw,
                               ru1.ru_nivcsw - ru0.ru_nivcsw, ru1.ru_stime - ru0.ru_stime],
@@ -95,7 +101,8 @@ def _steps_worker(rank, world, port, a):
                       f"cpu {t[1].item() * 1e3:7.1f} ms/step "
                       f"({t[1].item() / (min(world, cores) * wall_s):.2f} of the cores)  "
                       f"switches {t[2].item():5.0f} voluntary {t[3].item():5.0f} involuntary  "
-                      f"sys {t[4].item() * 1e3:5.1f} ms", flush=True)
+                      f"sys {t[4].item() * 1e3:5.1f} ms  ring hops {hops:.0f}/step",
+                      flush=True)
     dist.destroy_process_group()
 
 
