@@ -17,8 +17,11 @@ once, on every head, and drops the buffer. Backward gathers the whole parameters
 ``unit_recompute=False``, whose recorded graph saves the weights as references into the
 gathered buffer: :class:`.unit_call.WeightRefs`) and sends every shard its gradient in one
 counter-rotation (``W - 1`` hops). The whole unit lives only while it computes, like a block
-FSDP2 gathers, and only where it is no larger than its activations; a unit larger than that
-(weights dominate) still rotates shard by shard and is never whole.
+FSDP2 gathers (the forward's last gather until its backward: [Note: the last gather stays for
+backward]), and only where it is no larger than its activations; a unit larger than that
+(weights dominate) still rotates shard by shard and is never whole. From 3 ranks on the whole
+units of one block gather together instead ([Note: unit blocks] in :mod:`.unit_block`); this
+module's :class:`WholeUnitFn` serves the rest (2 ranks, a unit alone in its block).
 
 Which units compute whole decides the ring's schedule in backward, so every rank decides from
 the token count the group agreed on (:class:`.block_gather.SmallLayers`, one all-reduce per
