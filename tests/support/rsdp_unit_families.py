@@ -237,6 +237,23 @@ def fam_units(ctx, rec):
                 "a kept graph holds weight storage: "
                 f"{max(w.untyped_storage().nbytes() for w in held)} B")
         loss.backward()
+    with rec.case("a second backward: recomputing units double, kept graphs refuse loudly"):
+        for recompute in (True, False):
+            model, _ = _sharded("llama_u", tp_plan="auto", unit_recompute=recompute)
+            loss = _loss(model, r)[0]
+            loss.backward(retain_graph=True)
+            first = {n: p.grad.clone() for n, p in model.named_parameters()}
+            if recompute:
+                loss.backward()
+                for n, p in model.named_parameters():
+                    _close(p.grad, 2 * first[n], f"second backward, grad of {n}")
+                continue
+            try:
+                loss.backward()
+            except RuntimeError as e:
+                assert "second backward" in str(e) and "unit_recompute=True" in str(e), str(e)
+            else:
+                raise AssertionError("a second backward through kept unit graphs was accepted")
     with rec.case("bf16 compute"):
         mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
                                  output_dtype=torch.float32)

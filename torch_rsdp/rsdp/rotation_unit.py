@@ -45,8 +45,8 @@ from .ring_order import Ring
 from .rotation import rotate, rotate_accumulate
 from .shard_state import ShardState
 from .tp_plan import COL, ROW
-from .unit_call import (CACHE_KWARGS, Call, WeightRefs, fill_caches, is_cache, rng_state,
-                        run_part, set_rng_state, stub)
+from .unit_call import (CACHE_KWARGS, Call, WeightRefs, check_graph_kept, fill_caches,
+                        is_cache, rng_state, run_part, set_rng_state, stub)
 from .unit_whole import WholeUnitFn, computes_whole
 
 __all__ = ["unit_problem", "shard_unit", "RSDPUnitMixin"]
@@ -181,6 +181,8 @@ class _UnitFn(torch.autograd.Function):
         st: ShardState = unit._rsdp
         u: _Unit = unit._rsdp_unit
         keep = ctx.refs is not None
+        if keep:
+            check_graph_kept(unit, ctx.graphs)
         n_in = len(ctx.in_meta)
         need_in = ctx.needs_input_grad[2:2 + n_in]
         need_w = any(ctx.needs_input_grad[2 + n_in:])

@@ -25,7 +25,8 @@ import torch.nn as nn
 
 from .block_gather import SmallLayers, block_key, containers, open_pass
 from .ring_order import Ring
-from .unit_call import Call, WeightRefs, fill_caches, rng_state, run_part, set_rng_state, stub
+from .unit_call import (Call, WeightRefs, check_graph_kept, fill_caches, rng_state, run_part,
+                        set_rng_state, stub)
 from .unit_whole import small_at
 
 __all__ = ["UnitBlock", "make_unit_blocks"]
@@ -73,6 +74,8 @@ class _BlockUnitFn(torch.autograd.Function):
     def backward(ctx, dy):
         unit, call = ctx.unit, ctx.call
         st, u = unit._rsdp, unit._rsdp_unit
+        if ctx.refs is not None:
+            check_graph_kept(unit, ctx.graph)
         n_in = len(ctx.in_meta)
         need_in = ctx.needs_input_grad[3:3 + n_in]
         need_w = any(ctx.needs_input_grad[3 + n_in:])

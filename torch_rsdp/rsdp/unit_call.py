@@ -14,7 +14,7 @@ import torch
 from torch.utils._pytree import tree_unflatten
 
 __all__ = ["CACHE_KWARGS", "is_cache", "Call", "CacheShard", "fill_caches", "run_part",
-           "rng_state", "set_rng_state", "stub", "WeightRefs"]
+           "rng_state", "set_rng_state", "stub", "WeightRefs", "check_graph_kept"]
 
 # The KV cache's keyword in Hugging Face attention forwards (it was renamed twice); any other
 # keyword whose value is a cache (``is_cache``) is taken too: a cache passed on to every
@@ -152,3 +152,15 @@ class WeightRefs:
             _, key, off, shape, stride = packed
             return self.bwd[key].as_strided(shape, stride, off)
         return packed
+
+
+def check_graph_kept(unit, graph) -> None:
+    """Backward of a unit that recorded its graph in forward (``unit_recompute=False``) when
+    that graph is gone: it was freed by a first backward (``retain_graph=True``). Raises
+    before any ring op, on every rank alike."""
+    if graph is None:
+        name = unit._rsdp_unit.name or type(unit).__name__
+        raise RuntimeError(f"rotation unit {name}: a second backward through it "
+                           f"(retain_graph=True), but with unit_recompute=False (the default) a "
+                           f"unit frees the graph it recorded in forward at its first backward; "
+                           f"shard with unit_recompute=True to backpropagate through it twice")

@@ -40,7 +40,8 @@ import torch
 from .memory import alloc_buffer, release_buffers
 from .rotation import counter_rotate, rotate
 from .shard_state import ShardState
-from .unit_call import Call, WeightRefs, fill_caches, rng_state, run_part, set_rng_state, stub
+from .unit_call import (Call, WeightRefs, check_graph_kept, fill_caches, rng_state, run_part,
+                        set_rng_state, stub)
 
 __all__ = ["MODE", "computes_whole", "small_at", "WholeUnitFn"]
 
@@ -167,6 +168,8 @@ class WholeUnitFn(torch.autograd.Function):
         unit, call = ctx.unit, ctx.call
         st: ShardState = unit._rsdp
         u = unit._rsdp_unit
+        if ctx.refs is not None:
+            check_graph_kept(unit, ctx.graph)
         n_in = len(ctx.in_meta)
         need_in = ctx.needs_input_grad[2:2 + n_in]
         need_w = any(ctx.needs_input_grad[2 + n_in:])
