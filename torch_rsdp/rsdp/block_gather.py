@@ -314,6 +314,18 @@ def open_pass(owner, mods: List[nn.Module]) -> _Pass:
     return p
 
 
+def group_by_block(model: nn.Module, sharded: Dict[str, nn.Module], take) -> List[list]:
+    """The modules of ``sharded`` (qualified name -> module) for which ``take(module)``, grouped
+    by the ``nn.ModuleList`` / ``nn.Sequential`` element holding them; groups of two or more."""
+    lists = containers(model)
+    groups: Dict[str, list] = {}
+    for name, mod in sharded.items():
+        key = block_key(name, lists) if take(mod) else None
+        if key is not None:
+            groups.setdefault(key, []).append(mod)
+    return [mods for mods in groups.values() if len(mods) >= 2]
+
+
 def block_key(name: str, lists: set) -> Optional[str]:
     """The nearest element of a container (a name in ``lists``) holding module ``name``."""
     parts = name.split(".")
@@ -336,15 +348,10 @@ def make_blocks(model: nn.Module, sharded: Dict[str, nn.Module], ring: Ring,
     ``model``'s forward); returns how many blocks."""
     if ring.world < 3 or not ring.one_node:
         return 0  # two ranks: see [Note: block gathers]
-    lists = containers(model)
-    groups: Dict[str, list] = {}
-    for name, mod in sharded.items():
-        if getattr(mod, "_rsdp_transposed", None) is None or mod._rsdp.module_ref is not mod:
-            continue  # not a linear layer, or a head on its embedding's shard
-        key = block_key(name, lists)
-        if key is not None:
-            groups.setdefault(key, []).append(mod)
-    blocks = [Block(ring, mods, small) for mods in groups.values() if len(mods) >= 2]
+    # linear layers only, and not a head on its embedding's shard
+    groups = group_by_block(model, sharded, lambda m: getattr(m, "_rsdp_transposed", None)
+                            is not None and m._rsdp.module_ref is m)
+    blocks = [Block(ring, mods, small) for mods in groups]
     for block in blocks:
         for m in block.members:
             m._rsdp_block = block

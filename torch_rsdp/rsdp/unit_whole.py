@@ -43,7 +43,7 @@ from .shard_state import ShardState
 from .unit_call import (Call, WeightRefs, check_graph_kept, fill_caches, rng_state, run_part,
                         set_rng_state, stub)
 
-__all__ = ["MODE", "computes_whole", "small_at", "WholeUnitFn"]
+__all__ = ["MODE", "computes_whole", "small_at", "call_whole", "grads_whole", "WholeUnitFn"]
 
 #: ``"auto"``: units no larger than their activations compute whole; ``"never"``: every unit
 #: rotates shard by shard (for comparison); ``"always"``: every unit computes whole on CPU
@@ -119,55 +119,97 @@ class _Kept:
         return got
 
 
+def call_whole(ctx, unit, call: Call, ins, whole: Dict[str, torch.Tensor], buffers: dict,
+               keep: bool) -> torch.Tensor:
+    """Forward of ``unit`` once, on its whole parameters ``whole`` (views into ``buffers``:
+    key -> buffer), for a Function's ``ctx``. With ``keep`` the graph is recorded and its
+    weights saved as references into ``buffers``; otherwise backward recomputes. Fills the
+    caches; returns the row-split layer's output (bias excluded)."""
+    u = unit._rsdp_unit
+    device = next(iter(whole.values())).device
+    ctx.rng = rng_state(device)
+    everything = slice(0, u.atoms)
+    ctx.refs = ctx.leaves_in = ctx.graph = None
+    if keep:  # record the graph; its weights are saved as references into ``buffers``
+        ctx.refs = WeightRefs()
+        ctx.refs.watch(buffers)
+        ctx.leaves_in = [t.detach().requires_grad_(t.requires_grad) for t in ins]
+        leaves_w = {n: w.detach().requires_grad_() for n, w in whole.items()}
+        with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
+                ctx.refs.pack, ctx.refs.unpack):
+            y = run_part(unit, call, ctx.leaves_in, leaves_w, 0, everything, record=True)
+        for w in leaves_w.values():  # gradient targets only: let go of the whole weights
+            w.data = stub(w)
+        ctx.graph = (y, leaves_w)
+        y = y.detach()
+    else:
+        y = run_part(unit, call, ins, whole, 0, everything, record=True)
+    fill_caches(call)
+    call.kv = {}
+    ctx.unit, ctx.call = unit, call
+    ctx.save_for_backward(*([] if keep else ins))
+    ctx.in_meta = [(t.dtype, t.shape, t.device) for t in ins]
+    return y.to(unit._rsdp.mp.output_dtype or y.dtype)
+
+
+def grads_whole(ctx, dy, whole: Dict[str, torch.Tensor], buffers: dict, need_in, need_w):
+    """Backward of :func:`call_whole`, the whole parameters gathered again into ``buffers``
+    (``whole``: their views): (gradients of the inputs, of the whole parameters in
+    ``names`` order, or None when ``need_w`` is False)."""
+    unit, call = ctx.unit, ctx.call
+    st, u = unit._rsdp, unit._rsdp_unit
+    if ctx.refs is not None:  # run the recorded graph, its weights resolved in ``buffers``
+        y, leaves_w = ctx.graph
+        leaves_in = ctx.leaves_in
+        ctx.refs.bwd = buffers
+    else:  # recompute the forward, replaying its random draws
+        device = next(iter(whole.values())).device
+        leaves_in = [t.detach().requires_grad_(w) for t, w in zip(ctx.saved_tensors, need_in)]
+        leaves_w = {n: w.detach().requires_grad_(need_w) for n, w in whole.items()}
+        with torch.enable_grad(), torch.random.fork_rng(
+                devices=[device] if device.type == "cuda" else []):
+            set_rng_state(ctx.rng, device)
+            y = run_part(unit, call, leaves_in, leaves_w, 0, slice(0, u.atoms), record=False)
+    wanted = [t for t, w in zip(leaves_in, need_in) if w and t.requires_grad]
+    wl = [leaves_w[n] for n in st.names] if need_w else []
+    with torch.enable_grad():
+        got = list(torch.autograd.grad(y, wanted + wl, dy.to(y.dtype), allow_unused=True))
+    ctx.graph = ctx.leaves_in = None
+    if ctx.refs is not None:
+        ctx.refs.bwd = {}
+    gins = []
+    for t, w, (dt, shape, dev) in zip(leaves_in, need_in, ctx.in_meta):
+        g = got.pop(0) if w and t.requires_grad else None
+        if w and g is None:
+            g = torch.zeros(shape, dtype=dt, device=dev)
+        gins.append(g.to(dt) if g is not None else None)
+    return gins, (got if need_w else None)
+
+
 class WholeUnitFn(torch.autograd.Function):
     """The unit's output (row-split bias excluded) from its whole parameters; the inputs and
     signature of :class:`.rotation_unit._UnitFn`."""
 
     @staticmethod
     def forward(ctx, unit, call: Call, *tensors):
-        st: ShardState = unit._rsdp
         u = unit._rsdp_unit
         ins = tensors[:len(call.grad_idx)]
-        keep = not u.recompute and any(ctx.needs_input_grad[2:])
         u.small.drop()
-        flat, whole = _gather(st)
-        rng = rng_state(flat.device)
-        everything = slice(0, u.atoms)
-        refs = leaves_in = graph = None
-        if keep:  # record the graph; its weights are saved as references into ``flat``
-            refs = WeightRefs()
-            refs.watch({0: flat})
-            leaves_in = [t.detach().requires_grad_(t.requires_grad) for t in ins]
-            leaves_w = {n: w.detach().requires_grad_() for n, w in whole.items()}
-            with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
-                    refs.pack, refs.unpack):
-                y = run_part(unit, call, leaves_in, leaves_w, 0, everything, record=True)
-            for w in leaves_w.values():  # gradient targets only: let go of ``flat``
-                w.data = stub(w)
-            graph = (y, leaves_w)
-            y = y.detach()
-        else:
-            y = run_part(unit, call, ins, whole, 0, everything, record=True)
+        flat, whole = _gather(unit._rsdp)
+        y = call_whole(ctx, unit, call, ins, whole, {0: flat},
+                       keep=not u.recompute and any(ctx.needs_input_grad[2:]))
         ctx.kept = None
         if any(ctx.needs_input_grad[2:]):  # [Note: the last gather stays for backward]
             ctx.kept = _Kept(flat, whole)
             u.small.keep(ctx.kept)
         else:
             release_buffers(flat)
-        del flat, whole
-        fill_caches(call)
-        call.kv = {}
-        ctx.unit, ctx.call, ctx.rng, ctx.refs = unit, call, rng, refs
-        ctx.graph, ctx.leaves_in = graph, leaves_in
-        ctx.save_for_backward(*([] if keep else ins))
-        ctx.in_meta = [(t.dtype, t.shape, t.device) for t in ins]
-        return y.to(st.mp.output_dtype or y.dtype)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
-        unit, call = ctx.unit, ctx.call
+        unit = ctx.unit
         st: ShardState = unit._rsdp
-        u = unit._rsdp_unit
         if ctx.refs is not None:
             check_graph_kept(unit, ctx.graph)
         n_in = len(ctx.in_meta)
@@ -176,36 +218,13 @@ class WholeUnitFn(torch.autograd.Function):
         flat, whole = ctx.kept.take() if ctx.kept is not None else (None, None)
         if flat is None:  # the forward's gather is gone: gather again
             flat, whole = _gather(st)
-        if ctx.refs is not None:  # run the recorded graph, its weights resolved in ``flat``
-            y, leaves_w = ctx.graph
-            leaves_in = ctx.leaves_in
-            ctx.refs.bwd = {0: flat}
-        else:  # recompute the forward, replaying its random draws
-            leaves_in = [t.detach().requires_grad_(w) for t, w in zip(ctx.saved_tensors, need_in)]
-            leaves_w = {n: w.detach().requires_grad_(need_w) for n, w in whole.items()}
-            with torch.enable_grad(), torch.random.fork_rng(
-                    devices=[flat.device] if flat.device.type == "cuda" else []):
-                set_rng_state(ctx.rng, flat.device)
-                y = run_part(unit, call, leaves_in, leaves_w, 0, slice(0, u.atoms),
-                             record=False)
-        wanted = [t for t, w in zip(leaves_in, need_in) if w and t.requires_grad]
-        wl = [leaves_w[n] for n in st.names] if need_w else []
-        with torch.enable_grad():
-            got = list(torch.autograd.grad(y, wanted + wl, dy.to(y.dtype), allow_unused=True))
-        ctx.graph = ctx.leaves_in = ctx.kept = None
-        if ctx.refs is not None:
-            ctx.refs.bwd = {}
+        gins, gws = grads_whole(ctx, dy, whole, {0: flat}, need_in, need_w)
+        ctx.kept = None
         release_buffers(flat)
-        del y, leaves_w, flat, whole
-        gins = []
-        for t, w, (dt, shape, dev) in zip(leaves_in, need_in, ctx.in_meta):
-            g = got.pop(0) if w and t.requires_grad else None
-            if w and g is None:
-                g = torch.zeros(shape, dtype=dt, device=dev)
-            gins.append(g.to(dt) if g is not None else None)
+        del flat, whole
         grads = {}
         if need_w:
-            gw = dict(zip(st.names, got))
+            gw = dict(zip(st.names, gws))
 
             def contribute(j, buf):
                 for n in st.names:
