@@ -309,6 +309,24 @@ def fam_units(ctx, rec):
             assert "row-split layer's output as is" in str(e), str(e)
         else:
             raise AssertionError("a residual inside a unit was accepted")
+    with rec.case("a wrong-width input is refused before any ring op, naming rank and unit"):
+        torch.manual_seed(0)
+        ref = GatedMLP()
+        model = rsdp.shard(copy.deepcopy(ref), tp_plan="auto")
+        ring = rsdp.rsdp_state(model).ring
+        before = ring.hops
+        try:
+            model(torch.randn(2, 3, 10))
+        except ValueError as e:
+            msg = str(e)
+            assert (f"rank {r}:" in msg and "GatedMLP" in msg and "in_features=12" in msg
+                    and "(2, 3, 10)" in msg), msg
+        else:
+            raise AssertionError("a 10-wide input into a 12-wide unit was accepted")
+        assert ring.hops == before, f"{ring.hops - before} ring shifts before the refusal"
+        x = torch.randn(2, 3, 12, generator=_gen("width", 0))
+        with torch.no_grad():  # the group is still usable
+            _close(model(x), ref(x), "output after a refused call")
     with rec.case("bad plans are named"):
         bad = {"model.layers.*.mlp.gate_proj": "colwise", "model.layers.*.mlp.up_proj": "rowwise",
                "model.layers.*.mlp.down_proj": "rowwise"}

@@ -248,6 +248,7 @@ def unit_forward(unit: nn.Module, args, kwargs):
     if cdt is not None:  # compute dtype for every float input (activations, rotary tables)
         leaves = [t.to(cdt) if isinstance(t, torch.Tensor) and t.is_floating_point() else t
                   for t in leaves]
+    _check_width(unit, leaves)
     grad_idx = [i for i, t in enumerate(leaves)
                 if isinstance(t, torch.Tensor) and t.requires_grad]
     call = Call(leaves, spec, grad_idx, caches)
@@ -263,6 +264,23 @@ def unit_forward(unit: nn.Module, args, kwargs):
         y = y + u.row.bias.to(y.dtype)
     n = unit._rsdp_out_len
     return (y,) + (None,) * (n - 1) if n else y
+
+
+def _check_width(unit: nn.Module, leaves) -> None:
+    """Refuses, before any ring op, a call none of whose floating-point inputs ends with the
+    width the unit's column-split layers read: it would fail inside the unit's own forward
+    with torch's bare shape error (naming neither rank nor unit), on this rank only, while the
+    other ranks wait for it in the unit's rotation."""
+    u: _Unit = unit._rsdp_unit
+    floats = [t for t in leaves if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if any(t.dim() >= 1 and t.shape[-1] == u.fin for t in floats):
+        return
+    cols = [k for k, _, s in u.members if s == COL]
+    raise ValueError(f"torch_rsdp.rsdp rank {unit._rsdp.ring.rank}: rotation unit "
+                     f"{u.name or type(unit).__name__!r} ({type(unit).__name__}): its "
+                     f"column-split layers {cols} read in_features={u.fin}, but none of its "
+                     f"floating-point inputs ends with {u.fin} (input shapes: "
+                     f"{[tuple(t.shape) for t in floats]})")
 
 
 class RSDPUnitMixin:
