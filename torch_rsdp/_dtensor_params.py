@@ -91,8 +91,46 @@ def wrap_like(p: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     placements when ``p`` is a DTensor (else ``t`` itself). No communication."""
     if not isinstance(p, DTensor) or isinstance(t, DTensor):
         return t
+    if _same_layout(p, t) and not t.requires_grad:
+        return DTensor(t, p._spec, requires_grad=False)  # [Note: DTensors built directly]
     return DTensor.from_local(t, p.device_mesh, p.placements, run_check=False,
                               shape=p.shape, stride=p.stride())
+
+
+def _same_layout(p: DTensor, t: torch.Tensor) -> bool:
+    """Whether ``t`` is laid out as ``p``'s local tensor (shape, strides, dtype), so that
+    ``p``'s own spec describes a DTensor over ``t``."""
+    mine = p._local_tensor
+    return t.shape == mine.shape and t.stride() == mine.stride() and t.dtype == mine.dtype
+
+
+class _ReplicaLocal(torch.autograd.Function):
+    """[Note: DTensors built directly]
+    ``p.to_local()`` for a ``Replicate()`` DTensor parameter ``p``, whose backward wraps the
+    gradient in ``p``'s own spec. torch's ``to_local`` makes a new ``DTensorSpec`` for every
+    gradient in backward (its metadata, then hashing) and ``DTensor.from_local`` checks and
+    records more: for the norms of a 4-layer Llama that bookkeeping measured as much as a
+    small layer's arithmetic. A spec describes a tensor's placement, shape, strides and dtype,
+    all of which a gradient laid out as the parameter shares, so the parameter's spec serves;
+    a gradient laid out otherwise is copied into the parameter's layout first."""
+
+    @staticmethod
+    def forward(ctx, p):
+        ctx.p = p
+        return p._local_tensor.view_as(p._local_tensor)
+
+    @staticmethod
+    def backward(ctx, g):
+        p = ctx.p
+        if not _same_layout(p, g):
+            g = torch.empty_like(p._local_tensor).copy_(g)
+        return DTensor(g, p._spec, requires_grad=g.requires_grad)
+
+
+def _local_for_compute(value: DTensor) -> torch.Tensor:
+    if all(isinstance(pl, Replicate) for pl in value.placements):
+        return _ReplicaLocal.apply(value)
+    return value.to_local()
 
 
 def set_grad(p: torch.Tensor, g: Optional[torch.Tensor]) -> None:
@@ -156,7 +194,7 @@ class _LocalCompute:
         value = super().__getattr__(name)
         if (isinstance(value, DTensor) and _computing()
                 and name in self.__dict__.get("_rsdp_local", ())):
-            return value.to_local()
+            return _local_for_compute(value)
         return value
 
 

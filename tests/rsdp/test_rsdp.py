@@ -440,10 +440,45 @@ class TinyReentrant(TinyCheckpointed):
     reentrant = True
 
 
+class _TransposedReplica(nn.Module):
+    """A sharded layer, then a replicated weight read twice, once through a concatenation
+    (its gradient there arrives strided: a slice of the concatenation's) and once through an
+    index, and a replicated norm."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(12, 16)
+        self.proj = nn.Parameter(torch.randn(6, 16) / 4)
+        self.ln = nn.LayerNorm(6)
+
+    def forward(self, x):
+        h = self.fc(x)
+        w = torch.cat([self.proj, torch.ones(6, 4)], dim=1)
+        return self.ln(h @ w[:, :16].t()) + h[..., :6] * self.proj[:, 0]
+
+
 def fam_extras(ctx, rec):
     import torch_rsdp.rsdp as rsdp
+    from torch.distributed.tensor import DTensor, Replicate
 
     r, W = ctx.rank, ctx.world_size
+    with rec.case("replicated parameters: Replicate DTensor gradients, whatever their layout"):
+        torch.manual_seed(0)
+        ref = _TransposedReplica()
+        model = _shard(copy.deepcopy(ref), min_numel=150)
+        assert set(rsdp.rsdp_state(model).sharded) == {"fc"}
+        xs = [torch.randn(3, 12, generator=_gen("rep", q)) for q in range(W)]
+        for _ in range(2):  # the second backward accumulates into the first's gradients
+            y = model(xs[r])
+            _loss(y, r).backward()
+            _ddp_reference(ref, xs, W)
+        _close(y, ref(xs[r]).detach(), "output")
+        for name in ("proj", "ln.weight", "ln.bias"):
+            p = model.get_parameter(name)
+            assert isinstance(p.grad, DTensor) and p.grad.placements == (Replicate(),), name
+            assert p.grad.to_local().stride() == p.to_local().stride(), name
+        _check_grads(model, ref, "replicas")
+        _replicated_identical(ctx, model, "replicas")
     with rec.case("activation checkpointing"):
         torch.manual_seed(0)
         ref = Tiny()
