@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
-"""Where an RSDP step's time goes next to FSDP2's: three measurements behind
+"""Where an RSDP step's time goes next to FSDP2's: four measurements behind
 docs/benchmarks.md's "Where the time goes now".
 
     python benchmarks/profile_ring_costs.py steps --world-size 4    # CPU, context switches
     python benchmarks/profile_ring_costs.py hops --world-size 4     # what one ring hop costs
     python benchmarks/profile_ring_costs.py single                  # no communication at all
+    python benchmarks/profile_ring_costs.py phases --steps 30       # forward / backward / optimizer
 
 ``steps``: the ``act`` setting of ``bench_rsdp_fsdp2.py`` (Llama 4.2 M parameters, 4 x 64
 tokens per rank), every ``--variants`` model built in the same processes and timed in turns
@@ -20,6 +21,10 @@ hop (``ring1``), a whole rotation of W - 1 hops (``ring``, as a layer's forward 
 all-gather or a reduce-scatter of a shard of ``--numel`` float32 elements; the time added to an
 iteration over ``none`` is the cost of that synchronisation, compute in between included as a
 layer has.
+
+``phases``: the ``act`` setting, every ``--variants`` model in the same processes taking turns
+step by step after a barrier (as ``bench_rsdp_fsdp2.py`` times them), forward, backward and
+the optimizer's step timed apart; the medians over ``--steps`` steps of the slowest rank's.
 
 ``single``: one rank, one thread: a step of the unsharded model, under RSDP and under FSDP2
 (their bookkeeping without any communication), and AdamW's step alone on each model's
@@ -179,12 +184,52 @@ def _single_worker(rank, world, port, a):
     dist.destroy_process_group()
 
 
+def _phases_worker(rank, world, port, a):
+    import torch
+    import torch.distributed as dist
+    _init(rank, world, port, a.threads)
+    cfg = bench.SETTINGS["act"]
+    variants = a.variants.split(",")
+    models = {v: bench.wrap(bench.build_model(cfg), v) for v in variants}
+    opts = {v: torch.optim.AdamW(m.parameters(), lr=1e-4) for v, m in models.items()}
+    times = {v: [] for v in variants}
+    warmup = 3
+    for s in range(warmup + a.steps):
+        k = s % len(variants)
+        for v in variants[k:] + variants[:k]:  # taking turns, as bench_rsdp_fsdp2 does
+            bench.use_variant(v)
+            g = torch.Generator().manual_seed(1000 * s + rank)
+            ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
+            dist.barrier()
+            t0 = time.perf_counter()
+            loss = models[v](input_ids=ids, labels=ids).loss
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            opts[v].step()
+            opts[v].zero_grad(set_to_none=True)
+            t3 = time.perf_counter()
+            if s >= warmup:
+                times[v].append([t1 - t0, t2 - t1, t3 - t2, t3 - t0])
+    for v in variants:
+        t = torch.tensor(times[v], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's, step by step
+        med = t.median(dim=0).values * 1e3
+        if rank == 0:
+            print(f"{v:14s} forward {med[0]:6.1f}  backward {med[1]:6.1f}  optimizer "
+                  f"{med[2]:5.1f}  step {med[3]:6.1f} ms (medians of the slowest rank's)",
+                  flush=True)
+    dist.destroy_process_group()
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("what", choices=("steps", "hops", "single"))
+    p.add_argument("what", choices=("steps", "hops", "single", "phases"))
     p.add_argument("--world-size", type=int, default=4)
-    p.add_argument("--variants", default="rsdp,fsdp2", help="steps: bench_rsdp_fsdp2 variants")
-    p.add_argument("--steps", type=int, default=8, help="steps / single: steps per round")
+    p.add_argument("--variants", default="rsdp,fsdp2",
+                   help="steps, phases: bench_rsdp_fsdp2 variants")
+    p.add_argument("--steps", type=int, default=8,
+                   help="steps / single: steps per round; phases: timed steps")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="steps: threads per rank")
     p.add_argument("--numel", default="1024,49152", help="hops: shard sizes (float32 elements)")
@@ -194,7 +239,8 @@ def main(argv=None) -> int:
         if v not in bench.VARIANTS:
             raise SystemExit(f"unknown variant {v!r}; choose from {list(bench.VARIANTS)}")
     import torch.multiprocessing as mp
-    fn = {"steps": _steps_worker, "hops": _hops_worker, "single": _single_worker}[a.what]
+    fn = {"steps": _steps_worker, "hops": _hops_worker, "single": _single_worker,
+          "phases": _phases_worker}[a.what]
     world = 1 if a.what == "single" else a.world_size
     mp.spawn(fn, args=(world, tm.free_port(), a), nprocs=world)
     return 0
