@@ -58,23 +58,33 @@ def _unit_nodes(loss):
             continue
         seen.add(fn)
         if type(fn).__name__ in ("_UnitFnBackward", "WholeUnitFnBackward",
-                                 "_BlockUnitFnBackward"):
+                                 "_BlockUnitFnBackward", "UnitMemberLinearBackward"):
             nodes.append(fn)
         pending.extend(f for f, _ in fn.next_functions)
     return nodes
 
 
-def _whole_node(W):
-    """The backward node of a unit computed whole: in its block's pass from 3 ranks on
-    ([Note: unit blocks]), alone at 2."""
-    return "_BlockUnitFnBackward" if W >= 3 else "WholeUnitFnBackward"
+def _whole_node(W, recompute=False):
+    """The backward node of a unit computed whole: from 3 ranks on in its block's pass
+    ([Note: unit blocks]), its layers' own ([Note: units in their block's pass]) unless it
+    recomputes; alone at 2."""
+    if W < 3:
+        return "WholeUnitFnBackward"
+    return "_BlockUnitFnBackward" if recompute else "UnitMemberLinearBackward"
 
 
-def _node_name(W):
+def _in_block_pass(W):
+    """Whether this family's units compute in their block's pass (``fam_units_whole``)."""
+    from torch_rsdp.rsdp import unit_whole
+
+    return unit_whole.MODE == "always" and W >= 3
+
+
+def _node_name(W, recompute=False):
     """The backward node units make in this family: whole (``fam_units_whole``) or not."""
     from torch_rsdp.rsdp import unit_whole
 
-    return _whole_node(W) if unit_whole.MODE == "always" else "_UnitFnBackward"
+    return _whole_node(W, recompute) if unit_whole.MODE == "always" else "_UnitFnBackward"
 
 
 def fam_units_whole(ctx, rec):
@@ -153,7 +163,7 @@ def fam_units(ctx, rec):
             assert len(units) == 4 and len(st.sharded) == 6, sorted(st.sharded)
             nshift, _ = _count_shifts(model, lambda: model(input_ids=_ids(r)))
             # 4 units, the embedding and the head; the units of a block in one pass
-            rot = 4 if _node_name(W) == "_BlockUnitFnBackward" else 6
+            rot = 4 if _in_block_pass(W) else 6
             assert nshift == rot * (W - 1), f"{kind}: {nshift} forward shifts, expected {rot} a hop"
             loss, logits = _loss(model, r)
             loss.backward()
@@ -190,6 +200,12 @@ def fam_units(ctx, rec):
         for name, p in model.named_parameters():
             _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
                    f"eager padded grad of {name}")
+        if _in_block_pass(W):  # the unit's forward ran once: its attention weights are whole
+            with torch.no_grad():
+                got = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+                exp = ref(input_ids=ids, attention_mask=mask, output_attentions=True)
+            for li, (a, b) in enumerate(zip(got.attentions, exp.attentions)):
+                _close(a, b, f"attention weights of layer {li}")
     with rec.case("attention dropout: recomputation replays the forward's masks"):
         cls, cfg = _config("llama_u")
         cfg.attention_dropout = 0.3
@@ -227,9 +243,19 @@ def fam_units(ctx, rec):
         fresh.load_state_dict(full, strict=True)
     with rec.case("recompute=False keeps activations, not weights"):
         model, _ = _sharded("llama_u", tp_plan="auto", unit_recompute=False)
-        loss, _ = _loss(model, r)
+        loss, logits = _loss(model, r)
         nodes = _unit_nodes(loss)
-        assert len(nodes) == 4 and {type(n).__name__ for n in nodes} == {_node_name(W)}, nodes
+        if _in_block_pass(W):  # every layer of the 4 units saves its input and nothing else
+            assert len(nodes) == 14 and {type(n).__name__ for n in nodes} == {_node_name(W)}, (
+                nodes)
+            tokens = logits.shape[0] * logits.shape[1]
+            for fn in nodes:
+                saved = [tuple(t.shape) for t in fn.saved_tensors]
+                assert saved == [(tokens, fn.mod.in_features)], (fn.mod, saved)
+            nodes = []
+        else:
+            assert len(nodes) == 4 and {type(n).__name__ for n in nodes} == {_node_name(W)}, (
+                nodes)
         for fn in nodes:
             graphs = fn.graphs.values() if hasattr(fn, "graphs") else [fn.graph]
             held = [w for _, weights in graphs for w in weights.values()]
@@ -243,7 +269,7 @@ def fam_units(ctx, rec):
             loss = _loss(model, r)[0]
             loss.backward(retain_graph=True)
             first = {n: p.grad.clone() for n, p in model.named_parameters()}
-            if recompute:
+            if recompute or _in_block_pass(W):  # in a block's pass units gather again
                 loss.backward()
                 for n, p in model.named_parameters():
                     _close(p.grad, 2 * first[n], f"second backward, grad of {n}")

@@ -219,14 +219,16 @@ class _Gather(torch.autograd.Function):
 
 class _WholeLinear(torch.autograd.Function):
     """``y = x W^T + b`` (``x W + b`` for ``Conv1D``) with a member's whole weight from its
-    pass, keeping only ``x``: backward gets the weight from the pass's second gather."""
+    pass, keeping only ``x``: backward gets the weight from the pass's second gather (the
+    pass member ``owner``'s parameter ``wkey``: ``mod``'s ``weight`` unless ``mod`` is a
+    layer of a rotation unit, [Note: units in their block's pass] in :mod:`.unit_block`)."""
 
     @staticmethod
-    def forward(ctx, x2, w, b, p: _Pass, mod):
+    def forward(ctx, x2, w, b, p: _Pass, mod, owner=None, wkey="weight"):
         tr = mod._rsdp_transposed
         w_io = w if tr else w.t()
         y = torch.addmm(b, x2, w_io) if b is not None else torch.mm(x2, w_io)
-        ctx.p, ctx.mod = p, mod
+        ctx.p, ctx.mod, ctx.owner, ctx.wkey = p, mod, owner or mod, wkey
         ctx.save_for_backward(x2)
         return y
 
@@ -238,14 +240,14 @@ class _WholeLinear(torch.autograd.Function):
         tr = mod._rsdp_transposed
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
-            w = p.whole_for_backward(mod)["weight"]
+            w = p.whole_for_backward(ctx.owner)[ctx.wkey]
             gx = dy.mm(w.t() if tr else w)
         if ctx.needs_input_grad[1]:
             gw = x2.t().mm(dy) if tr else dy.t().mm(x2)
         if ctx.needs_input_grad[2]:
             gb = dy.sum(0)
         p.backward_done()
-        return gx, gw, gb, None, None
+        return gx, gw, gb, None, None, None, None
 
 
 class Block:

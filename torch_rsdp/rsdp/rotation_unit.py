@@ -37,7 +37,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from torch.distributed.fsdp import MixedPrecisionPolicy
-from torch.utils._pytree import tree_flatten
+from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from .._utils import is_conv1d, swap_class
 from .flat_shard import chunk_sizes, chunk_starts
@@ -47,6 +47,7 @@ from .shard_state import ShardState
 from .tp_plan import COL, ROW
 from .unit_call import (CACHE_KWARGS, Call, WeightRefs, check_graph_kept, fill_caches,
                         is_cache, rng_state, run_part, set_rng_state, stub)
+from .unit_block import member_forward
 from .unit_whole import WholeUnitFn, computes_whole
 
 __all__ = ["unit_problem", "shard_unit", "RSDPUnitMixin"]
@@ -255,6 +256,10 @@ def unit_forward(unit: nn.Module, args, kwargs):
     params = [st.param(n) for n in st.names]
     ins = [leaves[i] for i in grad_idx]
     whole = computes_whole(unit, leaves)
+    if whole and u.block is not None and not u.recompute:
+        out = _forward_direct(unit, leaves, spec, caches, cdt is not None, args, kwargs)
+        if out is not None:
+            return out
     y = u.block.forward(unit, call, ins) if whole and u.block is not None else None
     if y is None:  # [Note: unit blocks] in .unit_block, else alone
         y = (WholeUnitFn if whole else _UnitFn).apply(unit, call, *ins, *params)
@@ -264,6 +269,33 @@ def unit_forward(unit: nn.Module, args, kwargs):
         y = y + u.row.bias.to(y.dtype)
     n = unit._rsdp_out_len
     return (y,) + (None,) * (n - 1) if n else y
+
+
+def _forward_direct(unit: nn.Module, leaves, spec, caches, cast: bool, args, kwargs):
+    """The unit's output computed in its block's pass by its own forward, run once in the
+    caller's graph ([Note: units in their block's pass] in :mod:`.unit_block`), or None."""
+    u: _Unit = unit._rsdp_unit
+    if cast:  # the compute dtype's copies of the float inputs
+        args, kwargs = tree_unflatten(leaves, spec)
+    kwargs = dict(kwargs, **caches)
+    try:
+        out = u.block.forward_direct(unit, args, kwargs)
+        row_out = u.row._rsdp_last
+    finally:
+        u.row._rsdp_last = None
+    if out is None:
+        return None
+    y = out[0] if isinstance(out, (tuple, list)) else out
+    if y is not row_out or y is None:
+        raise RuntimeError(f"rotation unit {u.name or type(unit).__name__}: its forward must "
+                           f"return its row-split layer's output as is (it changes it after "
+                           f"the layer); shard it without tp_plan")
+    y = y.to(unit._rsdp.mp.output_dtype or y.dtype)
+    if u.row.bias is not None:
+        y = y + u.row.bias.to(y.dtype)
+    if isinstance(out, (tuple, list)):  # the forward ran once, over every head: its other
+        return (y,) + tuple(out[1:])  # outputs (attention weights) are whole too
+    return y
 
 
 def _check_width(unit: nn.Module, leaves) -> None:
@@ -295,8 +327,14 @@ class RSDPUnitMemberMixin:
 
     _rsdp_hand = None
     _rsdp_last = None
+    _rsdp_pass = None  # (pass, unit, whole parameters): [Note: units in their block's pass]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self._rsdp_pass is not None:
+            y = member_forward(self, x)
+            if self._rsdp_style == ROW:
+                self._rsdp_last = y
+            return y
         hand = self._rsdp_hand
         if hand is None:
             raise RuntimeError(f"{type(self).__name__} {self._rsdp_key!r} is a layer of a "

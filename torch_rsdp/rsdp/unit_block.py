@@ -15,6 +15,20 @@ its backward ([Note: the last gather stays for backward]).
 
 Which units take part is decided from the token count agreed over the group, so every rank
 makes the same passes; a block with fewer than two such units leaves them to gather alone.
+
+[Note: units in their block's pass]
+A unit in a pass holds every head's weights at once, so it needs none of the machinery that
+runs a unit shard by shard: with ``unit_recompute=False`` (the default) its module's own
+forward runs once, in the caller's graph, on its real inputs and KV cache, and each of its
+layers computes as a small layer of a block does (:class:`UnitMemberLinear`, the function of
+[Note: block gathers]: it saves only its input, and backward takes the weights from the pass's
+second gather and hands their gradients to the pass's counter-rotation). No recorded graph,
+nested ``autograd.grad``, saved-tensor hooks or pytree per call: at 4 ranks units went from
+0.94x to 0.96-0.98x FSDP2 where activations dominate (``benchmarks/bench_rsdp_fsdp2.py``,
+docs/benchmarks.md). Dropout draws once, autograd replays nothing, a second backward
+(``retain_graph=True``) gathers again like a block's, and the unit's other outputs (attention
+weights) come back whole. With ``unit_recompute=True`` a unit keeps only its inputs and
+recomputes in backward (:class:`_BlockUnitFn`).
 """
 from __future__ import annotations
 
@@ -23,12 +37,12 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn as nn
 
-from .block_gather import SmallLayers, group_by_block, open_pass
+from .block_gather import SmallLayers, _WholeLinear, group_by_block, open_pass
 from .ring_order import Ring
 from .unit_call import Call, check_graph_kept
 from .unit_whole import call_whole, grads_whole, small_at
 
-__all__ = ["UnitBlock", "make_unit_blocks"]
+__all__ = ["UnitBlock", "make_unit_blocks", "member_forward"]
 
 
 class _BlockUnitFn(torch.autograd.Function):
@@ -67,9 +81,11 @@ class UnitBlock:
         self.ring, self.units, self.small = ring, units, small
         self.current = None
 
-    def forward(self, unit, call: Call, ins) -> Optional[torch.Tensor]:
-        """``unit``'s output through the block's pass, or None: it gathers on its own. Only
-        for a unit that computes whole (the group's tokens are agreed by then)."""
+    def _pass_for(self, unit):
+        """The block's pass ``unit`` computes in (a new one when ``unit`` ran in the current
+        one already, or a new forward began) and ``unit``'s whole parameters from it, or
+        None: it gathers on its own. Only for a unit that computes whole (the group's tokens
+        are agreed by then)."""
         p = self.current
         if p is None or unit in p.used or p.epoch != self.small.epoch:
             T = self.small.tokens or 0
@@ -77,13 +93,58 @@ class UnitBlock:
                 self, [m for m in self.units if small_at(m._rsdp_unit, T)])
         p.used.add(unit)
         if unit not in p.whole:
+            return p, None
+        return p, p.whole.pop(unit)
+
+    def forward(self, unit, call: Call, ins) -> Optional[torch.Tensor]:
+        """``unit``'s output (row-split bias excluded) through the block's pass by its
+        recorded call (``unit_recompute=True``), or None: it gathers on its own."""
+        p, whole = self._pass_for(unit)
+        if whole is None:
             return None
-        whole = p.whole.pop(unit)
         y = _BlockUnitFn.apply(unit, call, p, *ins, *[whole[n] for n in unit._rsdp.names])
         if y.requires_grad:  # its backward will ask for the weights again
             p.registered += 1
             p.waiting += 1
         return y
+
+    def forward_direct(self, unit, args, kwargs):
+        """[Note: units in their block's pass]
+        ``unit``'s own forward output on ``args`` / ``kwargs`` (its real caches among them),
+        its layers computing as small layers of the pass, or None: it gathers on its own."""
+        p, whole = self._pass_for(unit)
+        if whole is None:
+            return None
+        members = unit._rsdp_unit.members
+        for _, m, _ in members:
+            m._rsdp_pass = (p, unit, whole)
+        try:
+            return unit._rsdp_unit.base_forward(unit, *args, **kwargs)
+        finally:
+            for _, m, _ in members:
+                m._rsdp_pass = None
+
+
+class UnitMemberLinear(_WholeLinear):
+    """A rotation unit's layer computing with its whole weight from the block's pass (the
+    function of a small layer: it keeps only its input, backward gathers the weights again);
+    its own name, so that a graph tells units from layers."""
+
+
+def member_forward(mod, x: torch.Tensor) -> torch.Tensor:
+    """Forward of ``mod``, a layer of a unit computing in its block's pass."""
+    p, unit, whole = mod._rsdp_pass
+    key = mod._rsdp_key
+    w = whole[key + ".weight"]
+    b = whole.get(key + ".bias")  # a column-split layer's (the row-split one's is whole)
+    tr = mod._rsdp_transposed
+    fin, fout = (w.shape[0], w.shape[1]) if tr else (w.shape[1], w.shape[0])
+    y = UnitMemberLinear.apply(x.reshape(-1, fin).to(w.dtype), w, b, p, mod, unit,
+                               key + ".weight")
+    if y.requires_grad:  # its backward will ask for the weight (see Block.forward)
+        p.registered += 1
+        p.waiting += 1
+    return y.view(*x.shape[:-1], fout)
 
 
 def make_unit_blocks(model: nn.Module, sharded: Dict[str, nn.Module], ring: Ring,
