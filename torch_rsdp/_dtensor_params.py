@@ -110,9 +110,10 @@ class _ReplicaLocal(torch.autograd.Function):
     gradient in ``p``'s own spec. torch's ``to_local`` makes a new ``DTensorSpec`` for every
     gradient in backward (its metadata, then hashing) and ``DTensor.from_local`` checks and
     records more: for the norms of a 4-layer Llama on 4 ranks that bookkeeping was 7 ms of a
-    290 ms step (``benchmarks/bench_rsdp_fsdp2.py``, docs/benchmarks.md). A spec describes a tensor's placement, shape, strides and dtype,
-    all of which a gradient laid out as the parameter shares, so the parameter's spec serves;
-    a gradient laid out otherwise is copied into the parameter's layout first."""
+    290 ms step (``benchmarks/bench_rsdp_fsdp2.py``, docs/benchmarks.md). A spec describes a
+    tensor's placement, shape, strides and dtype, all of which a gradient laid out as the
+    parameter shares, so the parameter's spec serves; a gradient laid out otherwise is copied
+    into the parameter's layout first."""
 
     @staticmethod
     def forward(ctx, p):

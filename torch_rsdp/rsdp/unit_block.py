@@ -83,9 +83,9 @@ class UnitBlock:
 
     def _pass_for(self, unit):
         """The block's pass ``unit`` computes in (a new one when ``unit`` ran in the current
-        one already, or a new forward began) and ``unit``'s whole parameters from it, or
-        None: it gathers on its own. Only for a unit that computes whole (the group's tokens
-        are agreed by then)."""
+        one already, or a new forward began) and ``unit``'s whole parameters from it (None
+        when the pass left it out: it gathers on its own). Only for a unit that computes
+        whole (the group's tokens are agreed by then)."""
         p = self.current
         if p is None or unit in p.used or p.epoch != self.small.epoch:
             T = self.small.tokens or 0
