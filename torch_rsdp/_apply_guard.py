@@ -29,13 +29,20 @@ from ._dtensor_params import local
 __all__ = ["guard_apply"]
 
 
+def _kind(t: torch.Tensor) -> type:
+    """A tensor's class, a plain ``Parameter`` counting as a plain tensor: the copy a
+    conversion returns of one is a plain tensor (the Trainer's move to its device, under
+    torchrun, copies a rotation unit's plain shard parameters)."""
+    return torch.Tensor if type(t) is nn.Parameter else type(t)
+
+
 def _unchanged(t: torch.Tensor, out) -> bool:
-    """``out`` is ``t`` or equal to it in every respect but identity (``.to()`` of a DTensor
-    returns a copy where the device and dtype already match in some contexts: the Trainer's
-    move to its device is one)."""
+    """``out`` is ``t`` or equal to it in every respect but identity (``.to()`` returns a
+    copy where the device and dtype already match in some contexts: the Trainer's move to its
+    device is one)."""
     if out is t:
         return True
-    if not isinstance(out, torch.Tensor) or type(out) is not type(t):
+    if not isinstance(out, torch.Tensor) or _kind(out) is not _kind(t):
         return False
     if getattr(t, "placements", None) != getattr(out, "placements", None):
         return False

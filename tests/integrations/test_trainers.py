@@ -192,6 +192,29 @@ def test_to_on_a_sharded_model():
     launch(_to_on_sharded, 2)
 
 
+def _to_on_plain_shards(ctx):
+    """Rotation units whose heads do not split evenly (4 heads in 2 KV groups over 3 ranks)
+    keep plain ``Parameter`` shards; a conversion that returns an equal plain copy of them
+    (what the Trainer's move to its device does under torchrun) leaves the model alone."""
+    from torch.distributed.tensor import DTensor
+
+    from torch_rsdp import rsdp
+    from support.plan_cases import make_llama
+
+    model = rsdp.shard(make_llama(), tp_plan="auto")
+    plain = {n: p for n, p in model.named_parameters() if not isinstance(p, DTensor)}
+    assert plain, "expected plain shard parameters"
+    model._apply(lambda t: t.clone())
+    after = dict(model.named_parameters())
+    assert all(after[n] is p for n, p in plain.items()), "a parameter was replaced"
+    with pytest.raises(ValueError, match=rf"rank {ctx.rank}: .*would replace '.*'"):
+        model._apply(lambda t: t.clone().to(torch.float64))
+
+
+def test_to_on_plain_shard_parameters():
+    launch(_to_on_plain_shards, 3)
+
+
 def _lightning_fsdp_refuses(ctx):
     from lightning.pytorch.strategies import FSDPStrategy
 
