@@ -308,8 +308,9 @@ def _check_width(unit: nn.Module, leaves) -> None:
     if any(t.dim() >= 1 and t.shape[-1] == u.fin for t in floats):
         return
     cols = [k for k, _, s in u.members if s == COL]
-    raise ValueError(f"torch_rsdp.rsdp rank {unit._rsdp.ring.rank}: rotation unit "
-                     f"{u.name or type(unit).__name__!r} ({type(unit).__name__}): its "
+    where = repr(u.name) if u.name else "at the model's root"
+    raise ValueError(f"torch_rsdp.rsdp rank {unit._rsdp.ring.rank}: rotation unit {where} "
+                     f"({type(unit).__name__.removeprefix('RSDPUnit')}): its "
                      f"column-split layers {cols} read in_features={u.fin}, but none of its "
                      f"floating-point inputs ends with {u.fin} (input shapes: "
                      f"{[tuple(t.shape) for t in floats]})")
