@@ -256,12 +256,15 @@ def unit_forward(unit: nn.Module, args, kwargs):
     params = [st.param(n) for n in st.names]
     ins = [leaves[i] for i in grad_idx]
     whole = computes_whole(unit, leaves)
-    if whole and u.block is not None and not u.recompute:
-        out = _forward_direct(unit, leaves, spec, caches, cdt is not None, args, kwargs)
-        if out is not None:
-            return out
-    y = u.block.forward(unit, call, ins) if whole and u.block is not None else None
-    if y is None:  # [Note: unit blocks] in .unit_block, else alone
+    y = None
+    if whole and u.block is not None:  # [Note: unit blocks] in .unit_block
+        if not u.recompute:
+            out = _forward_direct(unit, leaves, spec, caches, cdt is not None, args, kwargs)
+            if out is not None:
+                return out
+        else:
+            y = u.block.forward(unit, call, ins)
+    if y is None:  # alone
         y = (WholeUnitFn if whole else _UnitFn).apply(unit, call, *ins, *params)
     for i in grad_idx:  # backward gets these from the saved tensors; do not keep them twice
         call.leaves[i] = None

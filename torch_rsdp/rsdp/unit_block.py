@@ -39,7 +39,7 @@ import torch.nn as nn
 
 from .block_gather import SmallLayers, _WholeLinear, group_by_block, open_pass
 from .ring_order import Ring
-from .unit_call import Call, check_graph_kept
+from .unit_call import Call
 from .unit_whole import call_whole, grads_whole, small_at
 
 __all__ = ["UnitBlock", "make_unit_blocks", "member_forward"]
@@ -48,22 +48,20 @@ __all__ = ["UnitBlock", "make_unit_blocks", "member_forward"]
 class _BlockUnitFn(torch.autograd.Function):
     """A unit's output (row-split bias excluded) from its whole parameters, which come in as
     inputs (outputs of the pass's gather): their gradients go back to the gather, which sums
-    them over the group for every unit of the pass at once."""
+    them over the group for every unit of the pass at once. For ``unit_recompute=True``:
+    backward recomputes the forward on the pass's second gather."""
 
     @staticmethod
     def forward(ctx, unit, call: Call, p, *tensors):
         n_in = len(call.grad_idx)
         whole = dict(zip(unit._rsdp.names, tensors[n_in:]))
         ctx.p = p
-        # weights saved by reference into the pass's whole parameters (one buffer a name)
-        return call_whole(ctx, unit, call, tensors[:n_in], whole, whole,
-                          keep=not unit._rsdp_unit.recompute and any(ctx.needs_input_grad[3:]))
+        # units that keep their activations run in the pass directly (forward_direct)
+        return call_whole(ctx, unit, call, tensors[:n_in], whole, whole, keep=False)
 
     @staticmethod
     def backward(ctx, dy):
         unit = ctx.unit
-        if ctx.refs is not None:
-            check_graph_kept(unit, ctx.graph)
         n_in = len(ctx.in_meta)
         need_in = ctx.needs_input_grad[3:3 + n_in]
         need_w = any(ctx.needs_input_grad[3 + n_in:])
