@@ -13,8 +13,8 @@ Every sharded parameter is a ``DTensor`` (:mod:`torch_rsdp._dtensor_params`), so
   the same keys), the whole tensor (``full_state_dict=True``, ``torch.load`` of a plain
   checkpoint: this rank's ``torch.chunk`` piece is taken) or this rank's part; an optimizer's
   state of such a parameter likewise;
-* a shard that is not one ``torch.chunk`` piece per rank (``nn.MultiheadAttention``'s heads, a
-  rotation unit whose heads do not divide by the world size) stays a plain local tensor, which
+* a shard that is not one ``torch.chunk`` piece per rank (``nn.MultiheadAttention``'s packed
+  heads) stays a plain local tensor, which
   DCP would take for a whole one: its state dict and load raise, naming the key
   (``plan.full_state_dict`` / ``rsdp.full_state_dict`` still serve it);
 * ``shard_optim``'s optimizers mark their parameter groups "per_owner" and a full state dict

@@ -26,8 +26,9 @@ from support.harness import launch
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
-#: Every strategy alone, the seven mixed in one Llama, the planner's pick, and bf16 autocast.
-HF_CASES = ["none", "rsdp", "no_shard", "shard_optim", "full_shard", "shard_grad_op",
+#: Every strategy alone (RSDP per layer and in rotation units), the seven mixed in one Llama,
+#: the planner's pick, and bf16 autocast.
+HF_CASES = ["none", "rsdp", "rsdp-units", "no_shard", "shard_optim", "full_shard", "shard_grad_op",
             "hybrid_shard", "rotate", "split:2", "mix", "auto", "none+bf16", "rotate+bf16"]
 RESUME_AT_1 = ["none", "rotate", "mix", "shard_optim"]
 ACCELERATE_CASES = ["none", "rotate", "mix"]
@@ -193,15 +194,15 @@ def test_to_on_a_sharded_model():
 
 
 def _to_on_plain_shards(ctx):
-    """Rotation units whose heads do not split evenly (4 heads in 2 KV groups over 3 ranks)
-    keep plain ``Parameter`` shards; a conversion that returns an equal plain copy of them
-    (what the Trainer's move to its device does under torchrun) leaves the model alone."""
+    """``nn.MultiheadAttention`` split by heads keeps plain ``Parameter`` shards (its packed
+    q/k/v pieces are not ``torch.chunk``'s); a conversion that returns an equal plain copy of
+    them (what the Trainer's move to its device does under torchrun) leaves the model alone."""
     from torch.distributed.tensor import DTensor
 
     from torch_rsdp import rsdp
-    from support.plan_cases import make_llama
 
-    model = rsdp.shard(make_llama(), tp_plan="auto")
+    torch.manual_seed(0)
+    model = rsdp.shard(torch.nn.TransformerEncoderLayer(24, 3, 48, batch_first=True))
     plain = {n: p for n, p in model.named_parameters() if not isinstance(p, DTensor)}
     assert plain, "expected plain shard parameters"
     model._apply(lambda t: t.clone())

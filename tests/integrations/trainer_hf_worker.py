@@ -7,7 +7,7 @@ its mid-run checkpoint.
     torchrun --nproc_per_node 1 tests/integrations/trainer_hf_worker.py OUT --resume CASE [CASE ...]
 
 A case is ``how[+bf16]``, or ``accelerate-how`` (accelerate's own loop, no Trainer), with
-``how`` one of ``none``, ``rsdp``, a strategy name, ``mix``
+``how`` one of ``none``, ``rsdp``, ``rsdp-units``, a strategy name, ``mix``
 (the seven strategies in one Llama) or ``auto`` (``plan.auto`` under a memory budget). Writes
 ``OUT/CASE/result.json`` (rank 0): the logged losses and gradient norms of the whole run and of
 the resumed one; the saved models are in ``OUT/CASE/final`` and ``OUT/CASE/resumed``. With ``--resume``, only
@@ -53,6 +53,8 @@ def build(how: str):
     model = tf.LlamaForCausalLM(cfg)
     if how == "rsdp":
         rsdp.shard(model)
+    elif how == "rsdp-units":  # rotation units from the model's own tensor-parallel plan
+        rsdp.shard(model, tp_plan="auto")
     elif how == "mix":
         plan.apply(model, MIX)
     elif how == "auto":

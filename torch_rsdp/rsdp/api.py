@@ -306,7 +306,7 @@ def _shard_units(model, tp_plan, ties, ring, mp, accept, sharded, recompute) -> 
     for parent, kids in group_units(styles).items():
         unit = model.get_submodule(parent)
         members = [(k.rpartition(".")[2], model.get_submodule(k), styles[k]) for k in kids]
-        problem = unit_problem(unit, members)
+        problem = unit_problem(unit, members, ring.world)
         if problem is None and any(id(p) in ties for _, m, _ in members for p in m.parameters()):
             problem = "a layer's parameter is tied to another module"
         if problem is None:

@@ -61,15 +61,31 @@ def _atoms(unit: nn.Module, members) -> int:
     ``head_dim`` that divides its layers, else the gcd of the split dimensions."""
     col_outs = [_io(m)[1] for _, m, s in members if s == COL]
     row_in = [_io(m)[0] for _, m, s in members if s == ROW][0]
-    hd = getattr(unit, "head_dim", None)
-    if isinstance(hd, int) and hd > 0 and all(d % hd == 0 for d in col_outs + [row_in]):
-        return min(col_outs) // hd
+    if _by_heads(unit, members):
+        return min(col_outs) // unit.head_dim
     return math.gcd(*col_outs, row_in)
 
 
-def unit_problem(unit: nn.Module, members) -> Optional[str]:
+def _by_heads(unit: nn.Module, members) -> bool:
+    """Whether the unit splits by (KV) heads: it has a ``head_dim`` dividing its layers."""
+    dims = [_io(m)[1] for _, m, s in members if s == COL]
+    dims += [_io(m)[0] for _, m, s in members if s == ROW]
+    hd = getattr(unit, "head_dim", None)
+    return isinstance(hd, int) and hd > 0 and all(d % hd == 0 for d in dims)
+
+
+def unit_problem(unit: nn.Module, members, world: int = 1) -> Optional[str]:
     """None when ``members`` (``(attribute, module, style)`` of ``unit``'s children) can form a
-    rotation unit, else why not."""
+    rotation unit over ``world`` ranks, else why not.
+
+    [Note: units split evenly]
+    A unit's shards are whole heads (or column groups), ``torch.chunk`` of them over the ranks.
+    When they divide evenly, each layer's shard is also the piece ``torch.chunk`` gives of its
+    rows (columns), so it is a ``Shard`` DTensor like every other RSDP shard. When they do not
+    (2 KV heads over 3 ranks), the pieces are not ``torch.chunk``'s, no DTensor placement
+    describes them, and plain tensors beside DTensors break torch's own ``clip_grad_norm_``
+    (the HF Trainer's default) at the first step. Such layers are left to the per-layer rules
+    instead, whose pieces are ``torch.chunk``'s whatever the sizes."""
     if getattr(unit, "_rsdp", None) is not None:
         return "already sharded"
     for key, m, _ in members:
@@ -87,6 +103,10 @@ def unit_problem(unit: nn.Module, members) -> Optional[str]:
     atoms = _atoms(unit, members)
     if atoms < 1 or any(_io(m)[1] % atoms for m in cols) or _io(rows[0])[0] % atoms:
         return "its layers do not split into whole heads / columns"
+    if atoms % world:
+        what = "heads" if _by_heads(unit, members) else "column groups"
+        return (f"its {atoms} {what} do not split evenly over {world} ranks (its shards would "
+                f"not be DTensors; [Note: units split evenly])")
     return None
 
 
@@ -370,7 +390,7 @@ def shard_unit(unit: nn.Module, members: List[tuple], ring: Ring,
     shard's activations from forward instead (as much activation memory as the unsharded
     block, no recomputation; weights are still never kept, see
     :class:`.unit_call.WeightRefs`)."""
-    problem = unit_problem(unit, members)
+    problem = unit_problem(unit, members, ring.world)
     if problem is not None:
         raise ValueError(f"rotation unit {name or type(unit).__name__}: {problem}")
     atoms = _atoms(unit, members)

@@ -7,8 +7,9 @@ each rank along one dimension, the parameter is a ``DTensor`` (``Shard(dim)`` ov
 group, :mod:`torch_rsdp._dtensor_params`) whose local tensor is that view: torch's clipping,
 checkpoints and optimizers see a piece of a global tensor, and the gradients the ring brings
 home come back as DTensors of the same placement (:meth:`ShardState.grads_from`). Other
-layouts (``nn.MultiheadAttention``'s heads, a rotation unit whose heads do not divide evenly)
-stay plain local tensors. Any optimiser works, its state sharded too, while a whole shard can
+layouts (``nn.MultiheadAttention``'s packed heads) stay plain local tensors; a rotation unit
+whose heads do not divide evenly is not formed ([Note: units split evenly] in
+:mod:`.rotation_unit`). Any optimiser works, its state sharded too, while a whole shard can
 be sent with a single ring op straight from the storage, with no copy.
 
 If something rebinds a parameter's ``.data`` (``module.to(...)``, manual assignment), the next

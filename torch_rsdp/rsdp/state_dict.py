@@ -50,8 +50,7 @@ def shard_dim(model: nn.Module, key: str) -> Optional[Tuple[int, Tuple[int, ...]
     """How ``key`` is sharded, for checkpoints: ``(dim, global shape)`` when every rank holds
     the piece ``torch.chunk`` gives it along ``dim`` (DTensor's ``Shard(dim)`` over the
     group); ``None`` when ``key`` is not sharded. Raises ``ValueError`` for a layout that is
-    not one chunk per rank (``nn.MultiheadAttention``'s heads, a rotation unit whose atoms do
-    not divide evenly), naming the key."""
+    not one chunk per rank (``nn.MultiheadAttention``'s packed heads), naming the key."""
     owner = sharded_owner(model, key)
     if owner is None:
         return None
