@@ -48,6 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .block_copies import BlockCopies, whole_shape
 from .memory import alloc_buffer, release_buffers
 from .rotation import counter_rotate, rotate
 from .ring_order import Ring
@@ -119,6 +120,7 @@ class _Pass:
             self.offsets[m] = off
             off += m._rsdp.layout.numel
         self.numel = off
+        self.copies = _copies(block, mods, self.offsets, off)
         self.backward_whole: Optional[Dict[nn.Module, dict]] = None
         self.kept: Optional[Dict[nn.Module, dict]] = None  # the forward's gather, detached
         self.waiting = 0  # members whose backward has not run yet
@@ -129,17 +131,20 @@ class _Pass:
         ring = self.block.ring
         flats = [m._rsdp.compute_flat() for m in self.mods]
         src = alloc_buffer(self.numel, flats[0].dtype, flats[0].device)
+        # the members' regions tile the pass's buffer, in member order
+        torch._foreach_copy_(list(src.split_with_sizes([f.numel() for f in flats])), flats)
         for m, f in zip(self.mods, flats):
-            src[self.offsets[m]:self.offsets[m] + f.numel()].copy_(f)
             m._rsdp.release(f)
         whole = {m: {n: _empty(m, n, src) for n in m._rsdp.names} for m in self.mods}
+        copies = self.copies  # [Note: block copies in one call]
+        pieces = copies.pieces([whole[m][n] for m, n in copies.runs])
 
         def visit(j, buf):
-            for m in self.mods:
+            copies.to_whole(j, buf, pieces)
+            for m, n in copies.rest:
                 st = m._rsdp
                 region = buf[self.offsets[m]:self.offsets[m] + st.layout.numel]
-                for n, t in whole[m].items():
-                    st.take(n, t, j).copy_(st.layout.view(region, n, j))
+                st.take(n, whole[m][n], j).copy_(st.layout.view(region, n, j))
 
         rotate(ring, src, visit, direction=1, label="RSDP::block_gather")
         release_buffers(src)
@@ -165,11 +170,17 @@ class _Pass:
 
 def _empty(mod, name, like):
     """A whole parameter ``name`` of ``mod`` to assemble, tracked like every RSDP buffer."""
-    st = mod._rsdp
-    shapes, d = st.layout.shapes[name], st.dims[name]
-    shape = list(shapes[0])
-    shape[d] = sum(s[d] for s in shapes)
+    shape = whole_shape(mod._rsdp, name)
     return alloc_buffer(math.prod(shape), like.dtype, like.device).view(shape)
+
+
+def _copies(owner, mods, offsets, numel) -> BlockCopies:
+    """The copies plan of a pass of ``mods``, made once per owner and set of members."""
+    plans = owner.__dict__.setdefault("_copies", {})
+    key = tuple(mods)
+    if key not in plans:
+        plans[key] = BlockCopies(mods, offsets, numel, owner.ring.world)
+    return plans[key]
 
 
 class _Gather(torch.autograd.Function):
@@ -197,12 +208,15 @@ class _Gather(torch.autograd.Function):
         st0 = p.mods[0]._rsdp
         gdt = st0.grad_dtype
 
+        copies = p.copies  # [Note: block copies in one call]
+        pieces = copies.pieces([per[m][n].contiguous() for m, n in copies.runs])
+
         def contribute(j, buf):
-            for m in p.mods:
+            copies.from_whole(j, buf, pieces)
+            for m, n in copies.rest:
                 st = m._rsdp
                 region = buf[p.offsets[m]:p.offsets[m] + st.layout.numel]
-                for n, g in per[m].items():
-                    st.layout.view(region, n, j).copy_(st.take(n, g, j))
+                st.layout.view(region, n, j).copy_(st.take(n, per[m][n], j))
 
         # counter_rotate reads only the size, dtype and device of ``src`` when it only sums
         shape_of = torch.empty(1, dtype=gdt, device=grads[0].device).expand(p.numel)
