@@ -120,6 +120,23 @@ def fam_units_whole(ctx, rec):
                 unit_whole.MODE = "auto"
         whole = 3 * (W - 1) if W >= 3 else 7 * (W - 1)
         assert hops["never"] - hops["always"] == 4 * (2 * W - 1) - whole, hops
+    with rec.case("a frozen layer of a whole unit: no gradient for it, the others one process's"):
+        unit_whole.MODE = "always"
+        try:
+            model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=False)
+            for m in (model, ref):  # as LoRA-style fine-tuning leaves a projection frozen
+                m.model.layers[0].self_attn.q_proj.weight.requires_grad_(False)
+            loss, logits = _loss(model, r)
+            loss.backward()
+        finally:
+            unit_whole.MODE = "auto"
+        (sum(_loss(ref, q)[0] for q in range(W)) / W).backward()
+        refp = dict(ref.named_parameters())
+        for name, p in model.named_parameters():
+            if not p.requires_grad:
+                assert p.grad is None, f"frozen {name} got a gradient"
+                continue
+            _close(p.grad, rsdp.local_shard_of(model, name, refp[name].grad), f"grad {name}")
     with rec.case("the size rule: long batches compute whole, one short rank keeps all per shard"):
         # llama_u's attention unit is small from 42 tokens on, its MLP from 48: every rank
         # feeds 3 x 24 tokens (whole everywhere) or, in the second round, rank 0 only 1 x 24

@@ -11,13 +11,14 @@ for the copies alone (256-wide Llama at 4 ranks, one thread), several millisecon
 ranks share cores.
 
 Most pieces are one contiguous run of both tensors (a layer split by output features holds a
-block of rows; a bias), so where the layout is known once per block the runs are found once:
-a hop is then one ``split_with_sizes`` of the ring buffer and one ``torch._foreach_copy_``
-between its pieces and the whole tensors' (split once per gather or per backward). A piece
-that is not one run (a layer split by input features holds a block of columns; ``Conv1D``'s
-transposed weight) keeps the piece-by-piece copy. Whether a piece is a run is read from the
-module's own ``take`` applied to a meta tensor of the whole shape, so nothing here assumes how
-a module splits.
+block of rows; a bias), so the layout is worked out once per block and set of members: a
+hop is then one ``split_with_sizes`` of the ring buffer and one ``torch._foreach_copy_``
+between its pieces and the whole tensors' parts, found once per gather or backward: the
+pieces of one ``split_with_sizes`` of a whole tensor for a run, the module's own ``take`` of
+it otherwise (a layer split by input features holds a block of columns; ``Conv1D``'s weight
+is transposed), with the buffer's piece viewed in the shard's shape. Whether a piece is a run
+is read from ``take`` applied to a meta tensor of the whole shape, so nothing here assumes
+how a module splits.
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ def _tiling(runs: List[Tuple[int, int]], total: int):
     """``split_with_sizes`` sizes covering ``[0, total)`` and, per run, its piece's index."""
     sizes, index, pos = [], {}, 0
     for k, (off, n) in sorted(enumerate(runs), key=lambda kv: kv[1][0]):
+        assert off >= pos, f"overlapping pieces at {off} ({pos} taken)"
         if off > pos:
             sizes.append(off - pos)  # a gap: padding, or a piece copied one by one
         index[k] = len(sizes)
@@ -72,53 +74,54 @@ def _tiling(runs: List[Tuple[int, int]], total: int):
 
 class BlockCopies:
     """The copies of one pass's members (``mods``, at ``offsets`` in the pass's flat buffer of
-    ``numel`` elements): ``runs`` are ``(module, name)`` pieces copied in one call a hop,
-    ``rest`` those copied one by one."""
+    ``numel`` elements), every ``(module, name)`` in ``entries``."""
 
     def __init__(self, mods: List[nn.Module], offsets: Dict[nn.Module, int], numel: int,
                  world: int):
-        self.runs: List[Tuple[nn.Module, str]] = []
-        self.rest: List[Tuple[nn.Module, str]] = []
-        whole_runs = []
-        for m in mods:
-            st = m._rsdp
-            for n in st.names:
-                r = _runs(st, n, world)
-                (self.runs if r is not None else self.rest).append((m, n))
-                if r is not None:
-                    whole_runs.append(r)
-        # per entry: split sizes of its whole tensor, and per rank the piece holding its shard
-        self.whole_sizes, self.whole_index = [], []
-        for (m, n), r in zip(self.runs, whole_runs):
-            sizes, idx = _tiling(r, math.prod(whole_shape(m._rsdp, n)))
-            self.whole_sizes.append(sizes)
-            self.whole_index.append(idx)
-        # per rank: split sizes of the ring buffer, and per entry the piece holding its shard
-        self.buf_sizes, self.buf_index = [], []
+        self.world = world
+        self.entries = [(m, n) for m in mods for n in m._rsdp.names]
+        # per entry: None, or split sizes of its whole tensor and per rank the piece that is
+        # its shard (a run)
+        self.whole_split = []
+        for m, n in self.entries:
+            r = _runs(m._rsdp, n, world)
+            self.whole_split.append(None if r is None else
+                                    _tiling(r, math.prod(whole_shape(m._rsdp, n))))
+        # per rank: split sizes of the ring buffer, per entry the piece holding its shard, and
+        # the shape it is seen with (None: a run, copied flat)
+        self.buf_sizes, self.buf_index, self.shapes = [], [], []
         for j in range(world):
-            pieces = [(offsets[m] + m._rsdp.layout.offsets[n], int(math.prod(
-                m._rsdp.layout.shapes[n][j]))) for m, n in self.runs]
+            shapes = [m._rsdp.layout.shapes[n][j] for m, n in self.entries]
+            pieces = [(offsets[m] + m._rsdp.layout.offsets[n], math.prod(sh))
+                      for (m, n), sh in zip(self.entries, shapes)]
             sizes, idx = _tiling(pieces, numel)
             self.buf_sizes.append(sizes)
             self.buf_index.append(idx)
+            self.shapes.append([None if w is not None else sh
+                                for w, sh in zip(self.whole_split, shapes)])
 
-    def pieces(self, tensors: List[torch.Tensor]) -> List[tuple]:
-        """Each run entry's whole tensor (``tensors``, in ``runs`` order, contiguous) split into
-        its ranks' pieces: once per gather or backward, not per hop."""
-        return [t.view(-1).split_with_sizes(s) for t, s in zip(tensors, self.whole_sizes)]
+    def targets(self, tensors: List[torch.Tensor]) -> List[list]:
+        """Per entry (``tensors``: each entry's whole tensor, in ``entries`` order), per rank,
+        the part of it that is that rank's shard: once per gather or backward, not per hop."""
+        out = []
+        for (m, n), t, split in zip(self.entries, tensors, self.whole_split):
+            if split is None:
+                out.append([m._rsdp.take(n, t, j) for j in range(self.world)])
+            else:
+                pieces = t.view(-1).split_with_sizes(split[0])  # contiguous: a view
+                out.append([pieces[k] for k in split[1]])
+        return out
 
-    def to_whole(self, j: int, buf: torch.Tensor, pieces: List[tuple]) -> None:
-        """Rank ``j``'s shards in ``buf`` into the whole tensors ``pieces`` came from."""
-        if self.runs:
-            src = buf.split_with_sizes(self.buf_sizes[j])
-            bi, wi = self.buf_index[j], self.whole_index
-            torch._foreach_copy_([p[wi[e][j]] for e, p in enumerate(pieces)],
-                                 [src[bi[e]] for e in range(len(pieces))])
+    def _buf(self, j: int, buf: torch.Tensor) -> list:
+        """Rank ``j``'s shard of each entry inside ``buf``, as ``targets`` sees it."""
+        src = buf.split_with_sizes(self.buf_sizes[j])
+        return [src[k] if sh is None else src[k].view(sh)
+                for k, sh in zip(self.buf_index[j], self.shapes[j])]
 
-    def from_whole(self, j: int, buf: torch.Tensor, pieces: List[tuple]) -> None:
-        """The whole tensors' (``pieces``) parts of rank ``j``'s shards into ``buf``."""
-        if self.runs:
-            dst = buf.split_with_sizes(self.buf_sizes[j])
-            bi, wi = self.buf_index[j], self.whole_index
-            torch._foreach_copy_([dst[bi[e]] for e in range(len(pieces))],
-                                 [p[wi[e][j]] for e, p in enumerate(pieces)])
+    def to_whole(self, j: int, buf: torch.Tensor, targets: List[list]) -> None:
+        """Rank ``j``'s shards in ``buf`` into the whole tensors ``targets`` came from."""
+        torch._foreach_copy_([t[j] for t in targets], self._buf(j, buf))
+
+    def from_whole(self, j: int, buf: torch.Tensor, targets: List[list]) -> None:
+        """The whole tensors' (``targets``) parts that are rank ``j``'s shards into ``buf``."""
+        torch._foreach_copy_(self._buf(j, buf), [t[j] for t in targets])

@@ -137,14 +137,10 @@ class _Pass:
             m._rsdp.release(f)
         whole = {m: {n: _empty(m, n, src) for n in m._rsdp.names} for m in self.mods}
         copies = self.copies  # [Note: block copies in one call]
-        pieces = copies.pieces([whole[m][n] for m, n in copies.runs])
+        targets = copies.targets([whole[m][n] for m, n in copies.entries])
 
         def visit(j, buf):
-            copies.to_whole(j, buf, pieces)
-            for m, n in copies.rest:
-                st = m._rsdp
-                region = buf[self.offsets[m]:self.offsets[m] + st.layout.numel]
-                st.take(n, whole[m][n], j).copy_(st.layout.view(region, n, j))
+            copies.to_whole(j, buf, targets)
 
         rotate(ring, src, visit, direction=1, label="RSDP::block_gather")
         release_buffers(src)
@@ -209,14 +205,12 @@ class _Gather(torch.autograd.Function):
         gdt = st0.grad_dtype
 
         copies = p.copies  # [Note: block copies in one call]
-        pieces = copies.pieces([per[m][n].contiguous() for m, n in copies.runs])
+        # a run is a piece of the flattened gradient: a gradient laid out otherwise is copied
+        targets = copies.targets([per[m][n].contiguous() if w is not None else per[m][n]
+                                  for (m, n), w in zip(copies.entries, copies.whole_split)])
 
         def contribute(j, buf):
-            copies.from_whole(j, buf, pieces)
-            for m, n in copies.rest:
-                st = m._rsdp
-                region = buf[p.offsets[m]:p.offsets[m] + st.layout.numel]
-                st.layout.view(region, n, j).copy_(st.take(n, per[m][n], j))
+            copies.from_whole(j, buf, targets)
 
         # counter_rotate reads only the size, dtype and device of ``src`` when it only sums
         shape_of = torch.empty(1, dtype=gdt, device=grads[0].device).expand(p.numel)

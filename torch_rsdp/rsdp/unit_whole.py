@@ -37,6 +37,7 @@ from typing import Dict, Tuple
 
 import torch
 
+from .block_copies import BlockCopies, whole_shape
 from .memory import alloc_buffer, release_buffers
 from .rotation import counter_rotate, rotate
 from .shard_state import ShardState
@@ -70,21 +71,11 @@ def small_at(u, tokens: int) -> bool:
     return MODE == "always" or u.weight_numel <= tokens * u.features
 
 
-def _whole_shapes(st: ShardState) -> Dict[str, Tuple[int, ...]]:
-    out = {}
-    for n in st.names:
-        shapes, d = st.layout.shapes[n], st.dims[n]
-        shape = list(shapes[0])
-        shape[d] = sum(s[d] for s in shapes)
-        out[n] = tuple(shape)
-    return out
-
-
 def _gather(st: ShardState) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """The unit's whole parameters, views of one buffer (one storage, so that a recorded
     graph can save them as references), filled by one rotation of the unit's shard."""
     src = st.compute_flat()
-    shapes = _whole_shapes(st)
+    shapes = {n: whole_shape(st, n) for n in st.names}
     flat = alloc_buffer(sum(math.prod(s) for s in shapes.values()), src.dtype, src.device)
     whole, off = {}, 0
     for n in st.names:
@@ -92,13 +83,24 @@ def _gather(st: ShardState) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
         whole[n] = flat[off:off + k].view(shapes[n])
         off += k
 
+    copies = _copies(st)  # [Note: block copies in one call]
+    targets = copies.targets([whole[n] for _, n in copies.entries])
+
     def visit(j, buf):
-        for n, t in whole.items():
-            st.take(n, t, j).copy_(st.layout.view(buf, n, j))
+        copies.to_whole(j, buf, targets)
 
     rotate(st.ring, src, visit, direction=1, label="RSDP::unit_whole_gather")
     st.release(src)
     return flat, whole
+
+
+def _copies(st: ShardState) -> BlockCopies:
+    """The unit's copies between its rotating shard and its whole parameters, made once."""
+    c = st.__dict__.get("_copies")
+    if c is None:
+        unit = st.module_ref
+        c = st._copies = BlockCopies([unit], {unit: 0}, st.layout.numel, st.ring.world)
+    return c
 
 
 class _Kept:
@@ -225,14 +227,16 @@ class WholeUnitFn(torch.autograd.Function):
         grads = {}
         if need_w:
             gw = dict(zip(st.names, gws))
+            copies = _copies(st)  # [Note: block copies in one call]
+            # a run is a piece of the flattened gradient: a gradient laid out otherwise is
+            # copied; a parameter the unit's forward did not use gets zeros
+            targets = copies.targets([
+                (gw[n] if gw[n] is not None else torch.zeros(whole_shape(st, n), dtype=dy.dtype,
+                                                             device=dy.device)).contiguous()
+                for _, n in copies.entries])
 
             def contribute(j, buf):
-                for n in st.names:
-                    dst = st.layout.view(buf, n, j)
-                    if gw[n] is None:
-                        dst.zero_()
-                    else:
-                        dst.copy_(st.take(n, gw[n], j))
+                copies.from_whole(j, buf, targets)
 
             # counter_rotate reads only the size, dtype and device of ``src`` when it only sums
             gdt = st.grad_dtype
