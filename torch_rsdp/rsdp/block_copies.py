@@ -63,7 +63,7 @@ def _tiling(runs: List[Tuple[int, int]], total: int):
     for k, (off, n) in sorted(enumerate(runs), key=lambda kv: kv[1][0]):
         assert off >= pos, f"overlapping pieces at {off} ({pos} taken)"
         if off > pos:
-            sizes.append(off - pos)  # a gap: padding, or a piece copied one by one
+            sizes.append(off - pos)  # a gap: a region's padding past a shorter shard
         index[k] = len(sizes)
         sizes.append(n)
         pos = off + n
