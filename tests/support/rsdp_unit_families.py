@@ -215,7 +215,8 @@ def fam_units(ctx, rec):
             try:
                 _sharded("llama", tp_plan=_explicit_plan())
             except ValueError as e:
-                assert "self_attn" in str(e) and f"2 heads do not split evenly over {W}" in str(e), e
+                msg = str(e)
+                assert "self_attn" in msg and f"2 heads do not split evenly over {W}" in msg, msg
             else:
                 raise AssertionError("a unit of 2 heads over 3+ ranks was accepted")
     with rec.case("eager attention, left padding mask"):
