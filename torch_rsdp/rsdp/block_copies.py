@@ -28,7 +28,7 @@ from typing import Dict, List, Tuple
 import torch
 import torch.nn as nn
 
-__all__ = ["BlockCopies", "whole_shape"]
+__all__ = ["BlockCopies", "copies_of", "whole_shape"]
 
 
 def whole_shape(st, name: str) -> List[int]:
@@ -125,3 +125,14 @@ class BlockCopies:
     def from_whole(self, j: int, buf: torch.Tensor, targets: List[list]) -> None:
         """The whole tensors' (``targets``) parts that are rank ``j``'s shards into ``buf``."""
         torch._foreach_copy_(self._buf(j, buf), [t[j] for t in targets])
+
+
+def copies_of(owner, mods: List[nn.Module], offsets: Dict[nn.Module, int], numel: int,
+              world: int) -> BlockCopies:
+    """The plan of ``mods`` (see :class:`BlockCopies`), made once and kept on ``owner`` (a
+    block, or a unit's sharding state) for that set of members."""
+    plans = owner.__dict__.setdefault("_rsdp_copies", {})
+    key = tuple(mods)
+    if key not in plans:
+        plans[key] = BlockCopies(mods, offsets, numel, world)
+    return plans[key]

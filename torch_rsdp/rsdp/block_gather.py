@@ -48,7 +48,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from .block_copies import BlockCopies, whole_shape
+from .block_copies import copies_of, whole_shape
 from .memory import alloc_buffer, release_buffers
 from .rotation import counter_rotate, rotate
 from .ring_order import Ring
@@ -120,7 +120,8 @@ class _Pass:
             self.offsets[m] = off
             off += m._rsdp.layout.numel
         self.numel = off
-        self.copies = _copies(block, mods, self.offsets, off)
+        # [Note: block copies in one call]; a pass of nobody never gathers
+        self.copies = copies_of(block, mods, self.offsets, off, block.ring.world) if mods else None
         self.backward_whole: Optional[Dict[nn.Module, dict]] = None
         self.kept: Optional[Dict[nn.Module, dict]] = None  # the forward's gather, detached
         self.waiting = 0  # members whose backward has not run yet
@@ -168,15 +169,6 @@ def _empty(mod, name, like):
     """A whole parameter ``name`` of ``mod`` to assemble, tracked like every RSDP buffer."""
     shape = whole_shape(mod._rsdp, name)
     return alloc_buffer(math.prod(shape), like.dtype, like.device).view(shape)
-
-
-def _copies(owner, mods, offsets, numel) -> BlockCopies:
-    """The copies plan of a pass of ``mods``, made once per owner and set of members."""
-    plans = owner.__dict__.setdefault("_copies", {})
-    key = tuple(mods)
-    if key not in plans:
-        plans[key] = BlockCopies(mods, offsets, numel, owner.ring.world)
-    return plans[key]
 
 
 class _Gather(torch.autograd.Function):

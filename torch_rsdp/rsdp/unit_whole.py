@@ -37,7 +37,7 @@ from typing import Dict, Tuple
 
 import torch
 
-from .block_copies import BlockCopies, whole_shape
+from .block_copies import copies_of, whole_shape
 from .memory import alloc_buffer, release_buffers
 from .rotation import counter_rotate, rotate
 from .shard_state import ShardState
@@ -92,15 +92,6 @@ def _gather(st: ShardState) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     rotate(st.ring, src, visit, direction=1, label="RSDP::unit_whole_gather")
     st.release(src)
     return flat, whole
-
-
-def _copies(st: ShardState) -> BlockCopies:
-    """The unit's copies between its rotating shard and its whole parameters, made once."""
-    c = st.__dict__.get("_copies")
-    if c is None:
-        unit = st.module_ref
-        c = st._copies = BlockCopies([unit], {unit: 0}, st.layout.numel, st.ring.world)
-    return c
 
 
 class _Kept:
@@ -245,3 +236,9 @@ class WholeUnitFn(torch.autograd.Function):
                                  label="RSDP::unit_whole_reduce", feedback=st.feedback)
             grads = st.grads_from(acc)
         return (None, None, *gins, *[grads.get(n) for n in st.names])
+
+
+def _copies(st: ShardState):
+    """The unit's copies between its rotating shard and its whole parameters."""
+    unit = st.module_ref
+    return copies_of(st, [unit], {unit: 0}, st.layout.numel, st.ring.world)
