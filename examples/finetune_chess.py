@@ -40,11 +40,14 @@ are legal, on held-out games cut after 1, 2, ... moves up to the end of the sequ
 the opening, middle and last third of those cuts), with a sample completion.
 
 ``--compare`` trains every run of ``--runs`` (default rsdp:rsdp, fsdp2:rsdp, ddp:rsdp,
-fsdp2:gloo, plan=auto:rsdp) one after another in the same processes, from the same initial weights on the same
-batches, and prints one comparison table (peak RSS is reset between runs where Linux allows;
-it can only grow). Backends other than ``--backend`` run on extra process groups. With
+fsdp2:gloo, plan=auto:rsdp) in the same processes, from the same initial weights on the same
+batches, and prints one comparison table. The runs are built first and then take turns, one
+optimizer step each, so a machine that gets busier or quieter halfway slows them alike; each
+run's step times and elapsed time are its own steps', and peak RSS is the processes', all runs
+together (with ``--on-failure shrink`` they run one after another, peak RSS reset between
+them where Linux allows). Backends other than ``--backend`` run on extra process groups. With
 ``--out DIR`` rank 0 writes ``chess.json`` (every figure), ``chess_loss.png`` (loss against
-time per run) and ``chess_memory.png`` (memory split and throughput per run) there
+each run's own time) and ``chess_memory.png`` (memory split and throughput per run) there
 (examples/chess_report.py).
 
 ``--preset weights`` (the main job's second comparison: ``--compare --preset weights``) trains a
@@ -224,6 +227,8 @@ class Run:
         self.args, self.strategy, self.backend = args, strategy, backend
         self.group, self.device, self.data = group, device, data
         self.recovery = recovery  # --on-failure shrink: training_recovery.ShrinkOnFailure
+        self.turns = [self]  # the runs taking turns with this one (--compare), itself included
+        self.spent, self.done, self.todo = 0.0, 0, 0  # this run's own seconds and steps
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.log = print if dist.get_rank() == 0 else (lambda *a, **k: None)
 
@@ -310,6 +315,12 @@ class Run:
         return t.item() / self.world
 
     def train(self):
+        for _ in self.steps():
+            pass
+
+    def steps(self):
+        """Trains, yielding after every optimizer step (``--compare`` interleaves its runs'
+        steps; the times and losses are this run's own)."""
         a = self.args
         accum, B = a.gradient_accumulation_steps, a.batch_size_per_device
         tokens_per_step = self.world * B * accum * a.seq_len
@@ -324,8 +335,10 @@ class Run:
                            for i in self.indices(s, m))
         times, losses, mem = [], [], None
         skip = min(a.skip_steps, max(0, a.steps - start - 2))  # >= 1 timed step if possible
-        t_run = time.perf_counter()
+        spent = 0.0  # this run's own time: the others' turns in between are not counted
+        self.todo = a.steps - start
         for step in range(start, a.steps):
+            t_turn = time.perf_counter()
             last = step == a.steps - 1
             tracker = (tm.ParamMemoryTracker(self.model, self.opt)
                        if last and not a.no_memory and a.steps > 1 else None)
@@ -366,16 +379,21 @@ class Run:
                 os.kill(os.getpid(), 9)  # --fail-at-step: as a node failure would
             if step % a.log_every == 0 or last:
                 mean_loss = self.mean(step_loss)
-                spent = time.perf_counter() - t_run
+                spent += time.perf_counter() - t_turn
+                t_turn = time.perf_counter()
                 losses.append((step + 1, mean_loss, spent))
                 recent = times[-a.log_every:] or [dt]
-                left = (a.steps - step - 1) * spent / (step + 1 - start)
+                self.spent, self.done = spent, step + 1 - start
+                left = sum(r.left_s() for r in self.turns)  # every run's turns to come
                 self.log(f"[{self.strategy}:{self.backend}] step {step + 1:4d}/{a.steps}  "
                          f"loss {mean_loss:.4f}  lr {self.sched.get_last_lr()[0]:.2e}  "
                          f"{tm.median(recent) * 1e3:6.1f} ms/step  "
                          f"{tokens_per_step / tm.median(recent):8,.0f} tokens/s  "
                          f"{spent:5.0f} s, {left:4.0f} s left", flush=True)
-        elapsed = time.perf_counter() - t_run
+            spent += time.perf_counter() - t_turn
+            self.spent, self.done = spent, step + 1 - start
+            yield step
+        elapsed = spent
         if not times:  # a single step: it was also the memory-tracked one
             times.append(dt)
         cats = tm.ParamMemoryTracker.ALL_CATS
@@ -409,6 +427,10 @@ class Run:
             self.result.update(predicted_step_s=pred.step_time_s * a.gradient_accumulation_steps,
                                predicted_peak_bytes=pred.peak_bytes,
                                memory_budget_bytes=pred.budget_bytes)
+
+    def left_s(self) -> float:
+        """Seconds this run's remaining steps should take, at its pace so far."""
+        return (self.todo - self.done) * self.spent / self.done if self.done else 0.0
 
     def fail_here(self, step: int) -> bool:
         """--fail-at-step: this rank dies after ``step``, on the first attempt only (neither
@@ -548,7 +570,16 @@ def process_main(args) -> int:
         f"{args.seq_len} tokens per step; {args.steps} steps; vocab {data.vocab_size}; {rsdp_env}; "
         f"load average {tm.load_average()}", flush=True)
     log(f"sample game: {data.text(0)}", flush=True)
-    results = []
+    # [Note: runs take turns] With --compare the runs are built first and then take turns,
+    # one optimizer step each: a machine that gets busier or quieter halfway (other work, a
+    # CPU warming up) then slows every run alike, where runs one after another would hand
+    # the whole change to whichever ran then (the same reason benchmarks/bench_rsdp_fsdp2.py
+    # interleaves its variants). Each run's times are its own steps'. --on-failure shrink
+    # rebuilds a run after a lost rank, so it keeps runs one after another.
+    turns = args.compare and recovery is None
+    slots = []  # per run: its Run, or the result of one that could not start
+    if turns:
+        tm.reset_peak_rss()
     for strategy, backend in runs:
         why = unavailable.get(backend)
         if why is None and strategy == "rsdp":
@@ -556,15 +587,19 @@ def process_main(args) -> int:
             why = None if why is None else f"rsdp: not available: {why}"
         if why is not None:
             log(f"=== {strategy}:{backend}: skipped: {why}", flush=True)
-            results.append({"strategy": strategy, "backend": backend, "error": why})
+            slots.append({"strategy": strategy, "backend": backend, "error": why})
+            continue
+        if turns:
+            run = Run(args, strategy, backend, groups[backend], device, data)
+            run.build()
+            log_built(run, args, log)
+            slots.append(run)
             continue
         tm.reset_peak_rss()
         while True:
             run = Run(args, strategy, backend, groups[backend], device, data, recovery)
             run.build()
-            log(f"=== {strategy}:{backend}: {run.n_params / 1e6:.2f} M parameters"
-                + (", activation checkpointing" if args.checkpoint_activations else ""),
-                flush=True)
+            log_built(run, args, log)
             try:
                 run.train()
                 break
@@ -576,25 +611,15 @@ def process_main(args) -> int:
                 gc.collect()
                 recovery.recover(e)
                 keep_global_batch(args, old_world, log)
-        run.evaluate()
-        if args.save and not args.compare:
-            run.save(args.save)
-        r = run.result
-        sample = r.get("sample_completion")
-        log(f"=== {strategy}:{backend}: {r['tokens_per_s']:,.0f} tokens/s "
-            f"({r['step_s'] * 1e3:.0f} ms/step, median of {r['timed_steps']} timed steps), "
-            f"peak memory/rank {tm.fmt_bytes(r['mem_peak_with_activations_bytes'])} (parameter-"
-            f"related {tm.fmt_bytes(r['mem_peak_bytes'])}), peak RSS/rank "
-            f"{tm.fmt_bytes(r['rss_peak_bytes'])}, final loss {r['final_loss']:.4f}, held-out "
-            f"loss {r['eval_loss']:.4f}, legal next moves {100 * r['legal_move_rate']:.0f}% of "
-            f"{r.get('legal_move_prompts', 0)}, {r['elapsed_s']:.0f} s", flush=True)
-        if sample:
-            log(f"    sample: after {sample['moves']!r} it plays {sample['next']!r} "
-                f"({'legal' if sample['legal'] else 'not legal'})", flush=True)
-        results.append(r)
+        slots.append(finish(run, args, log))
         del run
         gc.collect()
         dist.barrier()
+    if turns:
+        take_turns([x for x in slots if isinstance(x, Run)])
+    results = [finish(x, args, log, shared_rss=True) if isinstance(x, Run) else x
+               for x in slots]
+    del slots
     rank, world = dist.get_rank(), dist.get_world_size()  # smaller after a shrink
     log("\n" + chess_report.table(results))
     for r in results:
@@ -605,12 +630,16 @@ def process_main(args) -> int:
                 f"{tm.fmt_bytes(r['predicted_peak_bytes'])}, measured (with activations) "
                 f"{tm.fmt_bytes(r['mem_peak_with_activations_bytes'])}, budget "
                 f"{tm.fmt_bytes(r['memory_budget_bytes'])}")
+    if turns:
+        log("\nthe runs took turns, one optimizer step each, in the same processes: step "
+            "times are each run's own; peak RSS/rank is the processes', all runs together")
     log(f"\nmemory = {tm.METHOD}\nlegal moves: held-out games cut after 1 to "
         f"{eval_max_plies(args.seq_len)} moves, greedy next move; opening/middle/end: the "
         f"thirds of those cuts\nload average now: {tm.load_average()}", flush=True)
     n_params = next((r["params"] for r in results if "params" in r), 0)
     meta = {"args": {k: v for k, v in vars(args).items() if k != "runs"},
             "runs": [f"{s}:{b}" for s, b in runs], "world_size": world,
+            "runs_took_turns": turns,
             "load_average": tm.load_average(),
             "title": (f"{args.model} {n_params / 1e6:.1f} M parameters, batch "
                       f"{args.batch_size_per_device}x{args.seq_len} per rank, {world} ranks"
@@ -623,6 +652,46 @@ def process_main(args) -> int:
         log("written: " + ", ".join(paths), flush=True)
     dist.destroy_process_group()
     return 0 if any("error" not in r for r in results) else 2
+
+
+def log_built(run: Run, args, log) -> None:
+    log(f"=== {run.strategy}:{run.backend}: {run.n_params / 1e6:.2f} M parameters"
+        + (", activation checkpointing" if args.checkpoint_activations else ""), flush=True)
+
+
+def take_turns(runs) -> None:
+    """Trains ``runs`` one optimizer step each in turn until all are done ([Note: runs take
+    turns]); every rank steps them in the same order, as their collectives need."""
+    for r in runs:
+        r.turns = runs
+    steps = [r.steps() for r in runs]
+    while steps:
+        for s in list(steps):
+            if next(s, None) is None:
+                steps.remove(s)
+
+
+def finish(run: Run, args, log, shared_rss: bool = False) -> dict:
+    """Evaluates ``run``, logs its summary line and returns its result. ``shared_rss``: the
+    runs took turns in these processes, so peak RSS is theirs together."""
+    run.evaluate()
+    if args.save and not args.compare:
+        run.save(args.save)
+    r = run.result
+    r["rss_all_runs"] = shared_rss
+    sample = r.get("sample_completion")
+    log(f"=== {run.strategy}:{run.backend}: {r['tokens_per_s']:,.0f} tokens/s "
+        f"({r['step_s'] * 1e3:.0f} ms/step, median of {r['timed_steps']} timed steps), "
+        f"peak memory/rank {tm.fmt_bytes(r['mem_peak_with_activations_bytes'])} (parameter-"
+        f"related {tm.fmt_bytes(r['mem_peak_bytes'])}), peak RSS/rank "
+        f"{tm.fmt_bytes(r['rss_peak_bytes'])}{' (all runs)' if shared_rss else ''}, final "
+        f"loss {r['final_loss']:.4f}, held-out loss {r['eval_loss']:.4f}, legal next moves "
+        f"{100 * r['legal_move_rate']:.0f}% of {r.get('legal_move_prompts', 0)}, "
+        f"{r['elapsed_s']:.0f} s", flush=True)
+    if sample:
+        log(f"    sample: after {sample['moves']!r} it plays {sample['next']!r} "
+            f"({'legal' if sample['legal'] else 'not legal'})", flush=True)
+    return r
 
 
 def keep_global_batch(args, old_world: int, log) -> None:

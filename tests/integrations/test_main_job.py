@@ -1,6 +1,7 @@
 """The main job's comparison (examples/finetune_chess.py --compare), shortened: two runs on 2
-ranks from the same weights on the same batches agree, progress lines and the table are
-printed, and the JSON and both plots are written with every figure the table shows."""
+ranks from the same weights on the same batches, taking turns step by step, agree, progress
+lines and the table are printed, and the JSON and both plots are written with every figure the
+table shows."""
 from __future__ import annotations
 
 import json
@@ -26,6 +27,12 @@ def test_compare_writes_table_json_and_plots(tmp_path):
     assert "| run " in out and "legal moves (opening/middle/end)" in out, out[-4000:]
     doc = json.load(open(tmp_path / "out" / "chess.json"))
     assert doc["runs"] == ["rsdp:rsdp", "plan=auto:rsdp"] and doc["world_size"] == 2
+    # the runs took turns ([Note: runs take turns]): the plan's step 3 came between RSDP's
+    # steps 3 and 5, each run timed by its own steps
+    assert doc["runs_took_turns"] is True
+    order = [out.index(f"[{r}] step    {i}/6") for r, i in
+             (("rsdp:rsdp", 3), ("plan=auto:rsdp", 3), ("rsdp:rsdp", 5))]
+    assert order == sorted(order), out[-4000:]
     a, b = doc["results"]
     for r in (a, b):
         assert r["steps"] == 6 and len(r["losses"]) >= 3 and r["tokens_per_s"] > 0
