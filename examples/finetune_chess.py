@@ -686,8 +686,9 @@ def finish(run: Run, args, log, shared_rss: bool = False) -> dict:
         f"related {tm.fmt_bytes(r['mem_peak_bytes'])}), peak RSS/rank "
         f"{tm.fmt_bytes(r['rss_peak_bytes'])}{' (all runs)' if shared_rss else ''}, final "
         f"loss {r['final_loss']:.4f}, held-out loss {r['eval_loss']:.4f}, legal next moves "
-        f"{100 * r['legal_move_rate']:.0f}% of {r.get('legal_move_prompts', 0)}, "
-        f"{r['elapsed_s']:.0f} s", flush=True)
+        + (f"{100 * r['legal_move_rate']:.0f}% of {r['legal_move_prompts']}"
+           if r.get("legal_move_prompts") else "not checked (--eval-prompts 0)")
+        + f", {r['elapsed_s']:.0f} s", flush=True)
     if sample:
         log(f"    sample: after {sample['moves']!r} it plays {sample['next']!r} "
             f"({'legal' if sample['legal'] else 'not legal'})", flush=True)
