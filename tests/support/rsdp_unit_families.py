@@ -57,9 +57,11 @@ def _unit_nodes(loss):
         if fn is None or fn in seen:
             continue
         seen.add(fn)
-        if type(fn).__name__ in ("_UnitFnBackward", "WholeUnitFnBackward",
-                                 "_BlockUnitFnBackward", "UnitMemberLinearBackward"):
-            nodes.append(fn)
+        name = type(fn).__name__
+        if name in ("_UnitFnBackward", "WholeUnitFnBackward", "_BlockUnitFnBackward",
+                    "UnitMemberLinearBackward") or (
+                name == "_LinearFnBackward" and hasattr(fn.mod, "_rsdp_style")):  # a unit's
+            nodes.append(fn)  # layer on its own, not a sharded Linear such as the head
         pending.extend(f for f, _ in fn.next_functions)
     return nodes
 
@@ -67,9 +69,10 @@ def _unit_nodes(loss):
 def _whole_node(W, recompute=False):
     """The backward node of a unit computed whole: from 3 ranks on in its block's pass
     ([Note: unit blocks]), its layers' own ([Note: units in their block's pass]) unless it
-    recomputes; alone at 2."""
+    recomputes; at 2 its layers' own as sharded Linears ([Note: small units layer by layer at
+    two ranks]) unless it recomputes, then alone."""
     if W < 3:
-        return "WholeUnitFnBackward"
+        return "WholeUnitFnBackward" if recompute else "_LinearFnBackward"
     return "_BlockUnitFnBackward" if recompute else "UnitMemberLinearBackward"
 
 
@@ -78,6 +81,13 @@ def _in_block_pass(W):
     from torch_rsdp.rsdp import unit_whole
 
     return unit_whole.MODE == "always" and W >= 3
+
+
+def _by_layers(W, recompute=False):
+    """Whether this family's units compute layer by layer (``fam_units_whole`` at 2 ranks)."""
+    from torch_rsdp.rsdp import unit_whole
+
+    return unit_whole.MODE == "always" and W == 2 and not recompute
 
 
 def _node_name(W, recompute=False):
@@ -105,7 +115,7 @@ def fam_units_whole(ctx, rec):
         # 4 (2 W - 1). Whole, from 3 ranks on, each of the 2 blocks gathers (W - 1) and
         # reduces (W - 1) for both its units, and the last block of the forward does not
         # gather again ([Note: the last gather stays for backward]): 3 (W - 1). At 2 ranks
-        # each unit gathers and reduces alone, the last one without gathering: 7 (W - 1).
+        # each of the 14 layers of the units gathers and reduces on its own: 28 (W - 1).
         hops = {}
         for mode in ("never", "always"):
             unit_whole.MODE = mode
@@ -118,7 +128,7 @@ def fam_units_whole(ctx, rec):
                 hops[mode] = ring.hops - before
             finally:
                 unit_whole.MODE = "auto"
-        whole = 3 * (W - 1) if W >= 3 else 7 * (W - 1)
+        whole = 3 * (W - 1) if W >= 3 else 28 * (W - 1)
         assert hops["never"] - hops["always"] == 4 * (2 * W - 1) - whole, hops
     with rec.case("a frozen layer of a whole unit: no gradient for it, the others one process's"):
         unit_whole.MODE = "always"
@@ -185,8 +195,9 @@ def fam_units(ctx, rec):
             # and the embedding, the head (and q, k, v, o of both layers when uneven)
             assert len(st.sharded) == (6 if even else 12), sorted(st.sharded)
             nshift, _ = _count_shifts(model, lambda: model(input_ids=_ids(r)))
-            # 4 units, the embedding and the head; the units of a block in one pass
-            rot = 4 if _in_block_pass(W) else 6
+            # 4 units, the embedding and the head; the units of a block in one pass; or
+            # the units' 14 layers one by one
+            rot = 4 if _in_block_pass(W) else 16 if _by_layers(W, recompute) else 6
             if even:
                 assert nshift == rot * (W - 1), f"{kind}: {nshift} shifts, expected {rot} a hop"
             loss, logits = _loss(model, r)
@@ -242,7 +253,8 @@ def fam_units(ctx, rec):
         for name, p in model.named_parameters():
             _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
                    f"eager padded grad of {name}")
-        if _in_block_pass(W):  # the unit's forward ran once: its attention weights are whole
+        if _in_block_pass(W) or _by_layers(W):  # the unit's forward ran once: its
+            # attention weights are whole
             with torch.no_grad():
                 got = model(input_ids=ids, attention_mask=mask, output_attentions=True)
                 exp = ref(input_ids=ids, attention_mask=mask, output_attentions=True)
@@ -287,7 +299,8 @@ def fam_units(ctx, rec):
         model, _ = _sharded("llama_u", tp_plan="auto", unit_recompute=False)
         loss, logits = _loss(model, r)
         nodes = _unit_nodes(loss)
-        if _in_block_pass(W):  # every layer of the 4 units saves its input and nothing else
+        if _in_block_pass(W) or _by_layers(W):  # every layer of the 4 units saves its
+            # input and nothing else
             assert len(nodes) == 14 and {type(n).__name__ for n in nodes} == {_node_name(W)}, (
                 nodes)
             tokens = logits.shape[0] * logits.shape[1]
@@ -311,7 +324,8 @@ def fam_units(ctx, rec):
             loss = _loss(model, r)[0]
             loss.backward(retain_graph=True)
             first = {n: p.grad.clone() for n, p in model.named_parameters()}
-            if recompute or _in_block_pass(W):  # in a block's pass units gather again
+            # in a block's pass units gather again, layer by layer they rotate again
+            if recompute or _in_block_pass(W) or _by_layers(W):
                 loss.backward()
                 for n, p in model.named_parameters():
                     _close(p.grad, 2 * first[n], f"second backward, grad of {n}")

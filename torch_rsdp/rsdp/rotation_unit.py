@@ -48,6 +48,7 @@ from .tp_plan import COL, ROW
 from .unit_call import (CACHE_KWARGS, Call, WeightRefs, check_graph_kept, fill_caches,
                         is_cache, rng_state, run_part, set_rng_state, stub)
 from .unit_block import member_forward
+from .unit_layers import by_layers, layer_forward, layers_forward, make_layer_views
 from .unit_whole import WholeUnitFn, computes_whole
 
 __all__ = ["unit_problem", "shard_unit", "RSDPUnitMixin"]
@@ -129,6 +130,9 @@ class _Unit:
         self.features = sum(fi + fo for fi, fo in ios)
         self.small = None  # the group's SmallLayers (set by rsdp.shard)
         self.block = None  # its UnitBlock, when it shares gathers with its block's units
+        # member -> LayerView where it computes layer by layer when small (two ranks):
+        # [Note: small units layer by layer at two ranks] in .unit_layers
+        self.layers = None
 
     def heads(self, j: int) -> slice:
         """Shard ``j``'s atoms (the KV heads of a unit with a cache)."""
@@ -277,13 +281,13 @@ def unit_forward(unit: nn.Module, args, kwargs):
     ins = [leaves[i] for i in grad_idx]
     whole = computes_whole(unit, leaves)
     y = None
-    if whole and u.block is not None:  # [Note: unit blocks] in .unit_block
-        if not u.recompute:
-            out = _forward_direct(unit, leaves, spec, caches, cdt is not None, args, kwargs)
-            if out is not None:
-                return out
-        else:
-            y = u.block.forward(unit, call, ins)
+    # [Note: unit blocks] in .unit_block, [Note: small units layer by layer at two ranks]
+    if whole and not u.recompute and (u.block is not None or by_layers(unit)):
+        out = _forward_direct(unit, leaves, spec, caches, cdt is not None, args, kwargs)
+        if out is not None:
+            return out
+    elif whole and u.block is not None:
+        y = u.block.forward(unit, call, ins)
     if y is None:  # alone
         y = (WholeUnitFn if whole else _UnitFn).apply(unit, call, *ins, *params)
     for i in grad_idx:  # backward gets these from the saved tensors; do not keep them twice
@@ -295,14 +299,17 @@ def unit_forward(unit: nn.Module, args, kwargs):
 
 
 def _forward_direct(unit: nn.Module, leaves, spec, caches, cast: bool, args, kwargs):
-    """The unit's output computed in its block's pass by its own forward, run once in the
-    caller's graph ([Note: units in their block's pass] in :mod:`.unit_block`), or None."""
+    """The unit's output by its own forward, run once in the caller's graph, its layers
+    computing in its block's pass ([Note: units in their block's pass] in :mod:`.unit_block`)
+    or one by one ([Note: small units layer by layer at two ranks] in :mod:`.unit_layers`),
+    or None (the pass left it out)."""
     u: _Unit = unit._rsdp_unit
     if cast:  # the compute dtype's copies of the float inputs
         args, kwargs = tree_unflatten(leaves, spec)
     kwargs = dict(kwargs, **caches)
     try:
-        out = u.block.forward_direct(unit, args, kwargs)
+        out = (u.block.forward_direct(unit, args, kwargs) if u.block is not None
+               else layers_forward(unit, args, kwargs))
         row_out = u.row._rsdp_last
     finally:
         u.row._rsdp_last = None
@@ -352,10 +359,12 @@ class RSDPUnitMemberMixin:
     _rsdp_hand = None
     _rsdp_last = None
     _rsdp_pass = None  # (pass, unit, whole parameters): [Note: units in their block's pass]
+    _rsdp_layer = None  # its LayerView: [Note: small units layer by layer at two ranks]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self._rsdp_pass is not None:
-            y = member_forward(self, x)
+        if self._rsdp_pass is not None or self._rsdp_layer is not None:
+            y = (member_forward(self, x) if self._rsdp_pass is not None
+                 else layer_forward(self, x))
             if self._rsdp_style == ROW:
                 self._rsdp_last = y
             return y
@@ -418,6 +427,9 @@ def shard_unit(unit: nn.Module, members: List[tuple], ring: Ring,
     unit._rsdp_out_len = 0
     for key, m, style in members:
         m._rsdp_key, m._rsdp_style, m._rsdp_transposed = key, style, is_conv1d(m)
+        # its geometry as a sharded Linear's ([Note: small units layer by layer at two ranks])
+        (m._rsdp_in, m._rsdp_out), m._rsdp_split = _io(m), "out" if style == COL else "in"
         swap_class(m, RSDPUnitMemberMixin, "RSDPUnit" + type(m).__name__)
+    unit._rsdp_unit.layers = make_layer_views(unit, members, ring)
     swap_class(unit, RSDPUnitMixin, "RSDPUnit" + base.__name__)
     return unit

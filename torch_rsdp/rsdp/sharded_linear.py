@@ -75,10 +75,17 @@ def _native(st: ShardState, src: torch.Tensor, grad_dtype=None):
     return _C
 
 
-def _native_geometry(C, mod):
+def _state(mod):
+    """The state ``mod``'s shards are read from: its own, or, for a rotation unit's layer
+    computing on its own ([Note: small units layer by layer at two ranks] in
+    :mod:`.unit_layers`), a view of its unit's."""
+    view = getattr(mod, "_rsdp_layer", None)
+    return view if view is not None else mod._rsdp
+
+
+def _native_geometry(C, mod, st):
     geo = _GEOMETRY.get(mod)
     if geo is None:
-        st: ShardState = mod._rsdp
         fin, fout, split, tr = _geometry(mod)
         W = st.ring.world
         n = fout if split == "out" else fin
@@ -128,7 +135,8 @@ class _LinearFn(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, bias, mod):
-        st: ShardState = mod._rsdp
+        st: ShardState = _state(mod)
+        ctx.st = st
         ring, lay = st.ring, st.layout
         fin, fout, split, tr = _geometry(mod)
         if x.shape[-1] != fin:  # before any buffer is taken
@@ -143,8 +151,8 @@ class _LinearFn(torch.autograd.Function):
             W = ring.world
             whole = _whole(W, x2.shape[0], fin, fout)
             bufs = [alloc_buffer(src.numel(), src.dtype, src.device) for _ in range(min(2, W - 1))]
-            y = C._rsdp_linear_forward(ring.backend(src), _native_geometry(C, mod), x2, src, bufs,
-                                       ring.origin_lists[1][:W], whole)
+            y = C._rsdp_linear_forward(ring.backend(src), _native_geometry(C, mod, st), x2, src,
+                                       bufs, ring.origin_lists[1][:W], whole)
             release_buffers(*bufs)
             ring.hops += W - 1
             st.release(src)
@@ -189,7 +197,7 @@ class _LinearFn(torch.autograd.Function):
     def backward(ctx, dy):
         (x2,) = ctx.saved_tensors
         mod = ctx.mod
-        st: ShardState = mod._rsdp
+        st: ShardState = ctx.st
         ring, lay = st.ring, st.layout
         fin, fout, split, tr = _geometry(mod)
         need_x = ctx.needs_input_grad[0]
@@ -205,7 +213,7 @@ class _LinearFn(torch.autograd.Function):
             wbuf = alloc_buffer(n, dt, dev) if need_x and W > 1 else None
             acc = alloc_buffer(n, dt, dev, zero=True) if need_w else None
             local = alloc_buffer(n, dt, dev, zero=True) if need_w and W > 1 else None
-            gx = C._rsdp_linear_backward(ring.backend(src), _native_geometry(C, mod), x2, dy2,
+            gx = C._rsdp_linear_backward(ring.backend(src), _native_geometry(C, mod, st), x2, dy2,
                                          src if need_x else None, wbuf, acc, local,
                                          ring.origin_lists[-1], need_x,
                                          _whole(W, x2.shape[0], fin, fout))
