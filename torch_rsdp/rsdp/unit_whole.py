@@ -20,8 +20,10 @@ counter-rotation (``W - 1`` hops). The whole unit lives only while it computes, 
 FSDP2 gathers (the forward's last gather until its backward: [Note: the last gather stays for
 backward]), and only where it is no larger than its activations; a unit larger than that
 (weights dominate) still rotates shard by shard and is never whole. From 3 ranks on the whole
-units of one block gather together instead ([Note: unit blocks] in :mod:`.unit_block`); this
-module's :class:`WholeUnitFn` serves the rest (2 ranks, a unit alone in its block).
+units of one block gather together instead ([Note: unit blocks] in :mod:`.unit_block`), and at
+2 ranks its layers rotate one by one ([Note: small units layer by layer at two ranks] in
+:mod:`.unit_layers`); this module's :class:`WholeUnitFn` serves the rest (a unit alone in its
+block; at 2 ranks a unit that recomputes or casts to a ``param_dtype``).
 
 Which units compute whole decides the ring's schedule in backward, so every rank decides from
 the token count the group agreed on (:class:`.block_gather.SmallLayers`, one all-reduce per
