@@ -192,6 +192,14 @@ def fam_units(ctx, rec):
             even = kind != "llama" or W == 2
             n_attn = 2 if even else 0
             assert len(units) == 2 + n_attn, sorted(st.sharded)
+            # the report says which units "auto" could not form, and why
+            rep = st.report()
+            if even:
+                assert "not rotation units" not in rep and not st.not_units, rep
+            elif tp == "auto":
+                assert sorted(st.not_units) == [f"model.layers.{i}.self_attn" for i in (0, 1)]
+                why = f"model.layers.1.self_attn  its 2 heads do not split evenly over {W}"
+                assert why in rep, rep
             # and the embedding, the head (and q, k, v, o of both layers when uneven)
             assert len(st.sharded) == (6 if even else 12), sorted(st.sharded)
             nshift, _ = _count_shifts(model, lambda: model(input_ids=_ids(r)))

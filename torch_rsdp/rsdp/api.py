@@ -71,10 +71,14 @@ class RSDPState:
 
     def __init__(self, ring: Ring, sharded: dict, replicated: List[nn.Parameter],
                  grad_sync: Optional[GradSync], left_whole: Optional[List[LeftWhole]] = None,
-                 full_numel: int = 0, root: Optional[nn.Module] = None):
+                 full_numel: int = 0, root: Optional[nn.Module] = None,
+                 not_units: Optional[Dict[str, str]] = None):
         self.ring = ring
         self.sharded = sharded  # qualified name -> RSDPLinear / RSDPEmbedding / ...
         self.left_whole = list(left_whole or [])  # every parameter every rank holds whole
+        # module name -> why tp_plan="auto" named it a rotation unit but its layers were
+        # sharded one by one instead
+        self.not_units = dict(not_units or {})
         self.full_numel = full_numel  # parameter elements of the unsharded model
         self._replicated = replicated
         self._grad_sync = grad_sync
@@ -124,7 +128,8 @@ class RSDPState:
         """A table: how much of the model this rank holds, and every parameter left whole
         with its shape, size and the reason."""
         return coverage.report(self.left_whole, self.full_numel, self.resident_numel(),
-                               self.ring.world, self.ring.rank, len(self.sharded))
+                               self.ring.world, self.ring.rank, len(self.sharded),
+                               self.not_units)
 
 
 def rsdp_state(model: nn.Module) -> RSDPState:
@@ -209,7 +214,8 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     ties = find_ties(model)
     why: Dict[str, str] = {}  # module name -> why it stays whole
     sharded: Dict[str, nn.Module] = {}
-    _shard_units(model, tp_plan, ties, ring, mp_policy, accept, sharded, unit_recompute)
+    not_units = _shard_units(model, tp_plan, ties, ring, mp_policy, accept, sharded,
+                             unit_recompute)
     done = set()  # ids of modules already decided (members of a tied group)
     local, n_seen = set(), 0
     for name, mod in list(model.named_modules()):
@@ -276,7 +282,8 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
         replicated = [new.get(id(p), p) for p in replicated]
         sync = GradSync(replicated, group, root=model,
                         reduce_dtype=mp_policy.reduce_dtype if mp_policy else None)
-    model._rsdp_root = RSDPState(ring, sharded, replicated, sync, whole, full_numel, model)
+    model._rsdp_root = RSDPState(ring, sharded, replicated, sync, whole, full_numel, model,
+                                 not_units)
     refuse_ddp(model)
     guard_apply(model)  # model.to() would swap the parameters away from their hooks
     if checkpoint_hooks:
@@ -299,9 +306,11 @@ def _install_checkpoint_hooks(model: nn.Module) -> None:
     _checkpoint_hooks.install(model, keys, refusal)
 
 
-def _shard_units(model, tp_plan, ties, ring, mp, accept, sharded, recompute) -> None:
+def _shard_units(model, tp_plan, ties, ring, mp, accept, sharded, recompute) -> Dict[str, str]:
     """Shards the rotation units ``tp_plan`` pairs up; layers that cannot form one are left
-    to the per-layer rules (or, for an explicit plan, raise)."""
+    to the per-layer rules (or, for an explicit plan, raise). Returns, for ``"auto"``, why
+    each unit it named was not formed (module name -> reason)."""
+    not_units: Dict[str, str] = {}
     styles = resolve_plan(model, tp_plan)
     for parent, kids in group_units(styles).items():
         unit = model.get_submodule(parent)
@@ -318,6 +327,9 @@ def _shard_units(model, tp_plan, ties, ring, mp, accept, sharded, recompute) -> 
         elif isinstance(tp_plan, dict):
             raise ValueError(f"tp_plan: {parent or '<root>'} cannot be a rotation unit: "
                              f"{problem}")
+        elif problem != "already sharded":  # (by an earlier shard(): not ours to report)
+            not_units[parent or "<root>"] = problem
+    return not_units
 
 
 def _local_ids(sharded: Dict[str, nn.Module]) -> set:

@@ -100,8 +100,10 @@ def _why_param(model, mname, mod, pname) -> str:
 
 
 def report(entries: List[LeftWhole], full_numel: int, resident: int, world: int, rank: int,
-           n_sharded: int) -> str:
-    """The human-readable coverage table."""
+           n_sharded: int, not_units: Optional[Dict[str, str]] = None) -> str:
+    """The human-readable coverage table (and the rotation units ``tp_plan="auto"`` named
+    but could not form, ``not_units``: module name -> why; their layers are sharded one by
+    one)."""
     pct = (lambda n: f"{100.0 * n / full_numel:.1f}%") if full_numel else (lambda n: "-")
     whole = sum(e.numel for e in entries)
     lines = [f"RSDP over {world} rank(s): {n_sharded} module(s) sharded; rank {rank} holds "
@@ -114,4 +116,10 @@ def report(entries: List[LeftWhole], full_numel: int, resident: int, world: int,
         s = max(len(str(e.shape)) for e in entries)
         for e in sorted(entries, key=lambda e: -e.numel):
             lines.append(f"  {e.name:<{w}}  {str(e.shape):<{s}}  {e.numel:>10,}  {e.reason}")
+    if not_units:
+        lines.append(f"not rotation units (tp_plan='auto'; their layers are sharded one by one): "
+                     f"{len(not_units)}")
+        w = max(len(n) for n in not_units)
+        for n, why in not_units.items():
+            lines.append(f"  {n:<{w}}  {why}")
     return "\n".join(lines)
