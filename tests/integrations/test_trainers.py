@@ -32,8 +32,8 @@ HF_CASES = ["none", "rsdp", "rsdp-units", "no_shard", "shard_optim", "full_shard
             "hybrid_shard", "rotate", "split:2", "mix", "auto", "none+bf16", "rotate+bf16"]
 RESUME_AT_1 = ["none", "rotate", "mix", "shard_optim"]
 ACCELERATE_CASES = ["none", "rotate", "mix"]
-LIGHTNING_CASES = ["none", "rsdp", "no_shard", "shard_optim", "full_shard", "shard_grad_op",
-                   "hybrid_shard", "rotate", "split:2", "mix", "auto"]
+LIGHTNING_CASES = ["none", "rsdp", "rsdp-units", "no_shard", "shard_optim", "full_shard",
+                   "shard_grad_op", "hybrid_shard", "rotate", "split:2", "mix", "auto"]
 
 
 def _torchrun(nproc: int, script: str, *args, timeout=900):
