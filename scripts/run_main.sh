@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Sets everything up, then runs the main job on CPU ranks (about 9 minutes after set-up on
+# Sets everything up, then runs the main job on CPU ranks (5-9 minutes after set-up on
 # 2 cores), printing each comparison against the stock backend (gloo):
 #   1. fine-tuning a Hugging Face Llama (1 M parameters, built from a config) on chess games
 #      the project generates, one rank per core (--nproc N to change it): RSDP, FSDP2 over
 #      rsdp and over gloo, DDP and the planner's plan (its explanation and its in-place check
-#      against the best uniform plans printed), from the same weights on the same batches --
+#      against the best uniform plans printed), from the same weights on the same batches, taking turns step by step --
 #      progress, then one table (tokens/s, memory per rank split, losses, legal next moves),
 #      JSON and plots in examples/results/;
 #   2. the same fine-tuning where the weights dominate memory (--preset weights: a wider
