@@ -4,9 +4,9 @@
 #   1. fine-tuning a Hugging Face Llama (1 M parameters, built from a config) on chess games
 #      the project generates, one rank per core (--nproc N to change it): RSDP, FSDP2 over
 #      rsdp and over gloo, DDP and the planner's plan (its explanation and its in-place check
-#      against the best uniform plans printed), from the same weights on the same batches, taking turns step by step --
-#      progress, then one table (tokens/s, memory per rank split, losses, legal next moves),
-#      JSON and plots in examples/results/;
+#      against the best uniform plans printed), from the same weights on the same batches,
+#      taking turns step by step -- progress, then one table (tokens/s, memory per rank
+#      split, losses, legal next moves), JSON and plots in examples/results/;
 #   2. the same fine-tuning where the weights dominate memory (--preset weights: a wider
 #      Llama, 15.7 M parameters, 2 games per rank) with RSDP, FSDP2 and DDP: RSDP's peak
 #      memory per rank is well below both; table, JSON and plots in examples/results/weights/;
