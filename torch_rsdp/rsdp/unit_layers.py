@@ -39,6 +39,7 @@ from torch.distributed.tensor import DTensor
 from .flat_shard import FlatLayout, chunk_sizes
 from .ring_feedback import RingFeedback
 from .shard_state import ShardState
+from .sharded_linear import _LinearFn
 
 __all__ = ["LayerView", "make_layer_views", "by_layers", "layers_forward", "layer_forward"]
 
@@ -139,7 +140,5 @@ def layers_forward(unit: nn.Module, args, kwargs):
 def layer_forward(mod: nn.Module, x: torch.Tensor) -> torch.Tensor:
     """Forward of ``mod``, a unit's layer, as a sharded Linear on its :class:`LayerView`
     (the row-split layer's bias is the unit's to add)."""
-    from .sharded_linear import _LinearFn  # sharded_linear imports this package's blocks
-
     bias = mod.bias if mod._rsdp_split == "out" else None
     return _LinearFn.apply(x, mod.weight, bias, mod)
