@@ -228,7 +228,8 @@ class Run:
         self.group, self.device, self.data = group, device, data
         self.recovery = recovery  # --on-failure shrink: training_recovery.ShrinkOnFailure
         self.turns = [self]  # the runs taking turns with this one (--compare), itself included
-        self.spent, self.done, self.todo = 0.0, 0, 0  # this run's own seconds and steps
+        # this run's own seconds, steps done and steps it will train (for the time left)
+        self.spent, self.done, self.planned = 0.0, 0, 0
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.log = print if dist.get_rank() == 0 else (lambda *a, **k: None)
 
@@ -336,7 +337,7 @@ class Run:
         times, losses, mem = [], [], None
         skip = min(a.skip_steps, max(0, a.steps - start - 2))  # >= 1 timed step if possible
         spent = 0.0  # this run's own time: the others' turns in between are not counted
-        self.todo = a.steps - start
+        self.planned = a.steps - start
         for step in range(start, a.steps):
             t_turn = time.perf_counter()
             last = step == a.steps - 1
@@ -430,7 +431,7 @@ class Run:
 
     def left_s(self) -> float:
         """Seconds this run's remaining steps should take, at its pace so far."""
-        return (self.todo - self.done) * self.spent / self.done if self.done else 0.0
+        return (self.planned - self.done) * self.spent / self.done if self.done else 0.0
 
     def fail_here(self, step: int) -> bool:
         """--fail-at-step: this rank dies after ``step``, on the first attempt only (neither

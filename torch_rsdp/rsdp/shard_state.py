@@ -30,7 +30,7 @@ from .memory import alloc_buffer, release_buffers
 from .ring_feedback import RingFeedback
 from .ring_order import Ring
 
-__all__ = ["ShardState"]
+__all__ = ["ShardState", "grads_like_params", "owner_of"]
 
 
 class ShardState:
@@ -68,7 +68,7 @@ class ShardState:
                 view = self.layout.view(self.flat, n, r)
                 view.copy_(take(n, old, r))
                 requires_grad = old.requires_grad if isinstance(old, nn.Parameter) else True
-                owner, attr = _owner(module, n)
+                owner, attr = owner_of(module, n)
                 lay = self.chunk_layout(n)
                 p = (nn.Parameter(view, requires_grad=requires_grad) if lay is None else
                      dtensor_param(view, mesh, [Shard(lay[0])], lay[1], requires_grad))
@@ -89,7 +89,7 @@ class ShardState:
 
     # ----------------------------------------------------------------------------------------
     def param(self, name: str) -> nn.Parameter:
-        owner, attr = _owner(self.module_ref, name)
+        owner, attr = owner_of(self.module_ref, name)
         return getattr(owner, attr)
 
     def assemble(self, name: str, shards: list) -> torch.Tensor:
@@ -102,7 +102,7 @@ class ShardState:
         """``[(name, module holding it, attribute)]``, resolved once."""
         owners = self.__dict__.get("_owner_list")
         if owners is None:
-            owners = self._owner_list = [(n, *_owner(self.module_ref, n)) for n in self.names]
+            owners = self._owner_list = [(n, *owner_of(self.module_ref, n)) for n in self.names]
         return owners
 
     def local_flat(self) -> torch.Tensor:
@@ -156,22 +156,29 @@ class ShardState:
     def grads_from(self, acc: torch.Tensor) -> Dict[str, torch.Tensor]:
         """Per-parameter gradients (views of ``acc``, averaged over the group like DDP), cast
         to the parameter dtype."""
-        acc.div_(self.ring.world)
-        if acc.dtype != self.flat.dtype:
-            acc = acc.to(self.flat.dtype)
-        out = {}
-        lay, r = self.layout, self.ring.rank
-        for n, owner, attr in self._owners():
-            # autograd wants a gradient of the parameter's kind: a DTensor of the parameter's
-            # spec, built directly (DTensor.from_local's checks and autograd node cost more
-            # than the rest of a small layer's bookkeeping)
-            p = owner._parameters[attr]
-            v = lay.view(acc, n, r)
-            out[n] = DTensor(v, p._spec, requires_grad=False) if isinstance(p, DTensor) else v
-        return out
+        return grads_like_params(acc, self.ring, self.flat.dtype, self.layout, self._owners())
 
 
-def _owner(module: nn.Module, name: str):
+def grads_like_params(acc: torch.Tensor, ring: Ring, dtype: torch.dtype, layout: FlatLayout,
+                      owners) -> Dict[str, torch.Tensor]:
+    """``acc`` (a flat gradient sum over ``ring``, laid out as ``layout``) averaged and cast to
+    ``dtype``, as one gradient per ``(name, module, attribute)`` of ``owners``: a view of
+    ``acc`` of that parameter's kind."""
+    acc.div_(ring.world)
+    if acc.dtype != dtype:
+        acc = acc.to(dtype)
+    out = {}
+    for n, owner, attr in owners:
+        # autograd wants a gradient of the parameter's kind: a DTensor of the parameter's
+        # spec, built directly (DTensor.from_local's checks and autograd node cost more
+        # than the rest of a small layer's bookkeeping)
+        p = owner._parameters[attr]
+        v = layout.view(acc, n, ring.rank)
+        out[n] = DTensor(v, p._spec, requires_grad=False) if isinstance(p, DTensor) else v
+    return out
+
+
+def owner_of(module: nn.Module, name: str):
     """(module holding parameter ``name``, its attribute name) for a possibly dotted name."""
     path, _, attr = name.rpartition(".")
     return (module.get_submodule(path) if path else module), attr

@@ -34,11 +34,10 @@ from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
-from torch.distributed.tensor import DTensor
 
 from .flat_shard import FlatLayout, chunk_sizes
 from .ring_feedback import RingFeedback
-from .shard_state import ShardState
+from .shard_state import ShardState, grads_like_params, owner_of
 from .sharded_linear import _LinearFn
 
 __all__ = ["LayerView", "make_layer_views", "by_layers", "layers_forward", "layer_forward"]
@@ -58,7 +57,8 @@ class LayerView:
         names = {"weight": key + ".weight"}
         if key + ".bias" in lay.shapes:  # a column-split layer's bias is sharded with its rows
             names["bias"] = key + ".bias"
-        self.names = names
+        # (name here, module holding the unit's parameter, its attribute), resolved once
+        self.owners = [(n, *owner_of(unit_state.module_ref, full)) for n, full in names.items()]
         self.layout = FlatLayout({n: lay.shapes[full] for n, full in names.items()})
         self.start = lay.offsets[names["weight"]]
         self.stop = self.start + self.layout.numel
@@ -81,21 +81,13 @@ class LayerView:
         return self.local_flat()  # by_layers: no param_dtype cast
 
     def release(self, src: torch.Tensor) -> None:
-        pass  # a view of the unit's storage
+        """Nothing to give back: ``src`` is a view of the unit's storage, never a buffer."""
 
     def grads_from(self, acc: torch.Tensor) -> Dict[str, torch.Tensor]:
         """The layer's gradients (views of ``acc``, averaged over the group) as the unit's
         parameters' kind: DTensors of their spec."""
-        acc.div_(self.ring.world)
-        dt = self.unit.flat.dtype
-        if acc.dtype != dt:
-            acc = acc.to(dt)
-        out, r = {}, self.ring.rank
-        for n, full in self.names.items():
-            p = self.unit.param(full)
-            v = self.layout.view(acc, n, r)
-            out[n] = DTensor(v, p._spec, requires_grad=False) if isinstance(p, DTensor) else v
-        return out
+        return grads_like_params(acc, self.ring, self.unit.flat.dtype, self.layout,
+                                 self.owners)
 
 
 def make_layer_views(unit: nn.Module, members, ring) -> Optional[Dict[nn.Module, LayerView]]:
