@@ -12,6 +12,7 @@
 #include "algorithms/group_comm.h"
 #include "algorithms/hierarchical.h"
 #include "algorithms/net/net_algorithms.h"
+#include "algorithms/select.h"
 
 namespace rsdp {
 namespace coll {
@@ -29,7 +30,7 @@ std::vector<T> in_ring_order(const std::vector<int>& ring, const T* by_rank) {
 
 bool applies_always(const Choice&) { return true; }
 
-bool fits_staging_half(const Choice& c) { return c.bytes <= c.shm_half_bytes; }
+bool fits_staging_half(const Choice& c) { return c.bytes <= c.half_bytes; }
 
 // Rails pair the ranks of equal local rank, so allreduce, allgather and
 // reduce_scatter need nodes of equal size; the rooted ops and the barrier
@@ -44,13 +45,21 @@ bool hier_applies(const Choice& c) {
   }
 }
 
+namespace {
+
+// The single-node rows run on the group's shared memory, or on the device
+// transport the op was handed with.
+Staging& node(const CollArgs& a) { return a.node ? *a.node : *a.g.shm; }
+
+}  // namespace
+
 void run_shm(const CollArgs& a) {
-  ShmComm& c = *a.g.shm;
+  Staging& c = node(a);
   switch (a.op) {
     case OpKind::kBroadcast: return algo::broadcast(c, a.buf, a.count, a.dt, a.root, a.timeout);
     case OpKind::kReduce:
-      return algo::reduce(c, a.buf, a.count, a.dt, a.redop, a.root, a.g.opts.oneshot_bytes,
-                          a.timeout);
+      return algo::reduce(c, a.buf, a.count, a.dt, a.redop, a.root,
+                          oneshot_bytes(a.g.opts, a.node != nullptr), a.timeout);
     case OpKind::kAllgather: return algo::allgather(c, a.in, a.outs, a.counts, a.dt, a.timeout);
     case OpKind::kGather: return algo::gather(c, a.in, a.outs, a.count, a.dt, a.root, a.timeout);
     case OpKind::kScatter: return algo::scatter(c, a.ins, a.out, a.count, a.dt, a.root, a.timeout);
@@ -65,11 +74,11 @@ void run_shm(const CollArgs& a) {
 
 // algo::allreduce picks by threshold: the largest forces one-shot, 0 rs_ag.
 void run_oneshot(const CollArgs& a) {
-  algo::allreduce(*a.g.shm, a.buf, a.count, a.dt, a.redop, SIZE_MAX, a.timeout);
+  algo::allreduce(node(a), a.buf, a.count, a.dt, a.redop, SIZE_MAX, a.timeout);
 }
 
 void run_rs_ag(const CollArgs& a) {
-  algo::allreduce(*a.g.shm, a.buf, a.count, a.dt, a.redop, 0, a.timeout);
+  algo::allreduce(node(a), a.buf, a.count, a.dt, a.redop, 0, a.timeout);
 }
 
 void run_hier(const CollArgs& a) {

@@ -7,7 +7,8 @@ namespace rsdp {
 namespace {
 
 constexpr AlgoEntry kEntries[] = {
-#define RSDP_ALGORITHM(id, name, where, ops, forceable, applies, run) {coll::applies, coll::run},
+#define RSDP_ALGORITHM(id, name, where, memory, ops, forceable, applies, run) \
+  {coll::applies, coll::run},
 #include "algorithms/algorithms.def"
 #undef RSDP_ALGORITHM
 };

@@ -43,6 +43,9 @@ constexpr uint32_t op_set(K... kinds) {
 }
 
 enum class Where : uint8_t { kOneNode, kSeveralNodes };
+enum class Memory : uint8_t { kHost, kHostOrDevice };
+
+class Staging;
 
 enum class Algo : uint8_t {
 #define RSDP_ALGORITHM(id, ...) id,
@@ -54,14 +57,15 @@ struct AlgoInfo {
   Algo id;
   const char* name;
   Where where;
+  Memory memory;
   uint32_t ops;  // op_bit()s
   bool forceable;
   bool serves(OpKind op) const { return (ops & op_bit(op)) != 0; }
 };
 
 inline constexpr AlgoInfo kAlgos[] = {
-#define RSDP_ALGORITHM(id, name, where, ops, forceable, ...) \
-  {Algo::id, name, Where::where, ops, forceable},
+#define RSDP_ALGORITHM(id, name, where, memory, ops, forceable, ...) \
+  {Algo::id, name, Where::where, Memory::memory, ops, forceable},
 #include "algorithms/algorithms.def"
 #undef RSDP_ALGORITHM
 };
@@ -115,23 +119,29 @@ struct CollArgs {
   const uint64_t* recv_bytes = nullptr;
   // Across nodes: block-quantised between nodes (set by the dispatch).
   QuantBits bits = QuantBits::kNone;
+  // The staging transport of the single-node rows: the group's shared
+  // memory when null, else a device's (coll::run_on_device).
+  Staging* node = nullptr;
 };
 
-// What a choice depends on; `bytes` is the op's total payload.
+// What a choice depends on; `bytes` is the op's total payload, `half_bytes`
+// the staging half of the transport the single-node rows would run on.
 struct Choice {
   OpKind op;
   size_t bytes;
   const Topology& topo;
   const Options& opts;
-  size_t shm_half_bytes;
+  size_t half_bytes;
+  Where where;       // where the op runs: a node stage is kOneNode in any group
+  bool device;       // the buffers are device memory
 };
 
 // The entry points the rows name, defined in each algorithm's own file
 // (algorithm_entries.cpp: those of the shared-memory, hierarchical and flat
 // network algorithms).
 namespace coll {
-#define RSDP_ALGORITHM(id, name, where, ops, forceable, applies, run) \
-  bool applies(const Choice& c);                                      \
+#define RSDP_ALGORITHM(id, name, where, memory, ops, forceable, applies, run) \
+  bool applies(const Choice& c);                                              \
   void run(const CollArgs& a);
 #include "algorithms/algorithms.def"
 #undef RSDP_ALGORITHM

@@ -1,27 +1,25 @@
-// Allreduce as reduce-scatter + all-gather through shared memory, for large
-// messages.
+// Allreduce as reduce-scatter + all-gather through the staging halves, for
+// large messages.
 //
 // The buffer is cut into segments of n slots (a slot is half/n bytes); in a
 // segment, chunk p is the part rank p reduces. Per segment:
 //   step A  every rank stages the chunks of the others (its chunk stays put);
 //   reduce  rank p reduces chunk p from its own buffer and the n-1 staged
-//           copies into its next staging half, and copies the result home;
+//           copies into its slot of the next half, and copies the result home;
 //   step B  after the exchange every rank copies the other n-1 reduced chunks.
 // Each rank moves (n-1)/n*S in, reduces S/n, moves (n-1)/n*S out: the same
-// bytes as a ring, with 2 synchronisations per segment instead of 2(n-1). The
-// staging halves are small enough to stay in the shared L3 cache, so main
-// memory sees roughly one read and one write of the user's buffer.
-#include <cstring>
+// bytes as a ring, with 2 synchronisations per segment instead of 2(n-1). On
+// the host the staging halves are small enough to stay in the shared L3
+// cache, so main memory sees roughly one read and one write of the buffer.
 #include <vector>
 
 #include "algorithms/algorithms.h"
-#include "core/reduce_kernels.h"
 #include "patterns/chunks.h"
 
 namespace rsdp {
 namespace algo {
 
-void allreduce_rs_ag(ShmComm& c, void* buf, size_t count, DType dt, RedOp op) {
+void allreduce_rs_ag(Staging& c, void* buf, size_t count, DType dt, RedOp op) {
   const int n = c.size(), me = c.rank();
   const size_t es = dtype_size(dt);
   const size_t sub = slot_elems(c.half_bytes(), n, es);
@@ -35,17 +33,17 @@ void allreduce_rs_ag(ShmComm& c, void* buf, size_t count, DType dt, RedOp op) {
 
     char* st = c.stage();
     for (int p = 0; p < n; ++p)
-      if (p != me) std::memcpy(st + p * sub * es, at(p), len(p) * es);
+      if (p != me) c.copy(st + p * sub * es, at(p), len(p) * es);
     c.exchange((seg - len(me)) * es);
 
     for (int q = 0; q < n; ++q) srcs[q] = q == me ? at(me) : c.peer(q) + me * sub * es;
     char* mine = c.stage() + me * sub * es;
-    reduce_n(mine, srcs.data(), n, len(me), dt, op, n);
-    std::memcpy(at(me), mine, len(me) * es);
+    c.reduce(mine, srcs.data(), n, len(me), dt, op, n, nullptr);
+    c.copy(at(me), mine, len(me) * es);
     c.exchange(len(me) * es);
 
     for (int p = 0; p < n; ++p)
-      if (p != me) std::memcpy(at(p), c.peer(p) + p * sub * es, len(p) * es);
+      if (p != me) c.copy(at(p), c.peer(p) + p * sub * es, len(p) * es);
     base += sub * n;
   } while (base < count);
 }

@@ -22,7 +22,8 @@ namespace coll {
 namespace {
 
 Algo pick(GroupComm& g, OpKind op, size_t bytes) {
-  return select_algo(op, bytes, g.topo, g.opts, g.shm->half_bytes());
+  const Where where = g.multi_node() ? Where::kSeveralNodes : Where::kOneNode;
+  return select_algo({op, bytes, g.topo, g.opts, g.shm->half_bytes(), where, false});
 }
 
 // How an op crosses nodes under the group's compression: quantised only
@@ -60,13 +61,16 @@ uint64_t total(const uint64_t* counts, int n) {
   return t;
 }
 
+uint64_t payload_bytes(const CollArgs& a, int n) {
+  return (a.counts ? total(a.counts, n) : a.count) * dtype_size(a.dt);
+}
+
 // Runs the op on the algorithm select_algo() picks, through its row of the
 // table. Across nodes the op is first numbered on the network; the
 // shared-memory algorithms begin their own op.
 void dispatch(CollArgs a) {
   GroupComm& g = a.g;
-  const uint64_t count = a.counts ? total(a.counts, g.size()) : a.count;
-  Algo algo = pick(g, a.op, count * dtype_size(a.dt));
+  Algo algo = pick(g, a.op, payload_bytes(a, g.size()));
   if (g.multi_node()) {
     // Compressed: the hierarchical algorithm (small messages stay exact on
     // the leaders' path, where rounds cost more than bytes).
@@ -84,6 +88,13 @@ void dispatch(CollArgs a) {
 }
 
 }  // namespace
+
+void run_on_device(Staging& s, CollArgs a) {
+  a.node = &s;
+  const Algo algo = select_algo({a.op, payload_bytes(a, s.size()), a.g.topo, a.g.opts,
+                                 s.half_bytes(), Where::kOneNode, true});
+  algo_entry(algo).run(a);
+}
 
 void broadcast(GroupComm& g, void* buf, size_t count, DType dt, int root, Millis timeout) {
   if (g.device_op) return g.device->broadcast(buf, count, dt, root, timeout);

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "algorithms/algorithm_table.h"
 #include "algorithms/group_comm.h"
 
 namespace rsdp {
@@ -40,6 +41,12 @@ void barrier(GroupComm& g, Millis timeout);
 void ring_shift(GroupComm& g, const std::vector<int>& order, const void* send, void* recv,
                 size_t count, DType dt, int direction, const void* add, Millis timeout,
                 float* residual = nullptr);
+
+// A node stage on device buffers (CUDA IPC, the emulated device): the
+// single-node rows of the table over `s`, chosen by the same selection
+// (its device column and RSDP_ALGO_<OP>). `a` names the op as the entries
+// above would (a.g supplies the options); arrays are indexed by s's ranks.
+void run_on_device(Staging& s, CollArgs a);
 
 }  // namespace coll
 }  // namespace rsdp

@@ -4,20 +4,19 @@
 // all n copies (rank order) into its buffer.
 // Large messages: the reduce-scatter half of allreduce_rs_ag (rank p reduces
 // chunk p of each segment into its staging half), then the root copies the
-// n-1 reduced chunks of the others. The work is spread over all ranks instead
-// of the root reading n*S bytes alone. Non-root buffers are never written.
+// n-1 reduced chunks of the others (its own chunk needs no staging). The work
+// is spread over all ranks instead of the root reading n*S bytes alone.
+// Non-root buffers are never written.
 #include <algorithm>
-#include <cstring>
 #include <vector>
 
 #include "algorithms/algorithms.h"
-#include "core/reduce_kernels.h"
 #include "patterns/chunks.h"
 
 namespace rsdp {
 namespace algo {
 
-void reduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, int root,
+void reduce(Staging& c, void* buf, size_t count, DType dt, RedOp op, int root,
             size_t oneshot_bytes, Millis timeout) {
   const int n = c.size(), me = c.rank();
   const size_t es = dtype_size(dt);
@@ -32,11 +31,11 @@ void reduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, int root,
     return;
   }
   if (oneshot) {
-    std::memcpy(c.stage(), data, count * es);
+    c.copy(c.stage(), data, count * es);
     c.exchange(me == root ? 0 : count * es);
     if (me == root) {
       for (int p = 0; p < n; ++p) srcs[p] = c.peer(p);
-      reduce_n(data, srcs.data(), n, count, dt, op, n);
+      c.reduce(data, srcs.data(), n, count, dt, op, n, nullptr);
     }
     return;
   }
@@ -50,17 +49,20 @@ void reduce(ShmComm& c, void* buf, size_t count, DType dt, RedOp op, int root,
 
     char* st = c.stage();
     for (int p = 0; p < n; ++p)
-      if (p != me) std::memcpy(st + p * sub * es, at(p), len(p) * es);
+      if (p != me) c.copy(st + p * sub * es, at(p), len(p) * es);
     c.exchange((seg - len(me)) * es);
 
     for (int q = 0; q < n; ++q) srcs[q] = q == me ? at(me) : c.peer(q) + me * sub * es;
-    void* dst = me == root ? static_cast<void*>(at(me)) : c.stage() + me * sub * es;
-    reduce_n(dst, srcs.data(), n, len(me), dt, op, n);
+    // The next half's own slot: staged for the root by the others, scratch
+    // for the root (whose result aliases its own source at(me)).
+    char* mine = c.stage() + me * sub * es;
+    void* dst = me == root ? static_cast<void*>(at(me)) : mine;
+    c.reduce(dst, srcs.data(), n, len(me), dt, op, n, mine);
     c.exchange(me == root ? 0 : len(me) * es);
 
     if (me == root)
       for (int p = 0; p < n; ++p)
-        if (p != me) std::memcpy(at(p), c.peer(p) + p * sub * es, len(p) * es);
+        if (p != me) c.copy(at(p), c.peer(p) + p * sub * es, len(p) * es);
     base += sub * n;
   } while (base < count);
 }

@@ -3,19 +3,19 @@
 namespace rsdp {
 namespace {
 
-// Whether `a` can run the op on this group.
+// Whether `a` can run the op here.
 bool can_run(const AlgoInfo& a, const Choice& c) {
-  const Where here = c.topo.num_nodes() == 1 ? Where::kOneNode : Where::kSeveralNodes;
-  return a.where == here && a.serves(c.op) && algo_entry(a.id).applies(c);
+  const bool memory_ok = !c.device || a.memory == Memory::kHostOrDevice;
+  return a.where == c.where && memory_ok && a.serves(c.op) && algo_entry(a.id).applies(c);
 }
 
 // The policy without RSDP_ALGO_<OP>.
 Algo automatic(const Choice& c) {
   const Topology& topo = c.topo;
-  if (topo.num_nodes() == 1) {
+  if (c.where == Where::kOneNode) {
     if (c.op != OpKind::kAllreduce) return Algo::kShm;
-    return c.bytes <= c.opts.oneshot_bytes && c.bytes <= c.shm_half_bytes ? Algo::kOneshot
-                                                                          : Algo::kRsAg;
+    return c.bytes <= oneshot_bytes(c.opts, c.device) && c.bytes <= c.half_bytes ? Algo::kOneshot
+                                                                                 : Algo::kRsAg;
   }
   // Several nodes.
   switch (c.op) {
@@ -42,10 +42,8 @@ Algo automatic(const Choice& c) {
 
 }  // namespace
 
-Algo select_algo(OpKind op, size_t bytes, const Topology& topo, const Options& opts,
-                 size_t shm_half_bytes) {
-  const Choice c{op, bytes, topo, opts, shm_half_bytes};
-  const AlgoInfo* forced = find_algo(op, opts.forced_algo(op));
+Algo select_algo(const Choice& c) {
+  const AlgoInfo* forced = find_algo(c.op, c.opts.forced_algo(c.op));
   if (forced && can_run(*forced, c)) return forced->id;
   return automatic(c);
 }

@@ -1,9 +1,10 @@
 // Picks a collective's algorithm (a row of algorithm_table.h) from (op,
-// bytes, topology) and the RSDP_ALGO_<OP> overrides. A forced name that
-// does not apply to the group (a single-node algorithm on several nodes, a
-// hierarchical one on nodes of unequal size; the row's `where` and
-// `applies`) falls back to the automatic choice, as UCC does for
-// unsupported algorithms.
+// bytes, where it runs, host or device memory) and the RSDP_ALGO_<OP>
+// overrides, for host and device buffers alike. A forced name that does not
+// apply (a single-node algorithm on several nodes, a hierarchical one on
+// nodes of unequal size, a host-only row for device buffers; the row's
+// `where`, `memory` and `applies`) falls back to the automatic choice, as UCC
+// does for unsupported algorithms.
 #pragma once
 
 #include <cstddef>
@@ -15,8 +16,12 @@
 
 namespace rsdp {
 
-// `bytes` is the op's total payload (for allreduce: the buffer).
-Algo select_algo(OpKind op, size_t bytes, const Topology& topo, const Options& opts,
-                 size_t shm_half_bytes);
+Algo select_algo(const Choice& c);
+
+// The one-shot allreduce threshold for host or device buffers
+// (RSDP_ONESHOT_BYTES, RSDP_CUDA_ONESHOT_BYTES).
+inline size_t oneshot_bytes(const Options& opts, bool device) {
+  return device ? opts.cuda_oneshot_bytes : opts.oneshot_bytes;
+}
 
 }  // namespace rsdp

@@ -92,7 +92,8 @@ std::shared_ptr<RingStep> BackendRSDP::ring_step(const at::Tensor& send, const a
     std::lock_guard<std::mutex> g(ring_mu_);
     RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", name,
                " called after the process group was shut down");
-    if (comm_->multi_node()) return nullptr;
+    // Across nodes, and over the emulated device, the queued ring_shift serves.
+    if (comm_->multi_node() || comm_->opts.emulate_device()) return nullptr;
     if (open_step_) finish_step_locked(*open_step_);
     if (!queue_->try_reserve()) return nullptr;
     auto step = std::make_shared<RingStep>(

@@ -2,8 +2,8 @@
 // The collective overrides live in backend_collectives.cpp.
 #include "backend/backend_rsdp.h"
 
-
 #include "algorithms/collectives.h"
+#include "algorithms/emulated_collectives.h"
 #include "algorithms/group_comm.h"
 #include "backend/op_queue.h"
 #include "backend/ring_step.h"
@@ -100,8 +100,12 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
   auto work =
       issue(c10::make_intrusive<WorkRSDP>(getRank(), type, ++seq_, std::move(outputs), title));
   GroupComm* comm = comm_.get();
+  Bootstrap* boot = boot_.get();
   const std::string name = title;
-  OpQueue::Task task = [work, comm, name, body = std::move(body)](bool run) mutable {
+  // The test fixture RSDP_EMULATE_DEVICE: CPU tensors of a single-node group
+  // take the device path, over the emulated device.
+  const bool emulated = comm->opts.emulate_device() && !comm->multi_node();
+  OpQueue::Task task = [work, comm, boot, emulated, name, body = std::move(body)](bool run) mutable {
     std::exception_ptr err;
     if (!run) {
       err = std::make_exception_ptr(Error(
@@ -109,11 +113,16 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
     } else {
       work->mark_running();
       try {
+        if (emulated) {
+          if (!comm->device) comm->device = make_emulated_collectives(*comm, *boot);
+          comm->device_op = true;
+        }
         body(*comm);
       } catch (...) {
         err = std::current_exception();
         comm->spread();  // a broken group tells its other nodes
       }
+      comm->device_op = false;
     }
     // Drop the tensors the body captured before waking the waiter, so a
     // buffer freed right after wait() is really freed.

@@ -47,6 +47,19 @@ Options Options::from_env() {
   if (const char* v = env("RSDP_NODE_ID")) o.node_id = v;
   if (const char* v = env("RSDP_CUDA_STAGING_BYTES"))
     o.cuda_staging_bytes = parse_bytes("RSDP_CUDA_STAGING_BYTES", v);
+  if (const char* v = env("RSDP_CUDA_ONESHOT_BYTES"))
+    o.cuda_oneshot_bytes = parse_bytes("RSDP_CUDA_ONESHOT_BYTES", v);
+  if (const char* v = env("RSDP_EMULATE_DEVICE")) {
+    // "0" off, "1" on with the default jitter, "jitter=<us>" on with that jitter.
+    if (std::strcmp(v, "0") != 0) {
+      o.emulate_device_jitter_us = 20;
+      if (std::strncmp(v, "jitter=", 7) == 0) o.emulate_device_jitter_us = std::atoi(v + 7);
+      else
+        RSDP_CHECK(std::strcmp(v, "1") == 0, "environment variable RSDP_EMULATE_DEVICE='", v,
+                   "' must be 0, 1 or jitter=<microseconds>");
+      RSDP_CHECK(o.emulate_device_jitter_us >= 0, "RSDP_EMULATE_DEVICE: jitter must be >= 0");
+    }
+  }
   // `v` must be one of `names` (space-separated).
   auto check_choice = [](const char* var, const char* v, const std::string& names) {
     RSDP_CHECK((" " + names + " ").find(std::string(" ") + v + " ") != std::string::npos,

@@ -38,6 +38,15 @@ struct Options {
   // every rank of the node has its own GPU, else CUDA IPC), "ipc" or "nccl".
   size_t cuda_staging_bytes = 64u << 20;
   std::string cuda_intra = "auto";
+  // Device allreduce messages up to this size use the one-shot algorithm
+  // (reading every peer's copy costs less on a GPU than a second exchange).
+  size_t cuda_oneshot_bytes = 256u << 10;
+  // Test fixture: collectives on CPU tensors of a single-node group run the
+  // device path over the emulated device (transport/emu) instead of shared
+  // memory, with this much random delay (microseconds) before each queued
+  // operation of its stream. Off (-1) by default.
+  int emulate_device_jitter_us = -1;
+  bool emulate_device() const { return emulate_device_jitter_us >= 0; }
 
   static Options from_env();
 };

@@ -1,16 +1,13 @@
-// ring_shift over one node's shared memory.
+// ring_shift over one node's staging transport (transport/staging.h).
 //
 // Per step each rank stages up to `half` bytes of its send buffer and posts
 // it; once its ring predecessor (in the shift's direction) has posted the same
 // step, it copies (or, for ring_shift_reduce, adds into) its receive buffer
 // from that neighbour's half. Every rank writes S and reads S per rotation: the
-// minimum for moving S bytes between processes through shared memory. A step
-// waits for the two neighbours only (shm_comm.h).
+// minimum for moving S bytes between processes through staging memory. On
+// shared memory a step waits for the two neighbours only (shm_comm.h).
 #include "primitives/ring_shift.h"
 
-#include <cstring>
-
-#include "core/reduce_kernels.h"
 #include "patterns/chunks.h"
 
 namespace rsdp {
@@ -19,13 +16,13 @@ namespace {
 void stage_segment(RingShiftOp& op) {
   const size_t n = clip(op.bytes, op.off, op.seg);
   char* stage = op.c->ring_stage();
-  if (n) std::memcpy(stage, op.in + op.off, n);
+  op.c->copy(stage, op.in + op.off, n);
   op.c->ring_post(n, op.nb.send_to);
 }
 
 }  // namespace
 
-void ring_shift_start(ShmComm& c, RingShiftOp& op, const std::vector<int>& order,
+void ring_shift_start(Staging& c, RingShiftOp& op, const std::vector<int>& order,
                       const void* send, void* recv, size_t count, DType dt, int direction,
                       const void* add, std::chrono::milliseconds timeout) {
   c.begin(OpDesc::ring_shift(dt, count, direction, add != nullptr), timeout);
@@ -43,16 +40,16 @@ void ring_shift_start(ShmComm& c, RingShiftOp& op, const std::vector<int>& order
 }
 
 void ring_shift_finish(RingShiftOp& op) {
-  ShmComm& c = *op.c;
+  Staging& c = *op.c;
   for (;;) {
     const size_t n = clip(op.bytes, op.off, op.seg);
     c.ring_wait(op.nb.recv_from);
     const char* theirs = c.peer(op.nb.recv_from);
     if (op.extra) {
       const void* srcs[2] = {theirs, op.extra + op.off};
-      if (n) reduce_n(op.out + op.off, srcs, 2, n / op.es, op.dt, RedOp::kSum, 1);
-    } else if (n) {
-      std::memcpy(op.out + op.off, theirs, n);
+      c.reduce(op.out + op.off, srcs, 2, n / op.es, op.dt, RedOp::kSum, 1, nullptr);
+    } else {
+      c.copy(op.out + op.off, theirs, n);
     }
     op.off += op.seg;
     if (op.off >= op.bytes) return;
@@ -60,7 +57,7 @@ void ring_shift_finish(RingShiftOp& op) {
   }
 }
 
-void ring_shift(ShmComm& c, const std::vector<int>& order, const void* send, void* recv,
+void ring_shift(Staging& c, const std::vector<int>& order, const void* send, void* recv,
                 size_t count, DType dt, int direction, const void* add,
                 std::chrono::milliseconds timeout) {
   RingShiftOp op;

@@ -10,7 +10,7 @@
 
 #include "core/dtype.h"
 #include "patterns/ring_order.h"
-#include "transport/shm/shm_comm.h"
+#include "transport/staging.h"
 
 namespace rsdp {
 
@@ -18,10 +18,10 @@ namespace rsdp {
 // (element-wise SUM, float16/bfloat16 accumulated in float32). `send` is staged
 // before anything is received, so recv may alias send (an in-place rotation
 // needs no second buffer). All ranks must pass the same count, dtype and
-// direction. `order` is the ring (see patterns/ring_order.h). Every step waits
-// only for the two ring neighbours ([Note: ring steps wait for neighbours only]
-// in shm_comm.h).
-void ring_shift(ShmComm& c, const std::vector<int>& order, const void* send, void* recv,
+// direction. `order` is the ring (see patterns/ring_order.h). On shared memory
+// every step waits only for the two ring neighbours ([Note: ring steps wait
+// for neighbours only] in shm_comm.h); device transports run collective steps.
+void ring_shift(Staging& c, const std::vector<int>& order, const void* send, void* recv,
                 size_t count, DType dt, int direction, const void* add,
                 std::chrono::milliseconds timeout);
 
@@ -31,7 +31,7 @@ void ring_shift(ShmComm& c, const std::vector<int>& order, const void* send, voi
 // and runs any further segments. Nothing else may use `c` in between; `send`
 // and `add` must stay unchanged and `recv` unread until the finish.
 struct RingShiftOp {
-  ShmComm* c = nullptr;
+  Staging* c = nullptr;
   const char* in = nullptr;
   char* out = nullptr;
   const char* extra = nullptr;
@@ -39,7 +39,7 @@ struct RingShiftOp {
   DType dt{};
   RingNeighbours nb{0, 0};
 };
-void ring_shift_start(ShmComm& c, RingShiftOp& op, const std::vector<int>& order,
+void ring_shift_start(Staging& c, RingShiftOp& op, const std::vector<int>& order,
                       const void* send, void* recv, size_t count, DType dt, int direction,
                       const void* add, std::chrono::milliseconds timeout);
 void ring_shift_finish(RingShiftOp& op);

@@ -62,7 +62,7 @@ def test_host_sources_compile():
         r = subprocess.run(["g++", *flags, *extra, src], capture_output=True, text=True)
         assert r.returncode == 0, f"{os.path.relpath(src, ROOT)} does not compile:\n{r.stderr[-4000:]}"
         checked += 1
-    assert checked >= 10, f"only {checked} CUDA host sources found"
+    assert checked >= 5, f"only {checked} CUDA host sources found"
 
 
 def test_device_reduce_selftest_builds_and_passes_where_a_gpu_is(tmp_path):

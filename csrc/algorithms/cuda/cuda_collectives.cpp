@@ -8,10 +8,11 @@
 
 #include "algorithms/collectives.h"
 #include "algorithms/cuda/host_staged.h"
-#include "algorithms/cuda/ipc_algorithms.h"
 #include "algorithms/cuda/nccl_node.h"
 #include "algorithms/cuda/scratch.h"
 #include "cuda/cuda_check.h"
+#include "primitives/ring_shift.h"
+#include "transport/cuda_ipc/device_scope.h"
 #include "transport/cuda_ipc/ipc_comm.h"
 #include "transport/nccl/nccl_comm.h"
 
@@ -19,11 +20,6 @@ namespace rsdp {
 namespace {
 
 using Millis = std::chrono::milliseconds;
-
-// Below this, an IPC allreduce reduces every peer's whole buffer in one step
-// (one exchange); above, reduce-scatter + all-gather (two exchanges, each
-// rank reads 2/n of the data instead of all of it).
-constexpr size_t kIpcOneshotBytes = 256u << 10;
 
 bool all_equal(const uint64_t* v, int n) {
   return std::all_of(v, v + n, [&](uint64_t x) { return x == v[0]; });
@@ -76,6 +72,16 @@ class CudaCollectives final : public DeviceCollectives {
   // a (dtype, op) that NCCL reduces (which the NCCL node stage then does too).
   bool rails_serve(DType dt, RedOp op) const { return rail_ && nccl_supports(dt, op); }
   HostStaged host() { return HostStaged(g_, stream_); }
+  // The single-node algorithms over CUDA IPC (algorithms/algorithms.h,
+  // chosen by the algorithm table), on the op's stream and device.
+  void ipc_run(CollArgs a) {
+    CudaDeviceScope scope(device_);
+    ipc_->set_stream(stream_);
+    coll::run_on_device(*ipc_, a);
+  }
+  CollArgs args(OpKind op, Millis timeout, DType dt) const {
+    return CollArgs{.g = g_, .op = op, .timeout = timeout, .dt = dt};
+  }
 
   GroupComm& g_;
   int device_;
@@ -147,26 +153,41 @@ void CudaCollectives::abort(const std::string& why) {
 void CudaCollectives::node_reduce_scatter(const void* const* ins, void* out,
                                           const uint64_t* counts, DType dt, RedOp op,
                                           Millis timeout) {
-  if (ipc_) return ipc::reduce_scatter(*ipc_, ins, out, counts, dt, op, timeout, stream_);
+  if (ipc_) {
+    CollArgs a = args(OpKind::kReduceScatter, timeout, dt);
+    a.counts = counts, a.redop = op, a.ins = ins, a.out = out;
+    return ipc_run(a);
+  }
   nccl_node::reduce_scatter(*node_, ins, out, counts, dt, op, stream_);
 }
 
 void CudaCollectives::node_allgather(const void* in, void* const* outs, const uint64_t* counts,
                                      DType dt, Millis timeout) {
-  if (ipc_) return ipc::allgather(*ipc_, in, outs, counts, dt, timeout, stream_);
+  if (ipc_) {
+    CollArgs a = args(OpKind::kAllgather, timeout, dt);
+    a.counts = counts, a.in = in, a.outs = outs;
+    return ipc_run(a);
+  }
   nccl_node::allgather(*node_, in, outs, counts, dt, stream_);
 }
 
 void CudaCollectives::node_broadcast(void* buf, size_t count, DType dt, int root,
                                      Millis timeout) {
-  if (ipc_) return ipc::broadcast(*ipc_, buf, count, dt, root, timeout, stream_);
+  if (ipc_) {
+    CollArgs a = args(OpKind::kBroadcast, timeout, dt);
+    a.count = count, a.root = root, a.buf = buf;
+    return ipc_run(a);
+  }
   node_->broadcast(buf, buf, count, dt, root, stream_);
 }
 
 void CudaCollectives::node_reduce(void* buf, size_t count, DType dt, RedOp op, int root,
                                   Millis timeout) {
-  if (ipc_)
-    return ipc::reduce(*ipc_, buf, count, dt, op, root, kIpcOneshotBytes, timeout, stream_);
+  if (ipc_) {
+    CollArgs a = args(OpKind::kReduce, timeout, dt);
+    a.count = count, a.redop = op, a.root = root, a.buf = buf;
+    return ipc_run(a);
+  }
   node_->reduce(buf, buf, count, dt, op, root, stream_);
 }
 
@@ -174,8 +195,11 @@ void CudaCollectives::node_reduce(void* buf, size_t count, DType dt, RedOp op, i
 
 void CudaCollectives::allreduce(void* buf, size_t count, DType dt, RedOp op, Millis timeout) {
   if (!multi_node()) {
-    if (ipc_)
-      return ipc::allreduce(*ipc_, buf, count, dt, op, kIpcOneshotBytes, timeout, stream_);
+    if (ipc_) {
+      CollArgs a = args(OpKind::kAllreduce, timeout, dt);
+      a.count = count, a.redop = op, a.buf = buf;
+      return ipc_run(a);
+    }
     if (nccl_supports(dt, op)) return node_->allreduce(buf, buf, count, dt, op, stream_);
     return host().allreduce(buf, count, dt, op, timeout);
   }
@@ -286,14 +310,22 @@ void CudaCollectives::reduce_scatter(const void* const* ins, void* out, const ui
 void CudaCollectives::gather(const void* in, void* const* outs, size_t count, DType dt, int root,
                              Millis timeout) {
   if (multi_node()) return host().gather(in, outs, count, dt, root, timeout);
-  if (ipc_) return ipc::gather(*ipc_, in, outs, count, dt, root, timeout, stream_);
+  if (ipc_) {
+    CollArgs a = args(OpKind::kGather, timeout, dt);
+    a.count = count, a.root = root, a.in = in, a.outs = outs;
+    return ipc_run(a);
+  }
   nccl_node::gather(*node_, in, outs, count * dtype_size(dt), root, stream_);
 }
 
 void CudaCollectives::scatter(const void* const* ins, void* out, size_t count, DType dt,
                               int root, Millis timeout) {
   if (multi_node()) return host().scatter(ins, out, count, dt, root, timeout);
-  if (ipc_) return ipc::scatter(*ipc_, ins, out, count, dt, root, timeout, stream_);
+  if (ipc_) {
+    CollArgs a = args(OpKind::kScatter, timeout, dt);
+    a.count = count, a.root = root, a.ins = ins, a.out = out;
+    return ipc_run(a);
+  }
   nccl_node::scatter(*node_, ins, out, count * dtype_size(dt), root, stream_);
 }
 
@@ -301,8 +333,11 @@ void CudaCollectives::alltoall(const void* const* sends, const uint64_t* send_by
                                void* const* recvs, const uint64_t* recv_bytes, DType dt,
                                Millis timeout) {
   if (multi_node()) return host().alltoall(sends, send_bytes, recvs, recv_bytes, dt, timeout);
-  if (ipc_)
-    return ipc::alltoall(*ipc_, sends, send_bytes, recvs, recv_bytes, dt, timeout, stream_);
+  if (ipc_) {
+    CollArgs a = args(OpKind::kAlltoall, timeout, dt);
+    a.sends = sends, a.send_bytes = send_bytes, a.recvs = recvs, a.recv_bytes = recv_bytes;
+    return ipc_run(a);
+  }
   nccl_node::alltoall(*node_, sends, send_bytes, recvs, recv_bytes, stream_);
 }
 
@@ -311,9 +346,12 @@ void CudaCollectives::ring_shift(const std::vector<int>& order, const void* send
                                  Millis timeout) {
   if (multi_node())
     return host().ring_shift(order, send, recv, count, dt, direction, add, timeout);
-  if (ipc_)
-    return ipc::ring_shift(*ipc_, order, send, recv, count, dt, direction, add, timeout,
-                           stream_);
+  if (ipc_) {
+    // Not a row of the table: one algorithm everywhere (primitives/ring_shift.h).
+    CudaDeviceScope scope(device_);
+    ipc_->set_stream(stream_);
+    return rsdp::ring_shift(*ipc_, order, send, recv, count, dt, direction, add, timeout);
+  }
   nccl_node::ring_shift(*node_, order, send, recv, count, dt, direction, add, stream_);
 }
 

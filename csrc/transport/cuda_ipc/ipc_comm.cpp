@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "cuda/cuda_check.h"
+#include "cuda/device_reduce.h"
 #include "transport/cuda_ipc/device_scope.h"
 
 namespace rsdp {
@@ -249,28 +250,46 @@ int IpcComm::ranks_on_my_gpu() const {
   return static_cast<int>(std::count(bus_ids_.begin(), bus_ids_.end(), bus_ids_[rank()]));
 }
 
-void IpcComm::begin(OpDesc desc, std::chrono::milliseconds timeout, cudaStream_t stream) {
+void IpcComm::set_stream(cudaStream_t stream) {
   if (has_stream_ && stream != stream_) {
     // The halves' reuse argument needs one stream; order the new stream after
     // everything queued on the previous one.
     CudaDeviceScope scope(device_);
     const cudaError_t e = cudaEventRecord(switch_, stream_);
     if (e == cudaSuccess) {
-      RSDP_CUDA_CHECK(cudaStreamWaitEvent(stream, switch_, 0), "(", group().me(), ": ",
-                      op_name(desc.kind), " on a new stream)");
+      RSDP_CUDA_CHECK(cudaStreamWaitEvent(stream, switch_, 0), "(", group().me(),
+                      ": a CUDA op on a new stream)");
     } else {
       // The previous stream is gone (destroyed by its owner): whatever it
       // still had queued finishes with the device.
       (void)cudaGetLastError();
-      RSDP_CUDA_CHECK(cudaDeviceSynchronize(), "(", group().me(), ": ", op_name(desc.kind),
-                      " on a new stream after the previous one was destroyed)");
+      RSDP_CUDA_CHECK(cudaDeviceSynchronize(), "(", group().me(),
+                      ": a CUDA op on a new stream after the previous one was destroyed)");
     }
   }
   stream_ = stream;
   has_stream_ = true;
+}
+
+void IpcComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
+  RSDP_CHECK_KIND(ErrorKind::kSystem, has_stream_, group().me(), ": ", op_name(desc.kind),
+                  ": internal error: CUDA-IPC op begun before set_stream()");
   desc.on_device = true;
   shm_.begin(desc, timeout);
 }
+
+void IpcComm::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  RSDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_), "(",
+                  group().me(), ": ", desc().describe(), ", copying ", bytes, " bytes)");
+}
+
+void IpcComm::reduce_pass(void* dst, const void* const* srcs, int nsrc, size_t count, DType dt,
+                          RedOp op, int divisor) {
+  device_reduce_n(dst, srcs, nsrc, count, dt, op, divisor, stream_);
+}
+
+int IpcComm::max_reduce_srcs() const { return kMaxDeviceReduceSrcs; }
 
 char* IpcComm::stage() { return mine_ + (step_ % 2) * half_; }
 

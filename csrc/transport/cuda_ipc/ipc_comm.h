@@ -1,11 +1,14 @@
-// The CUDA-IPC communicator of one node's ranks: the device twin of ShmComm.
+// The CUDA-IPC communicator of one node's ranks: the staging interface
+// (transport/staging.h) over device memory, so the single-node algorithms of
+// algorithms/algorithms.h run on it unchanged.
 //
 // Every rank owns a staging buffer in device memory (two halves, used
 // alternately), exported with cudaIpcGetMemHandle and mapped by every peer
 // of the node, plus one interprocess event per half. Ranks may sit on
 // different GPUs (peer access) or share one GPU.
 //
-// Steps work as in ShmComm, but the GPU runs behind the host:
+// Steps work as in ShmComm, but the GPU runs behind the host: copy() and
+// reduce() queue copies and kernels on the op's stream and return;
 //   stage()    this rank's device half for the next step;
 //   exchange() records the half's "ready" event on the stream, runs the host
 //              exchange of the node's ShmComm (which checks the op descriptor
@@ -45,10 +48,11 @@
 #include "core/group.h"
 #include "core/op_desc.h"
 #include "transport/shm/shm_comm.h"
+#include "transport/staging.h"
 
 namespace rsdp {
 
-class IpcComm {
+class IpcComm final : public Staging {
  public:
   // shm: the node's host comm over the same ranks (same numbering).
   // device: this rank's CUDA device. staging_bytes: both halves together
@@ -60,32 +64,38 @@ class IpcComm {
   IpcComm(const IpcComm&) = delete;
   IpcComm& operator=(const IpcComm&) = delete;
 
-  int rank() const { return shm_.rank(); }
-  int size() const { return shm_.size(); }
-  const Group& group() const { return shm_.group(); }
+  const Group& group() const override { return shm_.group(); }
   // The running op's descriptor (for error messages).
-  const OpDesc& desc() const { return shm_.desc(); }
+  const OpDesc& desc() const override { return shm_.desc(); }
   int device() const { return device_; }
-  size_t half_bytes() const { return half_; }
+  size_t half_bytes() const override { return half_; }
   // Ranks of the node on this rank's GPU (they share its memory bandwidth).
   int ranks_on_my_gpu() const;
 
-  // Starts a collective on `stream`: numbers it, arms its deadline.
-  void begin(OpDesc desc, std::chrono::milliseconds timeout, cudaStream_t stream);
+  // The stream the next ops queue on. A new stream is ordered after
+  // everything queued on the previous one (the halves' reuse argument needs
+  // one chain of work).
+  void set_stream(cudaStream_t stream);
   cudaStream_t stream() const { return stream_; }
-  char* stage();                  // device pointer
-  void exchange(size_t staged = 0);
-  const char* peer(int p) const;  // device pointer, mapped for peers
+  // Starts a collective on the stream: numbers it, arms its deadline.
+  void begin(OpDesc desc, std::chrono::milliseconds timeout) override;
+  char* stage() override;                  // device pointer
+  void exchange(size_t staged = 0) override;
+  const char* peer(int p) const override;  // device pointer, mapped for peers
 
-  // A host-side side channel that travels with the next exchange(): the host
-  // half of the node's ShmComm (at least 64 bytes per rank). Written before
-  // exchange(), the peers' copies are readable by the host after it (e.g.
-  // alltoall's size matrix, which the host must check).
-  char* host_stage() { return shm_.stage(); }
-  const char* host_peer(int p) const { return shm_.peer(p); }
-  size_t host_half_bytes() const { return shm_.half_bytes(); }
+  // The host side channel is the host half of the node's ShmComm.
+  char* host_stage() override { return shm_.stage(); }
+  const char* host_peer(int p) const override { return shm_.peer(p); }
+  size_t host_half_bytes() const override { return shm_.half_bytes(); }
+  // Device to device on the stream (either side may be a peer's half).
+  void copy(void* dst, const void* src, size_t bytes) override;
 
   void abort(const std::string& why) { shm_.abort(why); }
+
+ protected:
+  void reduce_pass(void* dst, const void* const* srcs, int nsrc, size_t count, DType dt,
+                   RedOp op, int divisor) override;
+  int max_reduce_srcs() const override;
 
  private:
   void setup();

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/futex.h"
+#include "core/reduce_kernels.h"
 
 namespace rsdp {
 namespace {
@@ -129,6 +130,15 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
     for (int i = 1; i < group_.size; ++i) wait_step((group_.rank + i) % group_.size, step_);
     lazy_ = false;
   }
+}
+
+void ShmComm::copy(void* dst, const void* src, size_t bytes) {
+  if (bytes && dst != src) std::memcpy(dst, src, bytes);
+}
+
+void ShmComm::reduce_pass(void* dst, const void* const* srcs, int nsrc, size_t count, DType dt,
+                          RedOp op, int divisor) {
+  reduce_n(dst, srcs, nsrc, count, dt, op, divisor);
 }
 
 char* ShmComm::stage() { return seg_->data() + layout_.stage_offset(group_.rank, step_ + 1); }

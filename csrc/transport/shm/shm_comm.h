@@ -48,6 +48,7 @@
 #include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_pool.h"
 #include "transport/shm/shm_segment.h"
+#include "transport/staging.h"
 
 namespace rsdp {
 
@@ -57,39 +58,49 @@ struct RingView {
   size_t cap;
 };
 
-class ShmComm {
+// The staging interface (transport/staging.h) over host shared memory: copies
+// are memcpy and reductions the CPU kernels, on the calling thread.
+class ShmComm final : public Staging {
  public:
   // traffic (optional) counts the bytes this rank stages for its peers.
   ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traffic* traffic = nullptr);
   ~ShmComm();
 
-  const Group& group() const { return group_; }
+  const Group& group() const override { return group_; }
   int rank() const { return group_.rank; }
   int size() const { return group_.size; }
-  size_t half_bytes() const { return layout_.half; }
+  size_t half_bytes() const override { return layout_.half; }
 
   // --- collective steps (one thread at a time) ---
   // Starts a collective: assigns its sequence number, arms its deadline.
   // Throws if an earlier timeout/peer failure made the group unusable.
-  void begin(OpDesc desc, std::chrono::milliseconds timeout);
-  const OpDesc& desc() const { return desc_; }
-  char* stage();                  // this rank's half for the next step
+  void begin(OpDesc desc, std::chrono::milliseconds timeout) override;
+  const OpDesc& desc() const override { return desc_; }
+  char* stage() override;         // this rank's half for the next step
   // Publish the step and wait for every peer; `staged` is how many bytes of
   // the half this rank filled for its peers (for the traffic counters).
   // `buf_off` posts where this rank's buffer lies in its pool (pool_offset()).
-  void exchange(size_t staged = 0, uint64_t buf_off = kNotInPool);
-  const char* peer(int p) const;  // p's half of the last exchanged step
+  void exchange(size_t staged = 0) override { exchange(staged, kNotInPool); }
+  void exchange(size_t staged, uint64_t buf_off);
+  const char* peer(int p) const override;  // p's half of the last exchanged step
+
+  // The host side channel is the staging half itself.
+  char* host_stage() override { return stage(); }
+  const char* host_peer(int p) const override { return peer(p); }
+  size_t host_half_bytes() const override { return half_bytes(); }
+  void copy(void* dst, const void* src, size_t bytes) override;
+  ShmComm* shared_memory() override { return this; }
 
   // --- ring steps ([Note: ring steps wait for neighbours only]) ---
   // This rank's half for the next step, once whoever read its previous use
   // has moved on.
-  char* ring_stage();
+  char* ring_stage() override;
   // Publishes the next step (`staged` bytes for `reader`, the one rank that
   // reads this half) without waiting for anyone.
-  void ring_post(size_t staged, int reader);
+  void ring_post(size_t staged, int reader) override;
   // Waits until `src` has posted the step just posted by this rank and
   // checks its descriptor; then peer(src) is readable.
-  void ring_wait(int src);
+  void ring_wait(int src) override;
 
   // --- communication memory (shm_pool.h) ---
   // This rank's pool; null for a group of one rank or with RSDP_POOL_BYTES=0.
@@ -116,6 +127,10 @@ class ShmComm {
   bool broken() const { return !broken_.empty(); }
   // The group's notice on this node: the first failure that broke it.
   Notice& notice() const { return *notice_; }
+
+ protected:
+  void reduce_pass(void* dst, const void* const* srcs, int nsrc, size_t count, DType dt,
+                   RedOp op, int divisor) override;
 
  private:
   RankCtl& ctl(int r) const {
