@@ -450,13 +450,52 @@ def fam_noncontiguous(ctx, rec):
 
 
 def fam_async(ctx, rec):
+    """Async ops: wait(), is_completed(), get_future(), many outstanding works.
+
+    wait() and is_completed() mean what they mean for the device of the tensors:
+
+    * CPU (gloo's meaning): wait() returns once the op has finished, so is_completed() is
+      True right after it.
+    * CUDA (ProcessGroupNCCL's meaning): wait() only makes the caller's current stream wait
+      for the op and returns at once; is_completed() says whether the GPU has finished, so
+      it may still be False right after wait(). Once the GPU is idle
+      (torch.cuda.synchronize()) it must turn True shortly: the backend's watchdog polls the
+      op's done event.
+    """
     W, r = ctx.world_size, ctx.rank
+    # How long is_completed() may lag behind torch.cuda.synchronize() on CUDA: the watchdog
+    # looks every 200 us, so 5 s is generous even on a loaded machine.
+    cuda_completion_s = 5.0
+
+    def assert_completed_after_wait(works, like, what):
+        """The works were all waited for; `like` is a tensor of theirs (it names the device)."""
+        if like.device.type != "cuda":
+            pending = [k for k, w in enumerate(works) if not w.is_completed()]
+            assert not pending, (
+                f"{what}: is_completed() is False after wait() on CPU tensors for {len(pending)} "
+                f"of {len(works)} works (first: {pending[:5]}); on CPU wait() returns only once "
+                "the op has finished")
+            return
+        torch.cuda.synchronize(like.device)
+        deadline = time.monotonic() + cuda_completion_s
+        while True:
+            pending = [k for k, w in enumerate(works) if not w.is_completed()]
+            if not pending:
+                return
+            assert time.monotonic() < deadline, (
+                f"{what}: is_completed() still False for {len(pending)} of {len(works)} works "
+                f"(first: {pending[:5]}) {cuda_completion_s:g} s after wait() and "
+                "torch.cuda.synchronize() on CUDA tensors; with ProcessGroupNCCL's meaning "
+                "wait() only orders the current stream, but once the GPU has finished the op "
+                "is_completed() must turn True")
+            time.sleep(0.001)
+
     with rec.case("work.wait / is_completed / get_future"):
         t = make("sum", r, LARGE, torch.float32, W)
         work = dist.all_reduce(t, async_op=True)
         assert work is not None
         work.wait()
-        assert work.is_completed(), "is_completed() is False after wait()"
+        assert_completed_after_wait([work], t, "async all_reduce")
         exp = reduce_ref("SUM", [make("sum", q, LARGE, torch.float32, W) for q in range(W)])
         check_equal(t, exp, "async all_reduce output")
         fut_val = work.get_future().wait()
@@ -509,7 +548,7 @@ def fam_async(ctx, rec):
             if not torch.equal(ts[k], exp):
                 bad.append(k)
         assert not bad, f"{len(bad)} of {N} outstanding all_reduces wrong, first: {bad[:10]}"
-        assert all(w.is_completed() for w in works)
+        assert_completed_after_wait(works, ts[0], f"{N} outstanding all_reduces")
 
 
 def fam_subgroups(ctx, rec):

@@ -27,6 +27,7 @@
 
 #include "core/deadline.h"
 #include "core/error.h"
+#include "transport/nccl/nccl_redop_rule.h"
 
 namespace rsdp {
 
@@ -84,6 +85,14 @@ bool op_of(DType dt, RedOp op, ncclRedOp_t* out) {
     case RedOp::kBand: case RedOp::kBor: case RedOp::kBxor: return false;  // NCCL has no bitwise ops
   }
   return false;
+}
+
+// The NCCL operator for (dt, op) on a communicator of `ranks` ranks: op_of()
+// of the operator nccl_redop_for() picks (see [Note: no ncclAvg on a one-rank
+// communicator] in nccl_redop_rule.h). Whether the pair is supported is asked
+// of `op` itself, so every size accepts exactly what nccl_supports() does.
+bool comm_op_of(DType dt, RedOp op, int ranks, ncclRedOp_t* out) {
+  return op_of(dt, op, out) && op_of(dt, nccl_redop_for(op, ranks), out);
 }
 
 ErrorKind kind_of(ncclResult_t r) {
@@ -431,8 +440,8 @@ void NcclComm::allreduce(const void* in, void* out, size_t count, DType dt, RedO
                          cudaStream_t s) {
   auto lk = enter("allreduce");
   ncclRedOp_t nop = ncclSum;
-  RSDP_NCCL_ARG(op_of(dt, op, &nop), "allreduce: NCCL cannot reduce ", dtype_name(dt),
-                " with ", redop_name(op));
+  RSDP_NCCL_ARG(comm_op_of(dt, op, size(), &nop), "allreduce: NCCL cannot reduce ",
+                dtype_name(dt), " with ", redop_name(op));
   const Wire w = wire_of(dt);
   size_t n = 0;
   RSDP_NCCL_ARG(wire_count(count, w, &n), "allreduce: count ", count, " is too large");
@@ -457,8 +466,8 @@ void NcclComm::reduce(const void* in, void* out, size_t count, DType dt, RedOp o
                       cudaStream_t s) {
   auto lk = enter("reduce");
   ncclRedOp_t nop = ncclSum;
-  RSDP_NCCL_ARG(op_of(dt, op, &nop), "reduce: NCCL cannot reduce ", dtype_name(dt), " with ",
-                redop_name(op));
+  RSDP_NCCL_ARG(comm_op_of(dt, op, size(), &nop), "reduce: NCCL cannot reduce ",
+                dtype_name(dt), " with ", redop_name(op));
   RSDP_NCCL_ARG(root >= 0 && root < size(), "reduce: root ", root, " is not an NCCL rank of ",
                 size());
   const Wire w = wire_of(dt);
@@ -483,8 +492,8 @@ void NcclComm::reduce_scatter(const void* in, void* out, size_t count, DType dt,
                               cudaStream_t s) {
   auto lk = enter("reduce_scatter");
   ncclRedOp_t nop = ncclSum;
-  RSDP_NCCL_ARG(op_of(dt, op, &nop), "reduce_scatter: NCCL cannot reduce ", dtype_name(dt),
-                " with ", redop_name(op));
+  RSDP_NCCL_ARG(comm_op_of(dt, op, size(), &nop), "reduce_scatter: NCCL cannot reduce ",
+                dtype_name(dt), " with ", redop_name(op));
   const Wire w = wire_of(dt);
   size_t n = 0;
   RSDP_NCCL_ARG(wire_count(count, w, &n), "reduce_scatter: count ", count, " is too large");

@@ -6,7 +6,8 @@
 // complex; the mapping (nccl_comm.cpp) covers what can be mapped (bool as
 // uint8 with MAX for SUM/BOR/MAX and MIN for PRODUCT/BAND/MIN; complex as twice
 // as many floats for SUM and AVG) and nccl_supports() says which (dtype, op)
-// pairs work at all.
+// pairs work at all. A one-rank communicator never gets ncclAvg: AVG goes to
+// NCCL as SUM there (nccl_redop_rule.h says why).
 //
 // The communicator is non-blocking (see nccl_comm.cpp), so no call waits on
 // the host past `timeout`. Any NCCL failure aborts the communicator: it is
