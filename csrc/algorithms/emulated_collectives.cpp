@@ -14,7 +14,7 @@ class EmulatedCollectives final : public DeviceCollectives {
  public:
   EmulatedCollectives(GroupComm& g, Bootstrap& store)
       : g_(g),
-        emu_(*g.shm, store, g.opts.cuda_staging_bytes, g.opts.emulate_device_jitter_us) {
+        emu_(*g.shm, store, g.opts) {
     RSDP_CHECK(!g.multi_node(), g.group.me(),
                ": the emulated device serves groups on one node only");
   }

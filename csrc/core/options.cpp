@@ -1,6 +1,7 @@
 #include "core/options.h"
 
 #include <cctype>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -33,6 +34,34 @@ const char* env(const char* name) {
   return (v && *v) ? v : nullptr;
 }
 
+// RSDP_EMULATE_DEVICE: "0" (off), "1" (on), or comma-separated settings that
+// turn it on: "jitter=<us>", "stall=<group rank>@<op number>".
+void parse_emulate_device(const char* v, Options& o) {
+  if (std::strcmp(v, "0") == 0) return;
+  o.emulate_device_jitter_us = 20;
+  if (std::strcmp(v, "1") == 0) return;
+  std::string rest = v;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string item = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    int rank = -1;
+    unsigned long long seq = 0;
+    int used = 0;
+    if (std::sscanf(item.c_str(), "jitter=%d%n", &o.emulate_device_jitter_us, &used) == 1 &&
+        used == static_cast<int>(item.size()) && o.emulate_device_jitter_us >= 0)
+      continue;
+    if (std::sscanf(item.c_str(), "stall=%d@%llu%n", &rank, &seq, &used) == 2 &&
+        used == static_cast<int>(item.size()) && rank >= 0) {
+      o.emulate_device_stall_rank = rank;
+      o.emulate_device_stall_seq = seq;
+      continue;
+    }
+    RSDP_FAIL(ErrorKind::kValue, "environment variable RSDP_EMULATE_DEVICE='", v,
+              "': '", item, "' is none of 0, 1, jitter=<microseconds>, stall=<rank>@<op number>");
+  }
+}
+
 }  // namespace
 
 Options Options::from_env() {
@@ -49,17 +78,7 @@ Options Options::from_env() {
     o.cuda_staging_bytes = parse_bytes("RSDP_CUDA_STAGING_BYTES", v);
   if (const char* v = env("RSDP_CUDA_ONESHOT_BYTES"))
     o.cuda_oneshot_bytes = parse_bytes("RSDP_CUDA_ONESHOT_BYTES", v);
-  if (const char* v = env("RSDP_EMULATE_DEVICE")) {
-    // "0" off, "1" on with the default jitter, "jitter=<us>" on with that jitter.
-    if (std::strcmp(v, "0") != 0) {
-      o.emulate_device_jitter_us = 20;
-      if (std::strncmp(v, "jitter=", 7) == 0) o.emulate_device_jitter_us = std::atoi(v + 7);
-      else
-        RSDP_CHECK(std::strcmp(v, "1") == 0, "environment variable RSDP_EMULATE_DEVICE='", v,
-                   "' must be 0, 1 or jitter=<microseconds>");
-      RSDP_CHECK(o.emulate_device_jitter_us >= 0, "RSDP_EMULATE_DEVICE: jitter must be >= 0");
-    }
-  }
+  if (const char* v = env("RSDP_EMULATE_DEVICE")) parse_emulate_device(v, o);
   // `v` must be one of `names` (space-separated).
   auto check_choice = [](const char* var, const char* v, const std::string& names) {
     RSDP_CHECK((" " + names + " ").find(std::string(" ") + v + " ") != std::string::npos,

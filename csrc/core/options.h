@@ -47,6 +47,11 @@ struct Options {
   // operation of its stream. Off (-1) by default.
   int emulate_device_jitter_us = -1;
   bool emulate_device() const { return emulate_device_jitter_us >= 0; }
+  // Test hook of the emulated device: the stream of group rank `stall_rank`
+  // hangs at the op numbered `stall_seq` (a kernel that never ends), to
+  // prove that a stuck stream ends in an error on every rank.
+  int emulate_device_stall_rank = -1;
+  uint64_t emulate_device_stall_seq = 0;
 
   static Options from_env();
 };

@@ -39,8 +39,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from support.device_families import (DEVICE_COUNTS, DEVICE_DTYPES, STAGING_SMALL,
+                                     device_families, device_min_world)
 from support.harness import assert_family, backend_under_test, launch, launch_families, run_families
-from support.values import check_equal, dname
+from support.values import check_equal
 
 
 def _skip_reason() -> str | None:
@@ -67,10 +69,7 @@ if _SKIP is not None:
 
 pytestmark = pytest.mark.cuda
 
-F32, BF16, F16, I64, BOOL = torch.float32, torch.bfloat16, torch.float16, torch.int64, torch.bool
-CUDA_DTYPES = (F32, BF16, F16, I64, BOOL)
-CUDA_COUNTS = (0, 1, 7, 4099, 100_003, 1_500_007)
-STAGING_SMALL = str(1 << 20)  # RSDP_CUDA_STAGING_BYTES: 1 MiB, far below the largest messages
+CUDA_DTYPES, CUDA_COUNTS = DEVICE_DTYPES, DEVICE_COUNTS
 PG_TIMEOUT = 60
 
 # GPU time of torch.cuda._sleep (it spins for that many clock cycles; ~1-2 GHz): long enough
@@ -206,98 +205,8 @@ def fam_streams(ctx, rec):
             check_equal(chk, torch.full((7,), total), "the next all_reduce")
 
 
-RING_DTYPES = (F32, BF16, F16, I64, BOOL, torch.uint8, torch.complex64)
-RING_COUNTS = (0, 1, 7, 100_003, 1_500_007)
-
-
-def fam_ring_shift(ctx, rec):
-    """ring_shift on GPU tensors: both directions, in-place rotation, views, many in flight."""
-    from backend import test_ring_shift as trs
-    import torch_rsdp
-
-    r, w = ctx.rank, ctx.world_size
-    prev, nxt = (r - 1) % w, (r + 1) % w
-    with rec.case("ring_neighbours"):
-        assert torch_rsdp.ring_neighbours() == (nxt, prev)
-        assert torch_rsdp.ring_neighbours(direction=-1) == (prev, nxt)
-    for dtype in RING_DTYPES:
-        for n in RING_COUNTS:
-            with rec.case(f"{dname(dtype)} n={n}"):
-                x = trs._value(r, n, dtype)
-                assert x.device == ctx.device, x.device
-                got = torch_rsdp.ring_shift(x)
-                assert got.device == ctx.device, f"output on {got.device}"
-                check_equal(got, trs._value(prev, n, dtype), "ring_shift forward")
-                check_equal(torch_rsdp.ring_shift(x, direction=-1), trs._value(nxt, n, dtype),
-                            "ring_shift backward")
-                check_equal(x, trs._value(r, n, dtype), "input (must be unchanged)")
-                z = x.clone()
-                for _ in range(w):
-                    assert torch_rsdp.ring_shift(z, z) is z
-                check_equal(z, x, "after a whole in-place rotation")
-                out = torch.empty_like(x)
-                work = torch_rsdp.ring_shift(x, out, direction=-1, async_op=True)
-                got = work.get_future().wait()
-                check_equal(got[0], trs._value(nxt, n, dtype), "async ring_shift future value")
-    with rec.case("non-contiguous input and output"):
-        base = torch.arange(60, dtype=torch.float32).reshape(6, 10) + 100 * r
-        out = torch.zeros(10, 6)
-        torch_rsdp.ring_shift(base.t(), out)
-        check_equal(out, (torch.arange(60, dtype=torch.float32).reshape(6, 10) + 100 * prev).t(),
-                    "ring_shift into a transposed view")
-    with rec.case("200 rotations in flight, waited in reverse order"):
-        trs._async_worker(ctx)
-
-
-def fam_ring_shift_reduce(ctx, rec):
-    """Gradient accumulators carried home in both directions (exact integer values)."""
-    from backend import test_ring_shift as trs
-    import torch_rsdp
-
-    r, w = ctx.rank, ctx.world_size
-    for dtype in (F32, BF16, F16, I64):
-        for n in RING_COUNTS:
-            for direction in (1, -1):
-                with rec.case(f"{dname(dtype)} n={n} direction={direction}"):
-                    def value(shard):
-                        if dtype in (BF16, F16):  # half sums stay exact below 256
-                            return ((torch.arange(n) % 4) + shard).to(dtype)
-                        return trs._value(shard, n, dtype)
-
-                    # Every rank's contribution to shard s is value(s) * (rank + 1). The
-                    # accumulator rank r holds after hop k is shard r - direction * (k + 1).
-                    acc = value((r - direction) % w) * (r + 1)
-                    for k in range(1, w):
-                        shard = (r - direction * (k + 1)) % w
-                        acc = torch_rsdp.ring_shift_reduce(acc, value(shard) * (r + 1),
-                                                           direction=direction)
-                    assert acc.device == ctx.device, f"accumulator on {acc.device}"
-                    check_equal(acc, value(r) * sum(range(1, w + 1)),
-                                "accumulator after a whole rotation")
-
-
-def _cuda_families():
-    from support.collective_families import FAMILIES
-
-    fams = {"cuda_paths": fam_cuda_paths, "streams": fam_streams}
-    # objects: pickled CPU tensors (the CPU path); recv_anysource: NCCL has no any-source recv
-    fams.update((k, v) for k, v in FAMILIES.items()
-                if k not in ("objects", "recv_anysource", "reinit"))
-    fams.update(ring_shift=fam_ring_shift, ring_shift_reduce=fam_ring_shift_reduce)
-    fams["reinit"] = FAMILIES["reinit"]  # last: it replaces the default group
-    return fams
-
-
-CUDA_FAMILIES = _cuda_families()
-
-
-def _cuda_min_world() -> dict:
-    from support.collective_families import MIN_WORLD
-
-    return dict(MIN_WORLD, ring_shift=2, ring_shift_reduce=2)
-
-
-CUDA_MIN_WORLD = _cuda_min_world()
+CUDA_FAMILIES = device_families({"cuda_paths": fam_cuda_paths, "streams": fam_streams})
+CUDA_MIN_WORLD = device_min_world()
 
 
 def _collectives_worker(ctx, names):

@@ -17,18 +17,20 @@ std::string mapped_key(const Group& g, int r) { return g.key("emu/mapped/" + std
 
 }  // namespace
 
-EmuComm::EmuComm(ShmComm& shm, Bootstrap& store, size_t staging_bytes, int jitter_us,
-                 int max_reduce_srcs)
+EmuComm::EmuComm(ShmComm& shm, Bootstrap& store, const Options& opts)
     : shm_(shm),
-      half_(staging_bytes / 2 / kHalfAlign * kHalfAlign),
-      max_srcs_(max_reduce_srcs) {
+      half_(opts.cuda_staging_bytes / 2 / kHalfAlign * kHalfAlign),
+      stall_(opts.emulate_device_stall_rank == shm.rank()),
+      stall_seq_(opts.emulate_device_stall_seq) {
+  const size_t staging_bytes = opts.cuda_staging_bytes;
   const int n = size();
   const size_t least = std::max<size_t>(kHalfAlign, 64u * static_cast<size_t>(n));
   RSDP_CHECK(half_ >= least, group().me(), ": emulated-device staging of ", staging_bytes,
              " bytes is too small for ", n, " ranks: each of its two halves needs at least ",
              least, " bytes");
   map_peers(store);
-  stream_ = std::make_unique<EmuStream>(jitter_us, 0x5eed0000u + group().global(rank()));
+  stream_ = std::make_unique<EmuStream>(opts.emulate_device_jitter_us,
+                                        0x5eed0000u + group().global(rank()));
 }
 
 EmuComm::~EmuComm() {
@@ -85,6 +87,10 @@ void EmuComm::map_peers(Bootstrap& store) {
 void EmuComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
   desc.on_device = true;
   shm_.begin(desc, timeout);
+  if (stall_ && shm_.desc().seq == stall_seq_) {
+    EmuStream* s = stream_.get();
+    s->push([s] { s->wait_until([] { return false; }); }, "a planted kernel that never ends");
+  }
 }
 
 char* EmuComm::stage() { return halves(rank()) + (step_ % 2) * half_; }

@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "core/bootstrap.h"
+#include "core/options.h"
 #include "transport/emu/emu_stream.h"
 #include "transport/shm/shm_comm.h"
 #include "transport/shm/shm_segment.h"
@@ -45,10 +46,11 @@ namespace rsdp {
 
 class EmuComm final : public Staging {
  public:
-  // shm: the node's host comm over the same ranks. staging_bytes: both
-  // halves (each rounded down to 256 bytes, at least 64 per rank).
-  EmuComm(ShmComm& shm, Bootstrap& store, size_t staging_bytes, int jitter_us,
-          int max_reduce_srcs = 3);
+  // shm: the node's host comm over the same ranks. From opts: the staging
+  // bytes (RSDP_CUDA_STAGING_BYTES: both halves, each rounded down to 256
+  // bytes, at least 64 per rank), the jitter and the stall hook
+  // (RSDP_EMULATE_DEVICE).
+  EmuComm(ShmComm& shm, Bootstrap& store, const Options& opts);
   ~EmuComm() override;
   EmuComm(const EmuComm&) = delete;
   EmuComm& operator=(const EmuComm&) = delete;
@@ -87,7 +89,9 @@ class EmuComm final : public Staging {
 
   ShmComm& shm_;
   size_t half_;
-  int max_srcs_;
+  int max_srcs_ = 3;
+  bool stall_ = false;        // this rank's stream hangs at op stall_seq_
+  uint64_t stall_seq_ = 0;
   std::vector<ShmSegment> segs_;  // [rank]: own segment and the peers' mappings
   uint32_t step_ = 0;             // exchanges done; stage() uses half step_ % 2
   std::unique_ptr<EmuStream> stream_;
