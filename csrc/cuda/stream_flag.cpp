@@ -54,7 +54,8 @@ StreamFlag::StreamFlag(int device) : device_(device) {
 }
 
 StreamFlag::~StreamFlag() {
-  if (word_) cudaFree(word_);  // no-throw: errors at teardown are ignored
+  // no-throw: errors at teardown are ignored. Never after abandon() (see there).
+  if (word_ && !abandoned_.load()) cudaFree(word_);
 }
 
 void StreamFlag::signal(cudaStream_t s, uint32_t value) {

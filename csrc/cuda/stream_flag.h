@@ -15,6 +15,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 
 namespace rsdp {
@@ -27,6 +28,11 @@ class StreamFlag {
   StreamFlag& operator=(const StreamFlag&) = delete;
 
   bool available() const { return available_; }
+  // A stream may be stuck waiting on this flag (an op timed out, the group
+  // was aborted): the destructor then keeps the word instead of freeing it,
+  // because cudaFree synchronises the device and would wait for that stream
+  // forever. Four bytes go with the process instead of a hang at teardown.
+  void abandon() { abandoned_.store(true); }
   // Queued on s: the flag becomes `value` when s gets here.
   void signal(cudaStream_t s, uint32_t value);
   // Queued on s: s stalls until the flag reaches `value`.
@@ -36,6 +42,7 @@ class StreamFlag {
   int device_;
   uint32_t* word_ = nullptr;  // device memory
   bool available_ = false;
+  std::atomic<bool> abandoned_{false};
 };
 
 }  // namespace rsdp

@@ -36,6 +36,7 @@ CudaState& BackendRSDP::cuda_state(c10::Device device) {
 
 void BackendRSDP::abandon_cuda_ops() {
   std::lock_guard<std::mutex> lock(cuda_mu_);
+  if (cuda_) cuda_->flag->abandon();  // a stream may be stuck on it (StreamFlag::abandon)
   if (cuda_)
     cuda_->watchdog.abandon("rsdp rank " + std::to_string(global_rank_) +
                             ": the process group was aborted before this CUDA op finished");

@@ -20,7 +20,12 @@ struct CudaState {
       : device(device),
         stream(c10::cuda::getStreamFromPool(/*isHighPriority=*/true, device.index())),
         flag(std::make_shared<StreamFlag>(device.index())),
-        watchdog(std::move(on_timeout)) {}
+        // A timed-out op may leave a stream stuck on the flag: it must outlive
+        // that stream (StreamFlag::abandon) rather than hang the teardown.
+        watchdog([f = flag, on_timeout = std::move(on_timeout)](const std::string& why) {
+          f->abandon();
+          on_timeout(why);
+        }) {}
 
   c10::Device device;
   c10::cuda::CUDAStream stream;
