@@ -8,17 +8,10 @@
 #include "core/dtype.h"
 #include "core/reduce_op.h"
 #include "transport/nccl/nccl_redop_rule.h"
+#include "check.h"
 
 using namespace rsdp;
 
-static int g_pass = 0, g_fail = 0;
-#define CHECK(cond, ...)                                                                    \
-  do {                                                                                      \
-    if (cond) ++g_pass;                                                                     \
-    else if (++g_fail <= 40)                                                                \
-      std::fprintf(stderr, "FAIL line %d: %s -- ", __LINE__, #cond),                        \
-          std::fprintf(stderr, __VA_ARGS__), std::fputc('\n', stderr);                     \
-  } while (0)
 
 static const DType kAllTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16,
                                   DType::kBFloat16, DType::kInt8, DType::kUInt8,

@@ -20,18 +20,11 @@
 
 #include "core/half_convert.h"
 #include "core/reduce_kernels.h"
+#include "check.h"
 
 using namespace rsdp;
 using Bytes = std::vector<uint8_t>;
 
-static int g_pass = 0, g_fail = 0;
-#define CHECK(cond, ...)                                                                      \
-  do {                                                                                        \
-    if (cond) ++g_pass;                                                                       \
-    else if (++g_fail <= 40)                                                                  \
-      std::fprintf(stderr, "FAIL line %d: %s -- ", __LINE__, #cond),                          \
-          std::fprintf(stderr, __VA_ARGS__), std::fputc('\n', stderr);                       \
-  } while (0)
 
 static std::mt19937_64 rng(12345);
 static const DType kAllTypes[] = {DType::kFloat32, DType::kFloat64, DType::kFloat16, DType::kBFloat16,
