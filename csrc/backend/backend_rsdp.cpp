@@ -94,8 +94,13 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
   // An open ring step holds the queue and keeps its place in issue order.
   finish_open_step();
 #ifdef RSDP_WITH_CUDA
-  if (device.is_cuda())
+  if (device.is_cuda()) {
+    // The group's device collectives are the emulated ones then (CPU memory).
+    RSDP_CHECK(!comm_->opts.emulate_device(), "rsdp rank ", global_rank_, ": ", title,
+               " on ", device.str(), ": RSDP_EMULATE_DEVICE (a test fixture) makes the group "
+               "serve CPU tensors through the emulated device; unset it to use CUDA tensors");
     return enqueue_cuda(type, title, std::move(outputs), std::move(body), async_op, device);
+  }
 #endif
   auto work =
       issue(c10::make_intrusive<WorkRSDP>(getRank(), type, ++seq_, std::move(outputs), title));
