@@ -96,10 +96,27 @@ build_progress() {
   done
   if [ "$shown" = 1 ]; then echo; fi
 }
+# A compiler whose extension crashed at import here before (check_import.py below then
+# rebuilt with the system compiler and noted it) is not used again: rebuilding with it would
+# crash, and switching back and forth would recompile everything on every run.
+safe_cc=build/import-safe-compiler
+if [ -s "$safe_cc" ]; then
+  read -r CXX CC < "$safe_cc"
+  export CXX CC
+  say "building with CXX=$CXX CC=$CC (see $safe_cc)"
+fi
 say "building torch_rsdp._C (MAX_JOBS=${MAX_JOBS:-2}; full log in $log)"
 if ! MAX_JOBS=${MAX_JOBS:-2} $PY setup.py -q build_ext --inplace 2>&1 | build_progress; then
   say "the build failed; its log ($log):"
   cat "$log"
+  exit 1
+fi
+# Import it in a child process: a compiler wrapper can build an extension that segfaults at
+# import. On failure this names the compiler and rebuilds once from clean with /usr/bin/g++;
+# silent when the import works.
+if ! MAX_JOBS=${MAX_JOBS:-2} $PY scripts/check_import.py --log "$log" --remember "$safe_cc" \
+    --rebuild "$PY setup.py -q build_ext --inplace"; then
+  say "torch_rsdp does not import; fix the build before running anything (log: $log)"
   exit 1
 fi
 site=$($PY -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")

@@ -16,11 +16,13 @@
 #include <unordered_map>
 
 #include "backend/tensor_args.h"
+#include "backend/torch_version.h"
 #include "backend/work_rsdp.h"
 #include "backend/work_tracker.h"
 #include "core/compression.h"
 #include "core/error.h"
 #include "core/options.h"
+
 
 namespace rsdp {
 
@@ -137,10 +139,11 @@ class BackendRSDP : public c10d::Backend {
   // Recovery (backend_shrink.cpp): a new backend over the ranks not excluded,
   // built from scratch (fresh shared memory, endpoints, topology); this one
   // is left to be destroyed. SHRINK_ABORT (1) first aborts this one's ops.
-  bool supportsShrinking() const override { return true; }
+  bool supportsShrinking() const RSDP_OVERRIDE_SINCE_2_10 { return true; }
   c10::intrusive_ptr<c10d::Backend> shrink(
       const std::vector<int64_t>& ranks_to_exclude, int shrink_flags = 0,
-      const c10::intrusive_ptr<c10d::Backend::Options>& opts_override = nullptr) override;
+      const c10::intrusive_ptr<c10d::Backend::Options>& opts_override = nullptr)
+      RSDP_OVERRIDE_SINCE_2_10;
   // Works across the group (backend_tracking.cpp, over work_tracker.h).
   void setTimeout(std::chrono::milliseconds timeout) override;
   c10d::ErrorType getError() override { return tracker_->error(); }
@@ -155,7 +158,7 @@ class BackendRSDP : public c10d::Backend {
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   // The communication memory pool (backend_alloc.cpp).
-  std::unordered_map<std::string, uint64_t> getMemoryStats() override;
+  std::unordered_map<std::string, uint64_t> getMemoryStats() RSDP_OVERRIDE_SINCE_2_12;
   // gloo's semantics, through the store (backend_monitored_barrier.cpp):
   // rank 0 names the ranks that did not arrive within the timeout, the
   // others fail with its verdict instead of waiting for their own timeout.

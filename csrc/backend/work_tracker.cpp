@@ -3,10 +3,28 @@
 #include <algorithm>
 #include <iostream>
 
+#include "backend/torch_version.h"
 #include "backend/work_rsdp.h"
 #include "core/error.h"
 
 namespace rsdp {
+namespace {
+
+using Steady = std::chrono::steady_clock;
+
+// The clock of c10d::WorkInfo's time points: steady_clock since torch 2.10,
+// system_clock before (mapped through `now`, a steady time of the same moment).
+#if RSDP_TORCH_AT_LEAST(2, 10)
+Steady::time_point torch_time(Steady::time_point t, Steady::time_point) { return t; }
+#else
+std::chrono::system_clock::time_point torch_time(Steady::time_point t, Steady::time_point now) {
+  return std::chrono::system_clock::now() -
+         std::chrono::duration_cast<std::chrono::system_clock::duration>(now - t);
+}
+#endif
+
+}  // namespace
+
 namespace {
 
 // What a failure says about the group. Bad arguments and mismatched calls
@@ -63,7 +81,8 @@ void WorkTracker::completed(WorkRSDP& work, std::exception_ptr err) {
                                                std::chrono::microseconds(1));
     try {
       hook(std::make_shared<c10d::WorkInfo>(work.retrieveOpType(), work.getSequencenumber(),
-                                            work.issued_at(), now, active));
+                                            torch_time(work.issued_at(), now),
+                                            torch_time(now, now), active));
     } catch (const std::exception& e) {
       // The op itself succeeded or failed already; a broken hook must not
       // take the worker thread down with it.
