@@ -17,6 +17,9 @@ as a wrong result here (the jitter sees to that), and a stream stuck on a peer a
 * ``test_stuck_stream_fails_every_rank``: a rank whose stream hangs mid-op (a planted kernel
   that never ends) makes every rank's op fail with a timeout within the deadline, and the
   processes tear down without waiting on the stuck stream.
+* ``test_forced_algorithm_governs_device_ops``: ``RSDP_ALGO_ALLREDUCE`` chooses the device
+  all-reduce through the same table as on the host (ranks that force different ones fail
+  together with a mismatch naming both).
 
 What it cannot catch: it runs no kernel, maps no IPC handle and calls no NCCL; the host waits
 for the stream at the end of every op, so the torch-side stream glue (the caller's stream,
@@ -178,3 +181,42 @@ def test_stuck_stream_fails_every_rank():
         assert f"rank {r}" in o["stuck"], f"rank {r}: the error does not name the rank: {o['stuck'][:600]}"
         assert o["seconds"] < 4 * STALL_TIMEOUT, f"rank {r}: took {o['seconds']:.1f}s to fail"
     assert took < 60, f"the launch took {took:.0f}s: teardown waited on the stuck stream"
+
+
+# --------------------------------------------------------------------------------------------
+# The algorithm table selects for device buffers too
+# --------------------------------------------------------------------------------------------
+
+
+def _forced_algo_worker(ctx, per_rank):
+    """Each rank forces its own RSDP_ALGO_ALLREDUCE before the group exists (the options are
+    read then), then all-reduces a small message on the emulated device."""
+    import os
+
+    os.environ["RSDP_ALGO_ALLREDUCE"] = per_rank[ctx.rank]
+    ctx.init_pg()
+    try:
+        t = torch.full((1000,), float(ctx.rank + 1))
+        dist.all_reduce(t)
+        return {"value": t[0].item(), "error": None}
+    except Exception as e:  # noqa: BLE001
+        return {"value": None, "error": f"{type(e).__name__}: {e}"}
+
+
+@pytest.mark.parametrize("per_rank", [("rs_ag", "rs_ag"), ("oneshot", "rs_ag")],
+                         ids=["both-rs_ag", "oneshot-vs-rs_ag"])
+def test_forced_algorithm_governs_device_ops(per_rank):
+    env = {"RSDP_EMULATE_DEVICE": EMULATE}
+    res = launch(_forced_algo_worker, 2, (per_rank,), init=False, deadline=120, pg_timeout=10,
+                 env=env)
+    for r in range(2):
+        o = res[r]
+        if per_rank[0] == per_rank[1]:
+            # 4000 bytes would be one-shot without the override; forced, it runs rs_ag.
+            assert o["error"] is None and o["value"] == 3.0, f"rank {r}: {o}"
+        else:
+            # The choice is part of the op's descriptor: ranks that chose differently on
+            # device buffers must fail together, naming both algorithms.
+            assert o["error"] is not None, f"rank {r}: different algorithms were not noticed"
+            assert "mismatch" in o["error"] and "one-shot" in o["error"] \
+                and "reduce-scatter+all-gather" in o["error"], f"rank {r}: {o['error'][:600]}"
