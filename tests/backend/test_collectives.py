@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from support.collective_families import FAMILIES, MIN_WORLD, _rs_expected, _rs_inputs
-from support.harness import assert_family, launch, launch_families, run_families
+from support.harness import (assert_family, families_needed, launch, launch_families,
+                             run_families)
 from support.values import LARGE, check_equal, garbage, make, reduce_ref
 
 WORLD_SIZES = (1, 2, 3, 4)
@@ -36,16 +37,6 @@ _BATCH: dict[int, object] = {}
 BATCH_DEADLINE = {1: 300, 2: 420, 3: 480, 4: 600}
 
 
-def _families_needed(session, ws):
-    wanted = set()
-    for item in session.items:
-        cs = getattr(item, "callspec", None)
-        if (getattr(item, "originalname", None) == "test_collective" and cs is not None
-                and cs.params.get("ws") == ws):
-            wanted.add(cs.params["family"])
-    return [f for f in FAMILIES if f in wanted]
-
-
 def _batch(ws, request):
     """Run the selected families for `ws` in as few launches as possible.
 
@@ -55,7 +46,7 @@ def _batch(ws, request):
     """
     if ws in _BATCH:
         return _BATCH[ws]
-    names = _families_needed(request.session, ws)
+    names = families_needed(request.session, "test_collective", "ws", ws, FAMILIES)
     results, errors, _ = launch_families(
         lambda batch: launch(families_worker, ws, (batch,), deadline=BATCH_DEADLINE[ws],
                             pg_timeout=30), names, ws)

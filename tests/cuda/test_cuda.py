@@ -41,7 +41,8 @@ import torch.distributed as dist
 
 from support.device_families import (DEVICE_COUNTS, DEVICE_DTYPES, STAGING_SMALL,
                                      device_families, device_min_world)
-from support.harness import assert_family, backend_under_test, launch, launch_families, run_families
+from support.harness import (assert_family, backend_under_test, families_needed, launch,
+                             launch_families, run_families)
 from support.values import check_equal
 
 
@@ -235,21 +236,12 @@ PARAMS = [pytest.param(batch, fam, id=f"{fam}-{batch}")
 _BATCH: dict = {}
 
 
-def _families_needed(session, batch):
-    wanted = set()
-    for item in session.items:
-        cs = getattr(item, "callspec", None)
-        if (getattr(item, "originalname", None) == "test_cuda_collective" and cs is not None
-                and cs.params.get("batch") == batch):
-            wanted.add(cs.params["family"])
-    return [f for f in CUDA_FAMILIES if f in wanted]
-
-
 def _batch(batch, request):
     if batch in _BATCH:
         return _BATCH[batch]
     ws, env, deadline = BATCHES[batch]
-    names = _families_needed(request.session, batch)
+    names = families_needed(request.session, "test_cuda_collective", "batch", batch,
+                            CUDA_FAMILIES)
     results, errors, _ = launch_families(
         lambda batch: launch(_collectives_worker, ws, (batch,), init=False, deadline=deadline,
                             pg_timeout=PG_TIMEOUT, env=dict(_one_gpu_env(), **env)),

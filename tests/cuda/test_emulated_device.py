@@ -37,8 +37,8 @@ import torch.distributed as dist
 
 from support.device_families import (DEVICE_COUNTS, DEVICE_DTYPES, STAGING_SMALL,
                                      device_families, device_min_world)
-from support.harness import (assert_family, backend_under_test, launch, launch_families,
-                             run_families)
+from support.harness import (assert_family, backend_under_test, families_needed, launch,
+                             launch_families, run_families)
 from support.values import check_equal
 
 if backend_under_test() != "rsdp":
@@ -86,20 +86,11 @@ def _worker(ctx, names):
     return run_families(ctx, FAMILIES, names)
 
 
-def _families_needed(session, batch):
-    wanted = set()
-    for item in session.items:
-        cs = getattr(item, "callspec", None)
-        if (getattr(item, "originalname", None) == "test_emulated_collective" and cs is not None
-                and cs.params.get("batch") == batch):
-            wanted.add(cs.params["family"])
-    return [f for f in FAMILIES if f in wanted]
-
-
 def _batch(batch, request):
     if batch not in _BATCH:
         ws, env, deadline = BATCHES[batch]
-        names = _families_needed(request.session, batch)
+        names = families_needed(request.session, "test_emulated_collective", "batch", batch,
+                                FAMILIES)
         env = dict(env, RSDP_EMULATE_DEVICE=EMULATE)
         _BATCH[batch] = launch_families(
             lambda b: launch(_worker, ws, (b,), deadline=deadline, pg_timeout=60, env=env),

@@ -737,6 +737,18 @@ def format_family_failures(results_by_rank: dict[int, dict], family: str, limit:
     return head + "\n" + "\n".join(lines)
 
 
+def families_needed(session, test_name: str, key: str, value, families) -> list:
+    """The families (in ``families``' order) of the collected ``test_name`` items whose
+    parameter ``key`` is ``value``: what one batch launch must run for this pytest session."""
+    wanted = set()
+    for item in session.items:
+        cs = getattr(item, "callspec", None)
+        if (getattr(item, "originalname", None) == test_name and cs is not None
+                and cs.params.get(key) == value):
+            wanted.add(cs.params["family"])
+    return [f for f in families if f in wanted]
+
+
 def launch_families(run: Callable[[list], "LaunchResult"], names: Sequence[str],
                     world_size: int, attempts: int = 6):
     """Runs families ``names`` through ``run(names) -> LaunchResult`` in as few launches as
