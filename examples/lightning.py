@@ -1,16 +1,16 @@
-"""Lightning's stock ``Trainer`` (its DDP strategy, as ``devices=N`` picks it) training a
-``LightningModule`` whose model ``torch_rsdp.plan.apply`` sharded.
+"""Lightning's stock ``Trainer`` with ``strategy=RSDPStrategy(plan=...)``: the strategy shards
+the ``LightningModule`` with a torch_rsdp plan, as Lightning's FSDP strategy would with FSDP.
 
     torchrun --nproc_per_node 2 examples/lightning.py                  # plan "rotate"
     torchrun --nproc_per_node 2 examples/lightning.py --plan full_shard
+    torchrun --nproc_per_node 2 examples/lightning.py --plan rsdp      # strategy="rsdp"
     torchrun --nproc_per_node 2 examples/lightning.py --resume         # from the last checkpoint
 
 A ``LlamaForCausalLM`` built from a config learns the chess games of ``chess_data.py``, with
 gradient accumulation, clipping and a learning-rate schedule, Lightning's checkpoints every 20
-steps. The lines that are not a stock Lightning script: ``init_process_group("rsdp")`` (the
-strategy then uses that group) and the plan. ``import torch_rsdp`` makes the DDP strategy keep
-the sharded model unwrapped and its checkpoints hold whole tensors, which load back at any
-world size (:mod:`torch_rsdp.integrations`).
+steps. The lines that are not a stock Lightning script: ``import torch_rsdp`` (which registers
+``strategy="rsdp"``) and the strategy. Its checkpoints hold whole tensors, which load back at
+any world size (docs/integrations.md).
 """
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or os.getcwd()) != HERE]
 import lightning as L  # noqa: E402
 
-import torch_rsdp  # noqa: E402,F401  (registers "rsdp", lets Lightning take sharded models)
-from torch_rsdp import plan  # noqa: E402
+import torch_rsdp  # noqa: E402,F401  (registers the backend and Lightning's "rsdp" strategy)
+from torch_rsdp.integrations import RSDPStrategy  # noqa: E402
 
 sys.path.append(HERE)
 from chess_data import ChessMoves  # noqa: E402
@@ -53,23 +53,25 @@ class ChessLM(L.LightningModule):
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--plan", default="rotate", help='a plan, or "none"')
+    ap.add_argument("--plan", default="rotate",
+                    help='a strategy of torch_rsdp.plan for the whole module, "rsdp" '
+                         '(rsdp.shard), or "none" (Lightning\'s DDP, unsharded)')
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--out", default="examples/results/lightning")
     ap.add_argument("--resume", action="store_true", help="from --out/last.ckpt")
     args = ap.parse_args()
 
-    dist.init_process_group("rsdp")
+    dist.init_process_group("rsdp")  # optional: the strategy creates it from torchrun's env
     data = ChessMoves(seq_len=64)
     model = chess_llama(data)
-    if args.plan != "none":
-        plan.apply(model, args.plan)
+    strategy = {"none": "ddp", "rsdp": "rsdp"}.get(args.plan) or RSDPStrategy(plan=args.plan)
 
     loader = torch.utils.data.DataLoader(Games(data, args.steps * 16 * dist.get_world_size()),
                                          batch_size=8)
     saver = L.pytorch.callbacks.ModelCheckpoint(dirpath=args.out, every_n_train_steps=20,
                                                 save_last=True)
-    trainer = L.Trainer(accelerator="cpu", devices=dist.get_world_size(), max_steps=args.steps,
+    trainer = L.Trainer(accelerator="cpu", devices=dist.get_world_size(), strategy=strategy,
+                        max_steps=args.steps,
                         accumulate_grad_batches=2, gradient_clip_val=1.0, logger=False,
                         callbacks=[saver], log_every_n_steps=10)
     lit = ChessLM(model, args.steps)

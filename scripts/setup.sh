@@ -46,29 +46,39 @@ elif ! $PY -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] 
   say "pip install torch==$TORCH_VERSION"
   $PY -m pip install -q "torch==$TORCH_VERSION"
 fi
-# mpi4py (the benchmark's Open MPI peer) is built against mpicc where no
-# wheel fits, and a wheel loads Open MPI's libmpi at run time: without
-# Open MPI it is left out with a warning, and the benchmark skips the peer.
-missing=$($PY - <<'PY'
-import importlib.util, shutil, sys
-mods = {"pytest": "pytest", "numpy": "numpy", "matplotlib": "matplotlib", "ninja": "ninja",
-        "transformers": "transformers", "hypothesis": "hypothesis",
-        # torch_rsdp.torchft and its tests (torchft's test module imports parameterized)
-        "torchft": "torchft==0.2.0", "parameterized": "parameterized",
-        # the stock trainers over sharded models (tests/integrations/test_trainers.py); accelerate is
-        # the Hugging Face Trainer's
-        "accelerate": "accelerate", "lightning": "lightning==2.6.6"}
+# The Python packages of the tests and examples, at the exact versions of
+# scripts/requirements-test.txt (what CI tests; the trainer libraries inside
+# the ranges torch_rsdp's integrations were tested with): whatever is missing
+# or at another version is installed. mpi4py (the benchmark's Open MPI peer)
+# is built against mpicc where no wheel fits, and a wheel loads Open MPI's
+# libmpi at run time: without Open MPI it is left out with a warning, and the
+# benchmark skips the peer.
+wanted=$($PY - <<'PY'
+import importlib.metadata as md, importlib.util, shutil, sys
+out = []
+for line in open("scripts/requirements-test.txt"):
+    line = line.split("#")[0].strip()
+    if not line:
+        continue
+    name, version = line.split("==")
+    try:
+        if md.version(name) == version:
+            continue
+    except md.PackageNotFoundError:
+        pass
+    out.append(line)
 if shutil.which("mpicc"):
-    mods["mpi4py"] = "mpi4py"
+    if importlib.util.find_spec("mpi4py") is None:
+        out.append("mpi4py")
 elif importlib.util.find_spec("mpi4py") is None:
     print("[setup] warning: mpicc not found (Debian package libopenmpi-dev): mpi4py not "
           "installed, bench_collectives.py --peers mpi will skip Open MPI", file=sys.stderr)
-print(" ".join(pkg for mod, pkg in mods.items() if importlib.util.find_spec(mod) is None))
+print(" ".join(out))
 PY
 )
-if [ -n "$missing" ]; then
-  say "pip install $missing"
-  $PY -m pip install -q $missing
+if [ -n "$wanted" ]; then
+  say "pip install $wanted"
+  $PY -m pip install -q $wanted
 fi
 
 # The extension, built in place with ninja against the installed torch. The

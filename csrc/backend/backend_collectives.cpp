@@ -49,7 +49,7 @@ Work BackendRSDP::allreduce(std::vector<at::Tensor>& tensors, const c10d::Allred
     check_one(c, tensors, "tensor");
     at::Tensor t = tensors[0], d = dense(t);
     DType dt = to_dtype(c, t);
-    RedOp op = to_redop(c, opts.reduceOp, dt);
+    RedOp op = to_redop(c, opts.reduceOp, dt, t.is_cuda());
     auto timeout = op_timeout(opts.timeout);
     return enqueue(c10d::OpType::ALLREDUCE, "rsdp:all_reduce", tensors, [=](GroupComm& comm) {
       coll::allreduce(comm, ptr(d), d.numel(), dt, op, timeout);
@@ -65,7 +65,7 @@ Work BackendRSDP::allreduce_coalesced(std::vector<at::Tensor>& tensors,
     RSDP_CHECK(!tensors.empty(), "rsdp rank ", global_rank_, ": all_reduce_coalesced: no tensors");
     check_same_dtype(c, tensors[0], tensors, "tensors");
     DType dt = to_dtype(c, tensors[0]);
-    RedOp op = to_redop(c, opts.reduceOp, dt);
+    RedOp op = to_redop(c, opts.reduceOp, dt, tensors[0].is_cuda());
     auto timeout = op_timeout(opts.timeout);
     std::vector<at::Tensor> ts = tensors;
     return enqueue(c10d::OpType::ALLREDUCE_COALESCED, "rsdp:all_reduce_coalesced", tensors,
@@ -91,7 +91,7 @@ Work BackendRSDP::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOpt
     check_rank(c, opts.rootRank, getSize(), "root rank");
     at::Tensor t = tensors[0], d = dense(t);
     DType dt = to_dtype(c, t);
-    RedOp op = to_redop(c, opts.reduceOp, dt);
+    RedOp op = to_redop(c, opts.reduceOp, dt, t.is_cuda());
     int root = static_cast<int>(opts.rootRank);
     auto timeout = op_timeout(opts.timeout);
     bool is_root = getRank() == root;
@@ -308,7 +308,7 @@ Work BackendRSDP::reduce_scatter(std::vector<at::Tensor>& outputs,
                ": reduce_scatter: input[", getRank(), "] is ", describe(inputs[0][getRank()]),
                " but the output is ", describe(out), "; they must have the same number of elements");
     DType dt = to_dtype(c, out);
-    RedOp op = to_redop(c, opts.reduceOp, dt);
+    RedOp op = to_redop(c, opts.reduceOp, dt, out.is_cuda());
     std::vector<at::Tensor> ins;
     std::vector<uint64_t> counts;
     for (const auto& i : inputs[0]) {
@@ -338,7 +338,7 @@ BackendRSDP::Body BackendRSDP::prepare_reduce_scatter_base(
              getSize(), ") x output ", describe(output), " = ", output.numel() * getSize(),
              " elements");
   DType dt = to_dtype(c, output);
-  RedOp op = to_redop(c, opts.reduceOp, dt);
+  RedOp op = to_redop(c, opts.reduceOp, dt, output.is_cuda());
   at::Tensor out = output, dout = dense(output);
   at::Tensor in =
       input.is_contiguous() && !input.is_alias_of(output) ? input : input.contiguous().clone();

@@ -60,7 +60,7 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::allreduce_sparse(std::vector<at::Ten
   RSDP_CHECK(t.device().is_cpu(), "rsdp rank ", global_rank_, ": all_reduce: sparse tensor ",
              describe(t), " is on ", t.device().str(), "; sparse tensors are served on CPU only");
   DType dt = to_dtype(c, t);
-  RedOp op = to_redop(c, opts.reduceOp, dt);  // AVG: floating and complex only
+  RedOp op = to_redop(c, opts.reduceOp, dt, t.is_cuda());
   RSDP_CHECK(op == RedOp::kSum || op == RedOp::kAvg, "rsdp rank ", global_rank_,
              ": all_reduce: sparse tensor ", describe(t), ": reduce op ", redop_name(op),
              " is not defined for sparse tensors (SUM and AVG are)");
@@ -111,9 +111,12 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::allreduce_sparse(std::vector<at::Ten
       out = r == 0 ? s : out + s;
     }
     out = out.coalesce();
-    if (avg)  // divide the values: the indices of a coalesced tensor stay as they are
-      out = at::sparse_coo_tensor(out._indices(), out._values() / n, out.sizes(), out.options())
-                ._coalesced_(true);
+    if (avg) {  // divide the values: the indices of a coalesced tensor stay as they are
+      at::Tensor v = out._values();
+      // integers as NCCL averages them (host_redop_supported): truncating toward zero
+      v = v.is_floating_point() || v.is_complex() ? v / n : at::div(v, n, "trunc");
+      out = at::sparse_coo_tensor(out._indices(), v, out.sizes(), out.options())._coalesced_(true);
+    }
     t.copy_(out);
   };
   return enqueue(c10d::OpType::ALLREDUCE, "rsdp:all_reduce", tensors, std::move(body),

@@ -32,7 +32,7 @@ DType to_dtype(const OpContext& ctx, const at::Tensor& t) {
   }
 }
 
-RedOp to_redop(const OpContext& ctx, const c10d::ReduceOp& op, DType dt) {
+RedOp to_redop(const OpContext& ctx, const c10d::ReduceOp& op, DType dt, bool on_device) {
   RedOp r;
   switch (op.op_) {
     case c10d::ReduceOp::SUM: r = RedOp::kSum; break;
@@ -47,8 +47,9 @@ RedOp to_redop(const OpContext& ctx, const c10d::ReduceOp& op, DType dt) {
       RSDP_FAIL(ErrorKind::kValue, "rsdp rank ", ctx.rank, ": ", ctx.op,
                 ": reduce op PREMUL_SUM is not supported (use SUM or AVG)");
   }
-  RSDP_CHECK(redop_supported(dt, r), "rsdp rank ", ctx.rank, ": ", ctx.op, ": reduce op ",
-             redop_name(r), " is not defined for ", dtype_name(dt), " tensors");
+  RSDP_CHECK(on_device ? redop_supported(dt, r) : host_redop_supported(dt, r), "rsdp rank ",
+             ctx.rank, ": ", ctx.op, ": reduce op ", redop_name(r), " is not defined for ",
+             dtype_name(dt), on_device && host_redop_supported(dt, r) ? " CUDA tensors" : " tensors");
   return r;
 }
 

@@ -22,7 +22,9 @@ struct OpContext {
 std::string describe(const at::Tensor& t);  // "float32[4, 3]"
 
 DType to_dtype(const OpContext& ctx, const at::Tensor& t);
-RedOp to_redop(const OpContext& ctx, const c10d::ReduceOp& op, DType dt);
+// `on_device`: the tensors are CUDA tensors, reduced by the device kernels or NCCL, which
+// take fewer (dtype, op) pairs than the host (host_redop_supported: integer AVG).
+RedOp to_redop(const OpContext& ctx, const c10d::ReduceOp& op, DType dt, bool on_device);
 
 // CPU (or CUDA in CUDA builds), strided, supported dtype.
 void check_tensor(const OpContext& ctx, const at::Tensor& t, const char* what);

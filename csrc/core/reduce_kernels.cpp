@@ -195,9 +195,17 @@ RSDP_AI void dispatch_float(void* dst, const void* const* srcs, int nsrc, size_t
 }
 
 template <class Tr>
-RSDP_AI void dispatch_int(void* dst, const void* const* srcs, int nsrc, size_t count, RedOp op) {
+RSDP_AI void dispatch_int(void* dst, const void* const* srcs, int nsrc, size_t count, RedOp op,
+                         int divisor) {
   using C = typename Tr::C;
   switch (op) {
+    case RedOp::kAvg: {  // NCCL's integer average: the wrapped sum, divided once (truncating)
+      run<Tr, RedOp::kSum, false>(dst, srcs, nsrc, count, C(0));
+      using S = typename Tr::S;
+      S* d = static_cast<S*>(dst);  // in 64 bits: a divisor may not fit an 8-bit type
+      for (size_t i = 0; i < count; ++i) d[i] = S(int64_t(d[i]) / int64_t(divisor));
+      return;
+    }
     case RedOp::kSum: return run<Tr, RedOp::kSum, false>(dst, srcs, nsrc, count, C(0));
     case RedOp::kProduct: return run<Tr, RedOp::kProduct, false>(dst, srcs, nsrc, count, C(0));
     case RedOp::kMin: return run<Tr, RedOp::kMin, false>(dst, srcs, nsrc, count, C(0));
@@ -218,8 +226,8 @@ RSDP_AI void dispatch_int(void* dst, const void* const* srcs, int nsrc, size_t c
   }
 #define RSDP_INT_ENTRY(name, Tr)                                                         \
   RSDP_CLONES void name(void* dst, const void* const* srcs, int nsrc, size_t count,      \
-                        RedOp op) {                                                      \
-    dispatch_int<Tr>(dst, srcs, nsrc, count, op);                                        \
+                        RedOp op, int divisor) {                                         \
+    dispatch_int<Tr>(dst, srcs, nsrc, count, op, divisor);                               \
   }
 
 RSDP_FLOAT_ENTRY(reduce_f32, Plain<float>)
@@ -254,7 +262,7 @@ void reduce_bool(void* dst, const void* const* srcs, int nsrc, size_t count, Red
 
 void reduce_n(void* dst, const void* const* srcs, int nsrc, size_t count, DType dtype,
               RedOp op, int divisor) {
-  if (!redop_supported(dtype, op)) unsupported(dtype, op);
+  if (!host_redop_supported(dtype, op)) unsupported(dtype, op);
   if (nsrc < 1 || srcs == nullptr)
     throw std::invalid_argument("reduce_n: nsrc must be >= 1, got " + std::to_string(nsrc));
   if (op == RedOp::kAvg && divisor < 1)
@@ -276,10 +284,10 @@ void reduce_n(void* dst, const void* const* srcs, int nsrc, size_t count, DType 
     // complex SUM/AVG are element-wise on the (re, im) scalars.
     case DType::kComplex64: return reduce_f32(dst, srcs, nsrc, 2 * count, op, divisor);
     case DType::kComplex128: return reduce_f64(dst, srcs, nsrc, 2 * count, op, divisor);
-    case DType::kInt8: return reduce_i8(dst, srcs, nsrc, count, op);
-    case DType::kUInt8: return reduce_u8(dst, srcs, nsrc, count, op);
-    case DType::kInt32: return reduce_i32(dst, srcs, nsrc, count, op);
-    case DType::kInt64: return reduce_i64(dst, srcs, nsrc, count, op);
+    case DType::kInt8: return reduce_i8(dst, srcs, nsrc, count, op, divisor);
+    case DType::kUInt8: return reduce_u8(dst, srcs, nsrc, count, op, divisor);
+    case DType::kInt32: return reduce_i32(dst, srcs, nsrc, count, op, divisor);
+    case DType::kInt64: return reduce_i64(dst, srcs, nsrc, count, op, divisor);
     case DType::kBool: return reduce_bool(dst, srcs, nsrc, count, op);
   }
   unsupported(dtype, op);  // out-of-range enum value

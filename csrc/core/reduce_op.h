@@ -25,7 +25,7 @@ inline const char* redop_name(RedOp op) {
 
 // Which (dtype, op) pairs are defined:
 //  - floating: SUM AVG PRODUCT MIN MAX
-//  - integers: SUM PRODUCT MIN MAX BAND BOR BXOR (AVG is not: it would round)
+//  - integers: SUM PRODUCT MIN MAX BAND BOR BXOR (AVG on the host only: host_redop_supported)
 //  - bool:     SUM(=OR) PRODUCT(=AND) MIN(=AND) MAX(=OR) BAND BOR BXOR
 //  - complex:  SUM AVG
 inline bool redop_supported(DType t, RedOp op) {
@@ -33,6 +33,14 @@ inline bool redop_supported(DType t, RedOp op) {
   if (dtype_is_floating(t))
     return op != RedOp::kBand && op != RedOp::kBor && op != RedOp::kBxor;
   return op != RedOp::kAvg;
+}
+
+// Where the host kernels (reduce_n) define (dtype, op): the above, and AVG of integers as
+// NCCL computes it (ncclAvg: sum with wrap-around, then one division truncating toward
+// zero), which Lightning's sync_dist logging relies on. The device kernels do not average
+// integers, so CUDA tensors keep to redop_supported.
+inline bool host_redop_supported(DType t, RedOp op) {
+  return redop_supported(t, op) || (op == RedOp::kAvg && t != DType::kBool);
 }
 
 }  // namespace rsdp

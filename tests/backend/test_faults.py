@@ -199,8 +199,8 @@ def _invalid_cases(W):
     def band_float():
         return dist.all_reduce(torch.ones(N), op=dist.ReduceOp.BAND, async_op=True)
 
-    def avg_int():
-        return dist.all_reduce(torch.ones(N, dtype=torch.int32), op=dist.ReduceOp.AVG, async_op=True)
+    def avg_bool():
+        return dist.all_reduce(torch.ones(N, dtype=torch.bool), op=dist.ReduceOp.AVG, async_op=True)
 
     def bcast_bad_root():
         opts = dist.BroadcastOptions()
@@ -226,8 +226,8 @@ def _invalid_cases(W):
             (ag_list_dtypes, r"all_?gather", [r"float64|double"]),
         "all_reduce BAND on float32":
             (band_float, r"all_?reduce", [r"band|bitwise"]),
-        "all_reduce AVG on int32":
-            (avg_int, r"all_?reduce", [r"avg|average"]),
+        "all_reduce AVG on bool":
+            (avg_bool, r"all_?reduce", [r"avg|average"]),
         "broadcast root out of range":
             (bcast_bad_root, r"broadcast|bcast", [rf"\b{BAD_ROOT}\b"]),
         "broadcast negative root":

@@ -8,8 +8,9 @@ checkpoints), every strategy against the unsharded model under the same trainer:
   checkpoint at 2 ranks and at 1 rank.
 * accelerate's own loop (``Accelerator.prepare``, ``accumulate``, ``clip_grad_norm_``,
   ``save_model``): the same, without the Trainer.
-* Lightning (tests/integrations/trainer_lightning_worker.py): its stock DDP strategy, gradient
-  accumulation and clipping, a checkpoint resumed.
+* Lightning (tests/integrations/trainer_lightning_worker.py): ``strategy="rsdp"`` sharding the
+  module itself (``RSDPStrategy(plan=...)``) or training one sharded before it, and the stock
+  DDP strategy; gradient accumulation and clipping, a checkpoint resumed, then validated.
 """
 from __future__ import annotations
 
@@ -32,8 +33,11 @@ HF_CASES = ["none", "rsdp", "rsdp-units", "no_shard", "shard_optim", "full_shard
             "hybrid_shard", "rotate", "split:2", "mix", "auto", "none+bf16", "rotate+bf16"]
 RESUME_AT_1 = ["none", "rotate", "mix", "shard_optim"]
 ACCELERATE_CASES = ["none", "rotate", "mix"]
-LIGHTNING_CASES = ["none", "rsdp", "rsdp-units", "no_shard", "shard_optim", "full_shard",
-                   "shard_grad_op", "hybrid_shard", "rotate", "split:2", "mix", "auto"]
+#: strategy="rsdp" over every strategy (the strategy shards the module, or trains one sharded
+#: before it), and the stock DDP strategy over a model sharded before it (torch_rsdp's patches).
+LIGHTNING_CASES = ["none"] + [f"rsdp:{h}" for h in (
+    "rsdp", "rsdp-units", "no_shard", "shard_optim", "full_shard", "shard_grad_op",
+    "hybrid_shard", "rotate", "split:2", "mix", "auto")] + ["ddp:rsdp", "ddp:mix"]
 
 
 def _torchrun(nproc: int, script: str, *args, timeout=900):
@@ -147,6 +151,7 @@ def test_lightning_trains_and_checkpoints_like_unsharded(lightning_runs, case):
     got, ref = _result(lightning_runs, ".", f"{case}.json"), _result(lightning_runs, ".",
                                                                       "none.json")
     _close(got["loss"], ref["loss"], 1e-5, f"{case} loss")
+    _close([got["val_loss"]], [ref["val_loss"]], 1e-5, f"{case} validation loss")
     # the checkpoint Lightning wrote holds the whole model, equal to the unsharded run's
     _same_weights(_ckpt_weights(lightning_runs / case / "step=6.ckpt"),
                   _ckpt_weights(lightning_runs / "none" / "step=6.ckpt"), 1e-5,
@@ -229,7 +234,7 @@ def _lightning_fsdp_refuses(ctx):
     plan.apply(model, "rotate")
     strategy = FSDPStrategy()
     strategy.model = LitLM(model)
-    with pytest.raises(ValueError, match=rf"FSDPStrategy \(rank {ctx.rank}\).*DDP strategy"):
+    with pytest.raises(ValueError, match=rf"FSDPStrategy \(rank {ctx.rank}\).*strategy=\"rsdp\""):
         strategy.setup(None)
 
 

@@ -98,7 +98,7 @@ template <class T> T iop(RedOp op, T a, T b) {  // wrap-around via 64-bit unsign
   const uint64_t x = uint64_t(int64_t(a)), y = uint64_t(int64_t(b));
   uint64_t r = 0;
   switch (op) {
-    case RedOp::kSum: r = x + y; break;
+    case RedOp::kSum: case RedOp::kAvg: r = x + y; break;  // AVG: divided after the fold
     case RedOp::kProduct: r = x * y; break;
     case RedOp::kMin: return b < a ? b : a;
     case RedOp::kMax: return b > a ? b : a;
@@ -118,6 +118,8 @@ static T fold(const std::vector<Bytes>& in, size_t i, Ld ld, Op op) {
   for (size_t j = 1; j < in.size(); ++j) a = op(a, ld(get<L>(in[j], i)));
   return a;
 }
+
+template <class T> int64_t idiv(T a, bool avg, int div) { return avg ? int64_t(a) / div : int64_t(a); }
 
 // Expected element i of reducing `in`, written to `out`.
 static void ref_elem(DType dt, RedOp op, const std::vector<Bytes>& in, size_t i, int div, Bytes& out) {
@@ -146,10 +148,11 @@ static void ref_elem(DType dt, RedOp op, const std::vector<Bytes>& in, size_t i,
       auto b = [&](bool x, bool y) { return any ? (x || y) : op == RedOp::kBxor ? x != y : (x && y); };
       return put(out, i, uint8_t(fold<bool, uint8_t>(in, i, [](uint8_t v) { return v != 0; }, b)));
     }
-    case DType::kInt8: return put(out, i, fold<int8_t, int8_t>(in, i, as_is, g));
-    case DType::kUInt8: return put(out, i, fold<uint8_t, uint8_t>(in, i, as_is, g));
-    case DType::kInt32: return put(out, i, fold<int32_t, int32_t>(in, i, as_is, g));
-    case DType::kInt64: return put(out, i, fold<int64_t, int64_t>(in, i, as_is, g));
+    // AVG: the wrapped sum, divided once, truncating toward zero (NCCL's integer average)
+    case DType::kInt8: return put(out, i, int8_t(idiv(fold<int8_t, int8_t>(in, i, as_is, g), avg, div)));
+    case DType::kUInt8: return put(out, i, uint8_t(idiv(fold<uint8_t, uint8_t>(in, i, as_is, g), avg, div)));
+    case DType::kInt32: return put(out, i, int32_t(idiv(fold<int32_t, int32_t>(in, i, as_is, g), avg, div)));
+    case DType::kInt64: return put(out, i, int64_t(idiv(fold<int64_t, int64_t>(in, i, as_is, g), avg, div)));
   }
 }
 
@@ -229,7 +232,7 @@ static void check_case(DType dt, RedOp op, const std::vector<Bytes>& in, size_t 
 static void test_matrix() {
   for (DType dt : kAllTypes)
     for (RedOp op : kAllOps) {
-      if (!redop_supported(dt, op)) continue;
+      if (!host_redop_supported(dt, op)) continue;
       for (int nsrc : {1, 2, 3, 4, 5, 8, 11})  // 5/8/11: blocked path, 1-3 sources in last pass
         for (size_t count : {size_t(0), size_t(1), size_t(7), size_t(1000), size_t(4099), size_t(20011)}) {
           std::vector<Bytes> in;
@@ -241,8 +244,12 @@ static void test_matrix() {
         }
     }
   // nsrc == 1 AVG with a divisor that is not nsrc.
-  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kComplex128})
+  for (DType dt : {DType::kFloat32, DType::kBFloat16, DType::kFloat16, DType::kComplex128,
+                   DType::kInt8, DType::kInt64})
     check_case(dt, RedOp::kAvg, {random_input(dt, 777, 1)}, 777, -1, 0, 3, "avg/3");
+  // An integer average whose divisor does not fit the type: -128 / 128 is -1, 127 / 200 is 0.
+  for (int div : {128, 200})
+    check_case(DType::kInt8, RedOp::kAvg, {Bytes{0x80, 0x7f, 0x81, 0x00}}, 4, -1, 0, div, "int8 avg/big");
   // One buffer as dst and as every source (2 and 6 times).
   for (DType dt : {DType::kFloat32, DType::kFloat16, DType::kInt8, DType::kBool}) {
     const Bytes x = random_input(dt, 3000, 6);
@@ -352,7 +359,7 @@ static std::string error_of(DType dt, RedOp op, int nsrc, int div) {
 static void test_errors() {  // every unsupported pair, with the exact message
   for (DType dt : kAllTypes)
     for (RedOp op : kAllOps) {
-      if (redop_supported(dt, op)) continue;
+      if (host_redop_supported(dt, op)) continue;
       const std::string want = std::string("reduce op ") + redop_name(op) + " is not defined for " + dtype_name(dt);
       const std::string got = error_of(dt, op, 2, 2);
       CHECK(got == want, "got '%s', want '%s'", got.c_str(), want.c_str());

@@ -46,7 +46,11 @@ def counts(ctx) -> tuple:
 
 def ops(ctx, dtype) -> list[str]:
     chosen = getattr(ctx, "ops", None)
-    return [op for op in ops_for(dtype) if chosen is None or op in chosen]
+    # the device kernels and NCCL's path do not average integers (CUDA tensors refuse it)
+    device_int_avg = str(getattr(ctx, "device", "cpu")).startswith("cuda") and not (
+        dtype.is_floating_point or dtype.is_complex)
+    return [op for op in ops_for(dtype) if (chosen is None or op in chosen)
+            and not (op == "AVG" and device_int_avg)]
 
 
 def _split(src: int, dst: int, n: int) -> int:

@@ -39,8 +39,10 @@ def ops_for(dtype: torch.dtype) -> list[str]:
         return ["SUM", "AVG", "PRODUCT", "MIN", "MAX"]
     if dtype in COMPLEX:
         return ["SUM", "AVG"]
-    # integers and bool
-    return ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+    if dtype == torch.bool:
+        return ["SUM", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
+    # integers: AVG as NCCL computes it (the wrapped sum, divided truncating toward zero)
+    return ["SUM", "AVG", "PRODUCT", "MIN", "MAX", "BAND", "BOR", "BXOR"]
 
 
 def _kind_for(op: str) -> str:
@@ -78,6 +80,8 @@ def _make_cached(kind: str, rank: int, n: int, dtype: torch.dtype, world: int, s
             raise AssertionError(dtype)
         return v.to(dtype)
 
+    if kind == "avg" and not (dtype.is_floating_point or dtype in COMPLEX):
+        kind = "sum"  # integers: sums that do not divide evenly, negative ones too (truncation)
     if kind == "sum":
         # |sum over <= 4 ranks| must be exact and in range
         bound = {torch.float16: 255, torch.bfloat16: 31, torch.int8: 31, torch.uint8: 63,
@@ -170,6 +174,8 @@ def reduce_ref(op: str, tensors: list[torch.Tensor]) -> torch.Tensor:
         wide = torch.stack([t.to(torch.int64) for t in tensors])
     if op == "SUM":
         out = wide.sum(0)
+    elif op == "AVG" and wide.dtype == torch.int64:
+        out = torch.div(wide.sum(0).to(dtype).to(torch.int64), world, rounding_mode="trunc")
     elif op == "AVG":
         out = wide.sum(0) / world
     elif op == "PRODUCT":

@@ -16,38 +16,59 @@ which changes nothing for a model torch_rsdp did not shard:
   ``save_strategy`` write the whole model (what ``from_pretrained`` loads) and the whole
   optimizer state, which ``resume_from_checkpoint`` loads back at any world size; gradient
   clipping is one process's; ``save_pretrained`` called on every rank gathers the whole model.
-* ``lightning`` / ``pytorch_lightning`` (:mod:`.lightning_hooks`): the DDP strategies keep a
-  module holding sharded parameters unwrapped, and checkpoints hold whole tensors.
+* ``lightning`` / ``pytorch_lightning``: ``Trainer(strategy="rsdp")`` (registered in
+  Lightning's strategy registry; :mod:`.lightning_strategy`, ``RSDPStrategy``) shards the
+  module and trains, checkpoints and resumes it; the stock DDP strategy also keeps a module
+  holding sharded parameters unwrapped (:mod:`.lightning_hooks`).
 
-Each library is patched when it is imported (before or after torch_rsdp); set
-``TORCH_RSDP_INTEGRATIONS=0`` to leave them alone.
+Every patched method is a row of :mod:`.patch_table`, with the library versions it was tested
+with. Each library is patched when it is imported (before or after torch_rsdp); a version
+outside the tested range, or a method a release renamed, is reported once as a warning, and a
+sharded model that reaches a library whose patch is missing is refused (``IntegrationError``)
+instead of silently saving rank 0's shards. :func:`status` says what is active and why not;
+set ``TORCH_RSDP_INTEGRATIONS=0`` to leave every library alone.
 """
 from __future__ import annotations
 
 import os
 
+from collections import defaultdict
+
+from .patch_table import LIBRARIES, PATCHES
+from .patching import IntegrationError, IntegrationWarning, apply_rows, set_disabled
 from .post_import import when_imported
 from .sharded import (clip_grad_norm_, full_model_state_dict, full_optimizer_state_dict,
                       is_sharded, sharded_roots)
+from .status import status
 
-__all__ = ["install", "is_sharded", "sharded_roots", "full_model_state_dict",
-           "full_optimizer_state_dict", "clip_grad_norm_"]
+__all__ = ["install", "status", "RSDPStrategy", "IntegrationError", "IntegrationWarning",
+           "is_sharded", "sharded_roots", "full_model_state_dict", "full_optimizer_state_dict",
+           "clip_grad_norm_"]
 
 _INSTALLED = [False]
 
 
 def install() -> None:
-    """Patches accelerate, transformers and Lightning as each is imported (idempotent)."""
-    if _INSTALLED[0] or os.environ.get("TORCH_RSDP_INTEGRATIONS", "1") == "0":
+    """Patches the libraries of :mod:`.patch_table` as each is imported, and registers
+    Lightning's ``"rsdp"`` strategy (idempotent)."""
+    if _INSTALLED[0]:
         return
     _INSTALLED[0] = True
-    from . import accelerate_hooks, lightning_hooks, trainer_hooks
+    if os.environ.get("TORCH_RSDP_INTEGRATIONS", "1") == "0":
+        set_disabled()
+        return
+    by_module = defaultdict(list)
+    for row in PATCHES:
+        by_module[f"{LIBRARIES[row.library].root}.{row.module}"].append(row)
+    for module, rows in by_module.items():
+        when_imported(module, lambda m, rows=rows: apply_rows(rows, m))
+    from . import lightning_strategy
+    for root in ("lightning.pytorch", "pytorch_lightning"):
+        when_imported(f"{root}.strategies", lightning_strategy.register)
 
-    when_imported("accelerate.accelerator", accelerate_hooks.patch)
-    when_imported("transformers.trainer", trainer_hooks.patch)
-    when_imported("transformers.modeling_utils", trainer_hooks.patch_pretrained)
-    when_imported("lightning.pytorch.strategies.ddp", lightning_hooks.patch)
-    when_imported("pytorch_lightning.strategies.ddp", lightning_hooks.patch)
-    for pkg in ("lightning.pytorch", "pytorch_lightning"):
-        for mod in ("fsdp", "deepspeed", "model_parallel"):
-            when_imported(f"{pkg}.strategies.{mod}", lightning_hooks.patch_sharding_strategy)
+
+def __getattr__(name):
+    if name == "RSDPStrategy":  # imports Lightning: only when asked for
+        from .lightning_strategy import strategy_class
+        return strategy_class("lightning")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -16,11 +16,10 @@ FSDP and DeepSpeed plugins shard a model themselves and refuse a sharded one.
 """
 from __future__ import annotations
 
-from .patching import wrap_method
 from .sharded import clip_grad_norm_ as one_process_clip
 from .sharded import full_model_state_dict, is_sharded
 
-__all__ = ["patch"]
+__all__ = ["guard_prepare", "prepare_model", "get_state_dict", "clip_grad_norm"]
 
 
 def _unwrap(model):
@@ -37,7 +36,16 @@ def _refuse_other_sharding(acc) -> None:
             f"the sharding) or pass the unsharded model to accelerate's FSDP")
 
 
-def _prepare_model(original):
+def guard_prepare(original):
+    def prepare(self, *args, **kwargs):
+        if any(is_sharded(_unwrap(a)) for a in list(args) + list(kwargs.values())):
+            from .patching import refuse_if_missing
+            refuse_if_missing("accelerate.Accelerator.prepare", ("accelerate",))
+        return original(self, *args, **kwargs)
+    return prepare
+
+
+def prepare_model(original):
     def prepare_model(self, model, device_placement=None, evaluation_mode=False):
         if not is_sharded(_unwrap(model)):
             return original(self, model, device_placement=device_placement,
@@ -47,7 +55,7 @@ def _prepare_model(original):
     return prepare_model
 
 
-def _get_state_dict(original):
+def get_state_dict(original):
     def get_state_dict(self, model, unwrap=True):
         inner = _unwrap(self.unwrap_model(model))
         if not is_sharded(inner):
@@ -56,7 +64,7 @@ def _get_state_dict(original):
     return get_state_dict
 
 
-def _clip_grad_norm(original):
+def clip_grad_norm(original):
     def clip_grad_norm_(self, parameters, max_norm, norm_type=2):
         parameters = list(parameters) if not hasattr(parameters, "grad") else [parameters]
         ids = {id(p) for p in parameters}
@@ -67,11 +75,3 @@ def _clip_grad_norm(original):
                 return one_process_clip(inner, max_norm, norm_type)
         return original(self, parameters, max_norm, norm_type)
     return clip_grad_norm_
-
-
-def patch(module) -> None:
-    """Patches ``module.Accelerator`` (``module`` is ``accelerate.accelerator``)."""
-    cls = module.Accelerator
-    wrap_method(cls, "prepare_model", _prepare_model)
-    wrap_method(cls, "get_state_dict", _get_state_dict)
-    wrap_method(cls, "clip_grad_norm_", _clip_grad_norm)

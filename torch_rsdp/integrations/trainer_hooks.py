@@ -23,10 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from .patching import wrap_method
 from .sharded import clip_grad_norm_, full_model_state_dict, full_optimizer_state_dict, is_sharded
 
-__all__ = ["patch"]
+__all__ = ["guard_init", "save_model", "save_optimizer_and_scheduler", "clip_grad_norm",
+           "get_grad_norm", "save_pretrained"]
 
 
 def _ours(trainer) -> bool:
@@ -50,7 +50,17 @@ class _SavedState:
         return self._state
 
 
-def _save_model(original):
+def guard_init(original):
+    def __init__(self, *args, **kwargs):
+        model = kwargs["model"] if "model" in kwargs else (args[0] if args else None)
+        if is_sharded(model):
+            from .patching import refuse_if_missing
+            refuse_if_missing("transformers.Trainer", ("transformers", "accelerate"))
+        original(self, *args, **kwargs)
+    return __init__
+
+
+def save_model(original):
     def save_model(self, output_dir=None, _internal_call=False):
         if not _ours(self):
             return original(self, output_dir, _internal_call)
@@ -62,7 +72,7 @@ def _save_model(original):
     return save_model
 
 
-def _save_optimizer_and_scheduler(original):
+def save_optimizer_and_scheduler(original):
     def _save_optimizer_and_scheduler(self, output_dir):
         if not _ours(self):
             return original(self, output_dir)
@@ -75,7 +85,7 @@ def _save_optimizer_and_scheduler(original):
     return _save_optimizer_and_scheduler
 
 
-def _clip_grad_norm(original):
+def clip_grad_norm(original):
     def _clip_grad_norm(self, model):
         if not _ours(self):
             return original(self, model)
@@ -83,7 +93,7 @@ def _clip_grad_norm(original):
     return _clip_grad_norm
 
 
-def _get_grad_norm(original):
+def get_grad_norm(original):
     def _get_grad_norm(self, model, grad_norm=None):
         if grad_norm is None and _ours(self):
             grad_norm = clip_grad_norm_(self.model, float("inf"))
@@ -91,7 +101,7 @@ def _get_grad_norm(original):
     return _get_grad_norm
 
 
-def _save_pretrained(original):
+def save_pretrained(original):
     def save_pretrained(self, save_directory, *args, state_dict=None, **kwargs):
         if state_dict is None and is_sharded(self):
             # collective: every rank calls save_pretrained (is_main_process says who writes),
@@ -99,17 +109,3 @@ def _save_pretrained(original):
             state_dict = full_model_state_dict(self)
         return original(self, save_directory, *args, state_dict=state_dict, **kwargs)
     return save_pretrained
-
-
-def patch_pretrained(module) -> None:
-    """Patches ``module.PreTrainedModel.save_pretrained`` (``transformers.modeling_utils``)."""
-    wrap_method(module.PreTrainedModel, "save_pretrained", _save_pretrained)
-
-
-def patch(module) -> None:
-    """Patches ``module.Trainer`` (``module`` is ``transformers.trainer``)."""
-    cls = module.Trainer
-    wrap_method(cls, "save_model", _save_model)
-    wrap_method(cls, "_save_optimizer_and_scheduler", _save_optimizer_and_scheduler)
-    wrap_method(cls, "_clip_grad_norm", _clip_grad_norm)
-    wrap_method(cls, "_get_grad_norm", _get_grad_norm)
