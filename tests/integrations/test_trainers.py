@@ -241,3 +241,41 @@ def _lightning_fsdp_refuses(ctx):
 def test_lightning_sharding_strategies_refuse_a_sharded_model():
     pytest.importorskip("lightning")
     launch(_lightning_fsdp_refuses, 2)
+
+
+def test_rsdp_strategy_refuses_unknown_arguments_when_built():
+    pytest.importorskip("lightning")
+    import torch_rsdp  # noqa: F401
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    from torch_rsdp.integrations import RSDPStrategy
+
+    assert StrategyRegistry["rsdp"]["strategy"] is RSDPStrategy
+    with pytest.raises(TypeError, match=r"RSDPStrategy got unexpected keyword arguments \['plan_name'\]"):
+        RSDPStrategy(plan_name="rotate")
+    with pytest.raises(TypeError, match=r"shard_options \['bucket_bytes'\] are not options of "
+                                        r"torch_rsdp\.rsdp\.api\.shard"):
+        RSDPStrategy(shard_options={"bucket_bytes": 1})  # plan.apply's, not rsdp.shard's
+    strategy = RSDPStrategy(plan="rotate", shard_options={"bucket_bytes": 1 << 20})
+    assert strategy.process_group_backend == "rsdp"
+
+
+def _strategy_refuses_to_shard_again(ctx):
+    from torch_rsdp import plan
+    from support.plan_cases import make_llama
+    from torch_rsdp.integrations import RSDPStrategy
+
+    sys.path.insert(0, HERE)
+    from trainer_lightning_worker import LitLM
+
+    model = make_llama()
+    plan.apply(model, "rotate")
+    strategy = RSDPStrategy(plan="full_shard")
+    with pytest.raises(ValueError, match=rf"RSDPStrategy \(rank {ctx.rank}\): the module holds a "
+                                         r"model sharded by torch_rsdp already"):
+        strategy._shard(LitLM(model))
+
+
+def test_rsdp_strategy_refuses_to_shard_a_sharded_model_again():
+    pytest.importorskip("lightning")
+    launch(_strategy_refuses_to_shard_again, 2)
