@@ -96,11 +96,10 @@ PUBLIC_API_ONLY = {"torch_rsdp.rsdp", "torch_rsdp.plan.strategies", "torch_rsdp.
 #: function, with the reason.
 _LIGHT_IMPORT = "``import torch_rsdp`` installs the integrations and must not load rsdp or plan"
 LAZY: Dict[Tuple[str, str], str] = {
-    **{("torch_rsdp.integrations", f"torch_rsdp.integrations.{m}"):
-       "a library's hooks load when that library is imported (they import it)"
-       for m in ("accelerate_hooks", "lightning_hooks", "trainer_hooks")},
     ("torch_rsdp.integrations.sharded", "torch_rsdp.plan"): _LIGHT_IMPORT,
     ("torch_rsdp.integrations.sharded", "torch_rsdp.rsdp"): _LIGHT_IMPORT,
+    ("torch_rsdp.integrations.lightning_strategy", "torch_rsdp.plan"): _LIGHT_IMPORT,
+    ("torch_rsdp.integrations.lightning_strategy", "torch_rsdp.rsdp"): _LIGHT_IMPORT,
 }
 
 

@@ -34,9 +34,11 @@ import os
 
 from collections import defaultdict
 
+from . import lightning_strategy
 from .patch_table import LIBRARIES, PATCHES
-from .patching import IntegrationError, IntegrationWarning, apply_rows, set_disabled
+from .patching import IntegrationWarning, apply_rows, set_disabled
 from .post_import import when_imported
+from .refusal import IntegrationError
 from .sharded import (clip_grad_norm_, full_model_state_dict, full_optimizer_state_dict,
                       is_sharded, sharded_roots)
 from .status import status
@@ -62,13 +64,11 @@ def install() -> None:
         by_module[f"{LIBRARIES[row.library].root}.{row.module}"].append(row)
     for module, rows in by_module.items():
         when_imported(module, lambda m, rows=rows: apply_rows(rows, m))
-    from . import lightning_strategy
     for root in ("lightning.pytorch", "pytorch_lightning"):
         when_imported(f"{root}.strategies", lightning_strategy.register)
 
 
 def __getattr__(name):
     if name == "RSDPStrategy":  # imports Lightning: only when asked for
-        from .lightning_strategy import strategy_class
-        return strategy_class("lightning")
+        return lightning_strategy.strategy_class("lightning")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

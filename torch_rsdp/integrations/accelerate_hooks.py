@@ -16,6 +16,7 @@ FSDP and DeepSpeed plugins shard a model themselves and refuse a sharded one.
 """
 from __future__ import annotations
 
+from .refusal import refuse_if_missing
 from .sharded import clip_grad_norm_ as one_process_clip
 from .sharded import full_model_state_dict, is_sharded
 
@@ -39,7 +40,6 @@ def _refuse_other_sharding(acc) -> None:
 def guard_prepare(original):
     def prepare(self, *args, **kwargs):
         if any(is_sharded(_unwrap(a)) for a in list(args) + list(kwargs.values())):
-            from .patching import refuse_if_missing
             refuse_if_missing("accelerate.Accelerator.prepare", ("accelerate",))
         return original(self, *args, **kwargs)
     return prepare

@@ -26,6 +26,7 @@ for ``RSDPStrategy``, whose overridden methods) are missing in this Lightning is
 """
 from __future__ import annotations
 
+from .refusal import refuse_if_missing
 from .sharded import full_model_state_dict, full_optimizer_state_dict, is_sharded, sharded_roots
 
 __all__ = ["guard_connect", "ddp_setup", "configure_ddp", "lightning_module_state_dict",
@@ -57,7 +58,6 @@ def leave_shards_to_torch_rsdp(module) -> None:
 def guard_connect(original):
     def connect(self, model):
         if is_sharded(model):
-            from .patching import refuse_if_missing
             lib = type(self).__module__.split(".")[0]  # lightning or pytorch_lightning
             # RSDPStrategy relies on the methods it overrides, the other strategies on patches
             kinds = ("override",) if getattr(self, "_torch_rsdp_strategy", False) else (

@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from .lightning_hooks import leave_shards_to_torch_rsdp
+from .refusal import refuse_if_missing
 from .sharded import full_model_state_dict, full_optimizer_state_dict, is_sharded
 
 __all__ = ["strategy_class", "register"]
@@ -116,7 +117,6 @@ def _make(strategies) -> type:
 
         def __init__(self, plan=None, *, shard_options: Optional[Dict[str, Any]] = None,
                      process_group_backend: Optional[str] = "rsdp", **kwargs):
-            from .patching import refuse_if_missing
             refuse_if_missing("RSDPStrategy", (lib,), ("override",))
             unknown = sorted(set(kwargs) - ddp_params)
             if unknown:

@@ -8,7 +8,7 @@ A row's state is one of
 * ``"absent"``: an optional row whose class or method this version lacks, and with it the
   path the row serves;
 * ``"missing"``: the method is not there. Reported once as a warning when the module is
-  imported; a sharded model that then comes in by a guard is refused (:func:`refuse_if_missing`)
+  imported; a sharded model that then comes in by a guard is refused (:mod:`.refusal`)
   instead of running the library's unsharded code, which would save rank 0's shards as if they
   were the model;
 * ``"disabled"``: ``TORCH_RSDP_INTEGRATIONS=0``.
@@ -24,20 +24,17 @@ import re
 import sys
 import threading
 import warnings
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 from .patch_table import LIBRARIES, PATCHES, Patch
+from .refusal import Missing, record_missing
 
-__all__ = ["IntegrationWarning", "IntegrationError", "wrap_method", "apply_rows",
-           "state_of", "library_version", "in_tested_range", "refuse_if_missing"]
+__all__ = ["IntegrationWarning", "wrap_method", "apply_rows", "state_of", "library_version",
+           "in_tested_range"]
 
 
 class IntegrationWarning(UserWarning):
     """A library torch_rsdp patches is outside its tested versions, or lacks a method."""
-
-
-class IntegrationError(RuntimeError):
-    """A model sharded by torch_rsdp reached a library whose patch for it is missing."""
 
 
 _LOCK = threading.RLock()
@@ -140,37 +137,9 @@ def apply_rows(rows: Iterable[Patch], module) -> None:
         if state == "missing":
             version = library_version(row.library)
             lo, hi = LIBRARIES[row.library].tested
+            record_missing(Missing(row.library, str(version), (lo, hi), row.kind, row.target,
+                                   row.why))
             _warn_once(("missing", _key(row)),
                        f"torch_rsdp: {row.library} {version} has no {row.target} (tested with "
                        f"{row.library} {lo} to {hi}); a model sharded by torch_rsdp will be "
                        f"refused there, since without it {row.why}")
-
-
-def missing_rows(libraries: Iterable[str], kinds: Iterable[str] = ("patch", "guard")
-                 ) -> List[Patch]:
-    libraries, kinds = set(libraries), set(kinds)
-    return [r for r in PATCHES if r.library in libraries and r.kind in kinds
-            and state_of(r) == "missing"]
-
-
-def refuse_if_missing(where: str, libraries: Iterable[str],
-                      kinds: Iterable[str] = ("patch", "guard")) -> None:
-    """Raises :class:`IntegrationError` if a row of ``libraries`` is missing: called by the
-    guards when a sharded model comes in, before the library's unsharded code can run."""
-    missing = missing_rows(libraries, kinds)
-    if not missing:
-        return
-    import torch.distributed as dist
-
-    rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-    lines = []
-    for r in missing:
-        lo, hi = LIBRARIES[r.library].tested
-        lines.append(f"  {r.library} {library_version(r.library)}: {r.target} is missing "
-                     f"(tested with {lo} to {hi}); without it {r.why}")
-    raise IntegrationError(
-        f"rank {rank}: {where} got a model sharded by torch_rsdp, but torch_rsdp's integration "
-        f"cannot serve this version:\n" + "\n".join(lines) +
-        f"\nInstall a tested version (scripts/setup.sh pins them), or save with "
-        f"torch_rsdp.integrations.full_model_state_dict yourself; "
-        f"torch_rsdp.integrations.status() shows every patch")

@@ -17,6 +17,9 @@ import sys
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+from .patch_table import LIBRARIES, PATCHES
+from .patching import in_tested_range, library_version, state_of
+
 __all__ = ["status", "Status", "LibraryStatus", "RowStatus"]
 
 
@@ -90,9 +93,6 @@ def _torch_rows() -> Tuple[RowStatus, ...]:
 def status() -> Status:
     """Each library torch_rsdp patches (version, tested range, each row's state), and the
     changes to torch's own functions."""
-    from .patch_table import LIBRARIES, PATCHES
-    from .patching import in_tested_range, library_version, state_of
-
     libraries = []
     for lib in LIBRARIES.values():
         version = library_version(lib.name)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import torch
 
+from .refusal import refuse_if_missing
 from .sharded import clip_grad_norm_, full_model_state_dict, full_optimizer_state_dict, is_sharded
 
 __all__ = ["guard_init", "save_model", "save_optimizer_and_scheduler", "clip_grad_norm",
@@ -54,7 +55,6 @@ def guard_init(original):
     def __init__(self, *args, **kwargs):
         model = kwargs["model"] if "model" in kwargs else (args[0] if args else None)
         if is_sharded(model):
-            from .patching import refuse_if_missing
             refuse_if_missing("transformers.Trainer", ("transformers", "accelerate"))
         original(self, *args, **kwargs)
     return __init__
