@@ -1,5 +1,9 @@
 #include "algorithms/select.h"
 
+#include <string>
+
+#include "core/error.h"
+
 namespace rsdp {
 namespace {
 
@@ -46,6 +50,22 @@ Algo select_algo(const Choice& c) {
   const AlgoInfo* forced = find_algo(c.op, c.opts.forced_algo(c.op));
   if (forced && can_run(*forced, c)) return forced->id;
   return automatic(c);
+}
+
+void check_forced_algorithms(Options& opts) {
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    std::string& v = opts.algo[k];
+    if (v.empty()) continue;
+    const OpKind op = static_cast<OpKind>(k);
+    const std::string names = algo_choices(op);
+    if (names.empty()) {
+      v.clear();
+      continue;
+    }
+    RSDP_CHECK((" " + names + " ").find(" " + v + " ") != std::string::npos,
+               "environment variable ", algo_env_var(op), "='", v,
+               "' names no algorithm; choose one of: auto ", names);
+  }
 }
 
 }  // namespace rsdp

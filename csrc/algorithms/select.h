@@ -18,6 +18,11 @@ namespace rsdp {
 
 Algo select_algo(const Choice& c);
 
+// Checks the forced names of `opts` (RSDP_ALGO_<OP>) against the table when the backend
+// starts: a name the op does not take raises, naming the variable and the choices; an op
+// with no choice of algorithm ignores its variable (the entry is cleared).
+void check_forced_algorithms(Options& opts);
+
 // The one-shot allreduce threshold for host or device buffers
 // (RSDP_ONESHOT_BYTES, RSDP_CUDA_ONESHOT_BYTES).
 inline size_t oneshot_bytes(const Options& opts, bool device) {

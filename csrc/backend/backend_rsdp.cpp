@@ -5,6 +5,7 @@
 #include "algorithms/collectives.h"
 #include "algorithms/emulated_collectives.h"
 #include "algorithms/group_comm.h"
+#include "algorithms/select.h"
 #include "backend/op_queue.h"
 #include "backend/ring_step.h"
 #include "backend/store_bootstrap.h"
@@ -22,6 +23,7 @@ BackendRSDP::BackendRSDP(const c10::intrusive_ptr<c10d::Store>& store, int rank,
       group_name_(group_name) {
   translate_errors([&] {
     opts_ = rsdp::Options::from_env();
+    check_forced_algorithms(opts_);
     global_rank_ = global_ranks.empty() ? rank : global_ranks.at(rank);
     boot_ = std::make_unique<StoreBootstrap>(store);
     Group g = join_group(*boot_, rank, size, std::move(global_ranks), std::move(group_name),

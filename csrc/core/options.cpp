@@ -6,7 +6,6 @@
 #include <cstring>
 #include <string>
 
-#include "algorithms/algorithm_table.h"
 #include "core/error.h"
 
 namespace rsdp {
@@ -64,6 +63,12 @@ void parse_emulate_device(const char* v, Options& o) {
 
 }  // namespace
 
+std::string algo_env_var(OpKind op) {
+  std::string var = "RSDP_ALGO_";
+  for (const char* p = op_name(op); *p; ++p) var += static_cast<char>(std::toupper(*p));
+  return var;
+}
+
 Options Options::from_env() {
   Options o;
   if (const char* v = env("RSDP_SHM_BYTES")) o.shm_bytes = parse_bytes("RSDP_SHM_BYTES", v);
@@ -85,17 +90,11 @@ Options Options::from_env() {
                "environment variable ", var, "='", v, "' names no algorithm; choose one of: ",
                names);
   };
-  // RSDP_ALGO_<OP> for each op with a choice of algorithms (algorithms.def).
+  // RSDP_ALGO_<OP>, as given ("auto" is unset): the names each op accepts are the algorithm
+  // table's, which checks them (check_forced_algorithms, algorithms/select.cpp).
   for (int k = 0; k < kNumOpKinds; ++k) {
-    const OpKind op = static_cast<OpKind>(k);
-    const std::string names = algo_choices(op);
-    if (names.empty()) continue;
-    std::string var = "RSDP_ALGO_";
-    for (const char* p = op_name(op); *p; ++p) var += static_cast<char>(std::toupper(*p));
-    const char* v = env(var.c_str());
-    if (!v) continue;
-    check_choice(var.c_str(), v, "auto " + names);
-    if (std::strcmp(v, "auto") != 0) o.algo[k] = v;
+    const char* v = env(algo_env_var(static_cast<OpKind>(k)).c_str());
+    if (v && std::strcmp(v, "auto") != 0) o.algo[k] = v;
   }
   if (const char* v = env("RSDP_CUDA_INTRA")) {
     check_choice("RSDP_CUDA_INTRA", v, "auto ipc nccl");

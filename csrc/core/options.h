@@ -29,7 +29,8 @@ struct Options {
   // Explicit node identity (empty: host name + boot id).
   std::string node_id;
   // Forced algorithms by op, from RSDP_ALGO_<OP> (empty when unset or
-  // "auto"); the names each op accepts are in algorithms/algorithms.def.
+  // "auto"); the names each op accepts are in algorithms/algorithms.def, and
+  // check_forced_algorithms (algorithms/select.h) refuses any other.
   std::array<std::string, kNumOpKinds> algo;
   const std::string& forced_algo(OpKind op) const { return algo[static_cast<size_t>(op)]; }
 
@@ -55,5 +56,8 @@ struct Options {
 
   static Options from_env();
 };
+
+// The variable that forces op's algorithm: "RSDP_ALGO_" + its name in capitals.
+std::string algo_env_var(OpKind op);
 
 }  // namespace rsdp

@@ -1,31 +1,26 @@
 #include "rsdp/linear_schedule.h"
 
 #include <optional>
-
-#include "backend/backend_rsdp.h"
-#include "backend/ring_step.h"
+#include <utility>
 
 namespace rsdp {
 namespace {
 
-// One hop in flight: a ring step on this thread, or the queued op where there is none.
+// One hop in flight.
 class Hop {
  public:
-  void start(BackendRSDP& b, const at::Tensor& send, const at::Tensor& recv, int direction,
+  void start(RingHops& ring, const at::Tensor& send, const at::Tensor& recv, int direction,
              const std::optional<at::Tensor>& add) {
-    step_ = b.ring_step(send, recv, direction, add);
-    if (!step_) work_ = b.ring_shift(send, recv, direction, add, true, std::nullopt);
+    wait_ = ring.start(send, recv, direction, add);
   }
   void wait() {
-    if (step_) step_->wait();
-    if (work_) work_->wait();
-    step_.reset();
-    work_.reset();
+    if (!wait_) return;
+    auto w = std::exchange(wait_, nullptr);
+    w();
   }
 
  private:
-  std::shared_ptr<RingStep> step_;
-  c10::intrusive_ptr<c10d::Work> work_;
+  std::function<void()> wait_;
 };
 
 // Shard j's weight in `buf` in its stored layout ([out_j, in] / [out, in_j]; transposed
@@ -91,7 +86,7 @@ class WholeWeight {
 // The forward's rotation: visit(j, shard j's flat buffer) for every shard in hand, own first,
 // while the next hop (direction +1) is in flight.
 template <class Visit>
-void rotate(BackendRSDP& b, const at::Tensor& src, const std::vector<at::Tensor>& bufs,
+void rotate(RingHops& ring, const at::Tensor& src, const std::vector<at::Tensor>& bufs,
             const std::vector<int64_t>& origins, Visit&& visit) {
   const int64_t W = static_cast<int64_t>(origins.size());
   at::Tensor cur = src;
@@ -100,7 +95,7 @@ void rotate(BackendRSDP& b, const at::Tensor& src, const std::vector<at::Tensor>
     at::Tensor nxt;
     if (t < W - 1) {
       nxt = bufs[t % bufs.size()];
-      hop.start(b, cur, nxt, 1, std::nullopt);
+      hop.start(ring, cur, nxt, 1, std::nullopt);
     }
     visit(origins[t], cur);
     if (t < W - 1) {
@@ -112,20 +107,20 @@ void rotate(BackendRSDP& b, const at::Tensor& src, const std::vector<at::Tensor>
 
 }  // namespace
 
-at::Tensor linear_forward(BackendRSDP& b, const LinearGeometry& g, const at::Tensor& x2,
+at::Tensor linear_forward(RingHops& ring, const LinearGeometry& g, const at::Tensor& x2,
                           const at::Tensor& src, const std::vector<at::Tensor>& bufs,
                           const std::vector<int64_t>& origins, bool whole) {
   const int64_t N = x2.size(0);
   if (whole) {
     WholeWeight ww(g, src, true);
-    rotate(b, src, bufs, origins, [&](int64_t j, const at::Tensor& cur) { ww.place(j, cur); });
+    rotate(ring, src, bufs, origins, [&](int64_t j, const at::Tensor& cur) { ww.place(j, cur); });
     // split by input features the bias is replicated and added by the caller
     const at::Tensor& bb = ww.bias_or_undefined();
     return bb.defined() ? at::addmm(bb, x2, ww.io()) : at::mm(x2, ww.io());
   }
   at::Tensor y = g.split_out ? at::empty({N, g.fout}, x2.options())
                              : at::zeros({N, g.fout}, x2.options());
-  rotate(b, src, bufs, origins, [&](int64_t j, const at::Tensor& cur) {
+  rotate(ring, src, bufs, origins, [&](int64_t j, const at::Tensor& cur) {
     if (!g.sizes[j]) return;
     if (g.split_out) {
       at::Tensor cols = y.narrow(1, g.starts[j], g.sizes[j]);
@@ -140,7 +135,7 @@ at::Tensor linear_forward(BackendRSDP& b, const LinearGeometry& g, const at::Ten
   return y;
 }
 
-at::Tensor linear_backward(BackendRSDP& b, const LinearGeometry& g, const at::Tensor& x2,
+at::Tensor linear_backward(RingHops& ring, const LinearGeometry& g, const at::Tensor& x2,
                            const at::Tensor& dy2, const at::Tensor& src,
                            const at::Tensor& wbuf, const at::Tensor& acc,
                            const at::Tensor& local, const std::vector<int64_t>& origins,
@@ -156,7 +151,7 @@ at::Tensor linear_backward(BackendRSDP& b, const LinearGeometry& g, const at::Te
   if (need_x && whole) {
     ww.emplace(g, src, false);
     ww->place(origins[0], src);
-    if (W > 1) pw.start(b, src, wbuf, -1, std::nullopt);
+    if (W > 1) pw.start(ring, src, wbuf, -1, std::nullopt);
   }
   at::Tensor G, Gb;
   if (need_w && whole) {
@@ -208,7 +203,7 @@ at::Tensor linear_backward(BackendRSDP& b, const LinearGeometry& g, const at::Te
     if (ww && t > 0) {
       pw.wait();
       ww->place(origins[t], wbuf);
-      if (t < W - 1) pw.start(b, wbuf, wbuf, -1, std::nullopt);
+      if (t < W - 1) pw.start(ring, wbuf, wbuf, -1, std::nullopt);
     } else if (need_x && !ww) {
       if (t == 0) {
         cur = src;
@@ -217,12 +212,12 @@ at::Tensor linear_backward(BackendRSDP& b, const LinearGeometry& g, const at::Te
         cur = wbuf;
       }
       visit(origins[t], cur);
-      if (t < W - 1) pw.start(b, cur, wbuf, -1, std::nullopt);  // in place from t = 1 on
+      if (t < W - 1) pw.start(ring, cur, wbuf, -1, std::nullopt);  // in place from t = 1 on
     }
     if (need_w && t < W - 1) {
       pg.wait();  // `local` is read by the hop in flight
       contribute(origins[t + 2], local);
-      pg.start(b, acc, acc, -1, local);
+      pg.start(ring, acc, acc, -1, local);
     }
   }
   if (ww) {  // while the last gradient hop is in flight

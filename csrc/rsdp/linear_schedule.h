@@ -6,7 +6,8 @@
 // backward 2(W-1) hops (weights counter-rotating, gradient sums riding home) with two matmuls
 // per shard: written in Python, each hop cost tens of microseconds of interpreter and
 // dispatch time, the size of the matmuls themselves for a small layer. Here a whole schedule
-// is one call; the hops are ring steps on the caller's thread (BackendRSDP::ring_step).
+// is one call; the hops are ring steps on the caller's thread (BackendRSDP::ring_step, which
+// the bindings hand in as RingHops: this layer includes nothing of the backend).
 //
 // Shard j of the flat layout holds the weight at `w_off` (stored [out_j, in] for nn.Linear
 // split by output features, [out, in_j] split by input features; transposed ([in, out], as
@@ -17,11 +18,21 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
+#include <optional>
 #include <vector>
 
 namespace rsdp {
 
-class BackendRSDP;
+// What the schedules need of the backend: start one ring hop (`send` to the neighbour in
+// `direction`, the other neighbour's into `recv`, plus `add` when given) and get the function
+// that waits for it. csrc/bindings/ serves it with the backend's ring steps.
+class RingHops {
+ public:
+  virtual ~RingHops() = default;
+  virtual std::function<void()> start(const at::Tensor& send, const at::Tensor& recv,
+                                      int direction, const std::optional<at::Tensor>& add) = 0;
+};
 
 struct LinearGeometry {
   bool split_out = true;
@@ -36,7 +47,7 @@ struct LinearGeometry {
 // shard is in hand after t hops of direction +1). `bufs`: one (W == 2) or two flat buffers
 // like `src` for the shards in flight. `whole`: the shards are copied into one whole weight as
 // they pass and y comes from one matmul ([Note: whole small layers] in linear_schedule.cpp).
-at::Tensor linear_forward(BackendRSDP& b, const LinearGeometry& g, const at::Tensor& x2,
+at::Tensor linear_forward(RingHops& ring, const LinearGeometry& g, const at::Tensor& x2,
                           const at::Tensor& src, const std::vector<at::Tensor>& bufs,
                           const std::vector<int64_t>& origins, bool whole);
 
@@ -47,7 +58,7 @@ at::Tensor linear_forward(BackendRSDP& b, const LinearGeometry& g, const at::Ten
 // part copied from it, and the input gradient from one matmul with the weights copied into
 // one whole weight as they pass, instead of a matmul per shard that reads x2 or dy2 again
 // ([Note: whole small layers]).
-at::Tensor linear_backward(BackendRSDP& b, const LinearGeometry& g, const at::Tensor& x2,
+at::Tensor linear_backward(RingHops& ring, const LinearGeometry& g, const at::Tensor& x2,
                            const at::Tensor& dy2, const at::Tensor& src,
                            const at::Tensor& wbuf, const at::Tensor& acc,
                            const at::Tensor& local, const std::vector<int64_t>& origins,

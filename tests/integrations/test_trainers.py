@@ -258,6 +258,10 @@ def test_rsdp_strategy_refuses_unknown_arguments_when_built():
         RSDPStrategy(shard_options={"bucket_bytes": 1})  # plan.apply's, not rsdp.shard's
     strategy = RSDPStrategy(plan="rotate", shard_options={"bucket_bytes": 1 << 20})
     assert strategy.process_group_backend == "rsdp"
+    # pytorch_lightning (the older package name) gets its own class, registered the same way
+    import pytorch_lightning as pl  # lightning depends on it
+    cls = pl.strategies.StrategyRegistry["rsdp"]["strategy"]
+    assert issubclass(cls, pl.strategies.DDPStrategy) and cls is not RSDPStrategy
 
 
 def _strategy_refuses_to_shard_again(ctx):

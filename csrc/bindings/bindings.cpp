@@ -1,6 +1,8 @@
 // Python bindings of torch_rsdp._C: the backend factory that
 // torch.distributed calls through Backend.register_backend, and the backend
 // class itself (so Python sees BackendRSDP objects, not bare c10d backends).
+// The top C++ layer: it joins the backend and RSDP's schedules, which do not
+// include each other, and nothing includes it (tests/project/test_include_rules.py).
 #include <pybind11/chrono.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
@@ -19,6 +21,26 @@
 #endif
 
 namespace py = pybind11;
+
+namespace {
+
+// RSDP's schedules over the backend's ring hops: a ring step on the caller's thread, or the
+// queued ring_shift where there is none (rsdp::RingHops, csrc/rsdp/linear_schedule.h).
+class BackendHops final : public rsdp::RingHops {
+ public:
+  explicit BackendHops(rsdp::BackendRSDP& b) : b_(b) {}
+  std::function<void()> start(const at::Tensor& send, const at::Tensor& recv, int direction,
+                              const std::optional<at::Tensor>& add) override {
+    if (auto step = b_.ring_step(send, recv, direction, add)) return [step] { step->wait(); };
+    auto work = b_.ring_shift(send, recv, direction, add, true, std::nullopt);
+    return [work] { work->wait(); };
+  }
+
+ private:
+  rsdp::BackendRSDP& b_;
+};
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "torch_rsdp native extension: the 'rsdp' c10d backend";
@@ -50,7 +72,14 @@ PYBIND11_MODULE(_C, m) {
            }),
            py::arg("split_out"), py::arg("transposed"), py::arg("fin"), py::arg("fout"),
            py::arg("sizes"), py::arg("starts"), py::arg("w_off"), py::arg("b_off"));
-  m.def("_rsdp_linear_forward", &rsdp::linear_forward, py::arg("backend"), py::arg("geometry"),
+  m.def("_rsdp_linear_forward",
+        [](rsdp::BackendRSDP& b, const rsdp::LinearGeometry& g, const at::Tensor& x2,
+           const at::Tensor& src, const std::vector<at::Tensor>& bufs,
+           const std::vector<int64_t>& origins, bool whole) {
+          BackendHops ring(b);
+          return rsdp::linear_forward(ring, g, x2, src, bufs, origins, whole);
+        },
+        py::arg("backend"), py::arg("geometry"),
         py::arg("x2"), py::arg("src"), py::arg("bufs"), py::arg("origins"),
         py::arg("whole") = false, py::call_guard<py::gil_scoped_release>());
   m.def("_rsdp_linear_backward",
@@ -59,7 +88,8 @@ PYBIND11_MODULE(_C, m) {
            const std::optional<at::Tensor>& wbuf, const std::optional<at::Tensor>& acc,
            const std::optional<at::Tensor>& local, const std::vector<int64_t>& origins,
            bool need_x, bool whole) -> std::optional<at::Tensor> {
-          at::Tensor gx = rsdp::linear_backward(b, g, x2, dy2, src.value_or(at::Tensor()),
+          BackendHops ring(b);
+          at::Tensor gx = rsdp::linear_backward(ring, g, x2, dy2, src.value_or(at::Tensor()),
                                                 wbuf.value_or(at::Tensor()),
                                                 acc.value_or(at::Tensor()),
                                                 local.value_or(at::Tensor()), origins, need_x,
