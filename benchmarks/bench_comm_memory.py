@@ -5,7 +5,7 @@ FSDP2 allocates each all-gather output and reduce-scatter input with torch.empty
 `module.set_allocate_memory_from_process_group_for_comm(True)` makes it ask the process group
 (`Backend.allocate_tensor`). rsdp then hands out its communication memory, which peers read in
 place, so every all-gather and reduce-scatter copies once instead of twice through the staging
-buffers (torch_rsdp.comm_memory). This script trains the same model both ways in the same
+buffers (torch_rsdp._comm_memory). This script trains the same model both ways in the same
 processes, alternating every few steps so that both see the same machine, and prints the median
 step time of each, their ratio, and how many collectives took the one-copy path.
 

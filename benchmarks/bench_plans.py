@@ -188,7 +188,8 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
         specs.append(p)
     cluster = None
     if rate_Bps:
-        fits = plan.plan_profile(model, example).fits
+        from torch_rsdp.plan._planner import plan_profile  # the link fits auto measured
+        fits = plan_profile(model, example).fits
         intra = fits["all_gather@intra"].bytes_per_s / 1e9
         cl = plan.Cluster(nodes=2, ranks_per_node=ctx.world_size // 2, intra_node_GBps=intra,
                           inter_node_GBps=rate_Bps / 1e9,

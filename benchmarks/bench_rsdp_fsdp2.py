@@ -76,7 +76,9 @@ UNITS_PER_SHARD = {"rsdp-units-pershard"}
 
 def use_variant(v) -> None:
     """Sets the module switches variant ``v`` runs with (variants share the processes)."""
-    from torch_rsdp.rsdp import block_gather, sharded_linear, unit_whole
+    # internal switches (private modules: this benchmark measures what they buy)
+    from torch_rsdp.rsdp._layers import block_gather, sharded_linear
+    from torch_rsdp.rsdp._units import unit_whole
     sharded_linear.WHOLE_SMALL = v not in PER_SHARD
     block_gather.ENABLED = v not in PER_LAYER
     unit_whole.MODE = "never" if v in UNITS_PER_SHARD else "auto"

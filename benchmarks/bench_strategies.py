@@ -378,7 +378,7 @@ def main(argv=None) -> int:
     for spec in plans:  # fail on a bad plan before starting anything
         label, pl = plan_of(spec)
         if isinstance(pl, str):
-            plan.parse_strategy(pl)
+            plan.Plan({"": pl})  # a bad name fails here
         else:
             plan.Plan(pl["mapping"], pl["default"])
     with torch.device("meta"):

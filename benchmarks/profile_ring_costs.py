@@ -114,7 +114,7 @@ def _steps_worker(rank, world, port, a):
 def _hops_worker(rank, world, port, a):
     import torch
     import torch.distributed as dist
-    from torch_rsdp.ring import rsdp_backend
+    from torch_rsdp._ring import rsdp_backend
     _init(rank, world, port, 1)
     be = rsdp_backend()
     x, w = torch.randn(256, 256), torch.randn(256, 256)

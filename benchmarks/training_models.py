@@ -165,7 +165,7 @@ def load_plan(spec: str):
     if spec.endswith(".json") or os.path.isfile(spec):
         with open(spec) as f:
             return plan.Plan.from_json(f.read())
-    plan.parse_strategy(spec)  # a bad name fails here, before any process starts
+    plan.Plan({"": spec})  # a bad name fails here, before any process starts
     return spec
 
 
@@ -209,7 +209,7 @@ class ParamMemoryTracker(TorchDispatchMode):
       while not registered on a module, e.g. prefetched) and their gradients; every tensor
       passed to or returned by a c10d / functional-collective / fsdp op (all-gather and
       reduce-scatter flat buffers, DDP buckets); and RSDP's rotation / gradient-accumulator
-      buffers (reported by ``torch_rsdp.rsdp.memory.alloc_buffer``);
+      buffers (reported by ``torch_rsdp.rsdp._rotation.memory.alloc_buffer``);
     * ``activations``: every tensor autograd saves for backward (a saved-tensors hook), unless
       it is one of the above (a weight saved by a matmul is a parameter). ``peak`` and
       ``peak_breakdown`` are the parameter-related peak (the first four categories);
@@ -263,7 +263,7 @@ class ParamMemoryTracker(TorchDispatchMode):
         ref = StorageWeakRef(s)
         (self._refs if into is None else into).setdefault(ref.cdata, ref)
 
-    # Hooks called by torch_rsdp.rsdp.memory while this tracker is installed as its _ACTIVE.
+    # Hooks called by torch_rsdp.rsdp._rotation.memory while this tracker is installed as its _ACTIVE.
     def _on_alloc(self, t) -> None:
         self.track(t)
         self.sample()
@@ -278,7 +278,7 @@ class ParamMemoryTracker(TorchDispatchMode):
 
     def __enter__(self):
         try:
-            import torch_rsdp.rsdp.memory as rmem
+            import torch_rsdp.rsdp._rotation.memory as rmem
             self._prev_rsdp, rmem._ACTIVE = rmem._ACTIVE, self
         except Exception:  # noqa: BLE001
             pass
@@ -288,7 +288,7 @@ class ParamMemoryTracker(TorchDispatchMode):
 
     def __exit__(self, *exc):
         try:
-            import torch_rsdp.rsdp.memory as rmem
+            import torch_rsdp.rsdp._rotation.memory as rmem
             rmem._ACTIVE = self._prev_rsdp
         except Exception:  # noqa: BLE001
             pass

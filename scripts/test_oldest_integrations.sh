@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs the trainer tests against the oldest transformers, accelerate and Lightning that
 # torch_rsdp's integrations claim: the low end of each tested range in
-# torch_rsdp/integrations/patch_table.py (the newest patch release of that minor version).
+# torch_rsdp/integrations/_patch_table.py (the newest patch release of that minor version).
 # It uses a virtual environment of its own (build/oldest-integrations) over this machine's
 # packages, so torch and the built extension are the ones scripts/setup.sh installed; nothing
 # outside that folder changes. Run it before widening a range; CI tests the pinned versions.
@@ -17,7 +17,7 @@ VENV=${RSDP_OLDEST_VENV:-build/oldest-integrations}
 oldest=$($PY - <<'PY'
 import pathlib, re
 # read, not imported: importing torch_rsdp would load the extension before pip runs
-text = pathlib.Path("torch_rsdp/integrations/patch_table.py").read_text()
+text = pathlib.Path("torch_rsdp/integrations/_patch_table.py").read_text()
 rows = re.findall(r'Library\("([\w]+)", "[\w.]+", "([\w-]+)", \("([\d.]+)", "[\d.]+"\)\)', text)
 print(" ".join(f"{dist}=={lo}.*" for name, dist, lo in rows if name != "pytorch_lightning"))
 PY

@@ -4,53 +4,56 @@
     torch.distributed.init_process_group("rsdp")
 
 Importing the package registers the backend (idempotently) for CPU tensors,
-and for CUDA tensors in a build with CUDA (see :mod:`torch_rsdp.cuda`).
+and for CUDA tensors in a build with CUDA (see :mod:`torch_rsdp._cuda`).
+
+The public API is ``__all__`` (``docs/api.md`` lists it with the packages above it:
+:mod:`torch_rsdp.rsdp`, :mod:`torch_rsdp.plan`, :mod:`torch_rsdp.integrations`,
+:mod:`torch_rsdp.torchft`); every ``_``-prefixed module is private and may change.
 
 Layout, bottom to top (imports point downwards only; ``tests/project/test_import_rules.py`` checks it):
 
-* the backend: the extension ``_C``, its registration, and the public modules over it
-  (``ring``, ``topology``, ``compression``, ``comm_memory``, ``cuda``, ``health``);
+* the backend: the extension ``_C``, its registration, and the modules over it (``_ring``,
+  ``_topology``, ``_compression``, ``_comm_memory``, ``_cuda``, ``_health``), whose public
+  functions this package exports;
 * neutral ground that ``rsdp`` and ``plan`` share (``_utils``, ``_dtensor_params``,
-  ``_grad_sync``, ``_checkpoint_hooks``): the backend's modules at most;
+  ``_grad_sync``, ``_checkpoint_hooks``, ``_apply_guard``): the backend's modules at most;
 * :mod:`torch_rsdp.rsdp`: the backend and the neutral modules;
-* :mod:`torch_rsdp.plan`: all of the above, ``rsdp`` through its public API only.
+* :mod:`torch_rsdp.plan`: all of the above, ``rsdp`` through its public API only;
+* :mod:`torch_rsdp.integrations`: the stock trainers over what ``rsdp`` and ``plan`` shard.
 
-This package's ``__init__`` imports the backend only, so ``import torch_rsdp`` does not load
-``rsdp`` or ``plan``; :mod:`torch_rsdp.torchft` (optional) builds on the backend too.
+This package's ``__init__`` imports the backend and the integrations only, so
+``import torch_rsdp`` does not load ``rsdp`` or ``plan``; :mod:`torch_rsdp.torchft`
+(optional) builds on the backend too.
 """
-from . import _shrink_world, integrations
-from ._registration import BACKEND_NAME, register
-from .comm_memory import comm_empty, comm_memory_in_use
-from .compression import get_compression, set_compression
-from .cuda import build_info, cuda_available, cuda_built, cuda_paths
-from .health import group_error, monitored_barrier
-from .ring import ring_neighbours, ring_shift, ring_shift_reduce
-from .topology import comm_stats, reset_comm_stats, topology
+from . import _registration, _shrink_world
+from ._comm_memory import comm_empty
+from ._compression import get_compression, set_compression
+from ._cuda import build_info, cuda_available, cuda_paths
+from ._health import group_error, monitored_barrier
+from ._ring import ring_neighbours, ring_shift, ring_shift_reduce
+from ._topology import comm_stats, reset_comm_stats, topology
 
 __version__ = "0.1.0"
 
-register()
+_registration.register()
 _shrink_world.install()
-integrations.install()  # the stock trainers over sharded models (torch_rsdp.integrations)
+# the stock trainers over sharded models: importing the package installs its patches
+from . import integrations  # noqa: E402,F401,I001
 
 __all__ = [
-    "BACKEND_NAME",
-    "build_info",
-    "comm_empty",
-    "comm_memory_in_use",
-    "cuda_available",
-    "cuda_built",
-    "cuda_paths",
-    "comm_stats",
-    "get_compression",
-    "set_compression",
-    "group_error",
-    "monitored_barrier",
-    "reset_comm_stats",
-    "topology",
-    "register",
-    "ring_neighbours",
     "ring_shift",
     "ring_shift_reduce",
+    "ring_neighbours",
+    "topology",
+    "comm_stats",
+    "reset_comm_stats",
+    "set_compression",
+    "get_compression",
+    "comm_empty",
+    "monitored_barrier",
+    "group_error",
+    "build_info",
+    "cuda_available",
+    "cuda_paths",
     "__version__",
 ]

@@ -202,7 +202,7 @@ def _take(p, key, name: str, v: torch.Tensor):
 def _check_owned(opt: torch.optim.Optimizer, state_dict: dict) -> None:
     """Raises if ``state_dict`` is one rank's part of a ``shard_optim`` optimizer's state and
     lacks the state of a parameter ``opt`` steps ([Note: state of other ranks' parameters] in
-    :mod:`torch_rsdp.plan.optim`); drops the parameter groups' marker."""
+    :mod:`torch_rsdp.plan._optim`); drops the parameter groups' marker."""
     groups = state_dict.get("param_groups", [])
     per_owner = any(g.get(STATE_KEY) == "per_owner" for g in groups)
     state_dict["param_groups"] = [{k: v for k, v in g.items() if k != STATE_KEY}

@@ -23,7 +23,7 @@ DTensor parameter as a ``Replicate()`` DTensor holding this rank's gradient (the
 gradient sync then averages its local tensor in place). ``named_parameters``, ``state_dict``
 and optimizers read ``_parameters`` directly and see the DTensors. RSDP's own layers pass
 their DTensor shards to autograd functions that compute from the flat storage and return
-DTensor gradients (:meth:`torch_rsdp.rsdp.shard_state.ShardState.grads_from`).
+DTensor gradients (:meth:`torch_rsdp.rsdp._layers.shard_state.ShardState.grads_from`).
 
 Neutral ground (torch only): ``rsdp`` and ``plan`` both use it.
 """

@@ -42,8 +42,8 @@ on some ranks gets the average over all ranks (the others contributing zeros), l
 
 [Note: compressed buckets]
 A unit whose gradients cross nodes compressed (``compressed``: unit name -> (group, error
-feedback), :mod:`torch_rsdp.plan.compression`) all-reduces its buckets' gradients on that
-unit's compressing group, with :class:`torch_rsdp.compression.FeedbackAllReduce` when it keeps
+feedback), :mod:`torch_rsdp.plan._compression`) all-reduces its buckets' gradients on that
+unit's compressing group, with :class:`torch_rsdp._compression.FeedbackAllReduce` when it keeps
 error feedback (its residuals stay with the bucket from step to step); the "had a gradient"
 flags go on an exact all-reduce of their own, as a quantised block mixing counts with gradients
 would lose the gradients.
@@ -62,7 +62,7 @@ from torch.profiler import record_function
 from torch.utils._pytree import tree_flatten
 
 from ._dtensor_params import local, local_grad, set_grad
-from .compression import FeedbackAllReduce
+from ._compression import FeedbackAllReduce
 
 __all__ = ["GradSync", "pack_buckets", "DEFAULT_BUCKET_BYTES"]
 

@@ -5,13 +5,13 @@ depending on the other.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.utils import _sync_module_states
 
-__all__ = ["group_rank0", "is_conv1d", "swap_class", "broadcast_module_states",
+__all__ = ["chunk_sizes", "chunk_starts", "group_rank0", "is_conv1d", "swap_class", "broadcast_module_states",
            "all_gather_tensor", "reduce_scatter_tensor"]
 
 # torch 2.13 renamed the tensor forms of all-gather / reduce-scatter; older torch has only
@@ -19,6 +19,21 @@ __all__ = ["group_rank0", "is_conv1d", "swap_class", "broadcast_module_states",
 all_gather_tensor = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 reduce_scatter_tensor = (getattr(dist, "reduce_scatter_single", None)
                          or dist.reduce_scatter_tensor)
+
+
+def chunk_sizes(n: int, world: int) -> List[int]:
+    """Sizes of the ``world`` chunks of ``n`` items (``ceil(n / world)`` each, last ones short)."""
+    m = -(-n // world) if n else 0
+    return [max(0, min(m, n - j * m)) for j in range(world)]
+
+
+def chunk_starts(n: int, world: int) -> List[int]:
+    """Offset of each chunk (``chunk_sizes`` prefix sums)."""
+    starts, s = [], 0
+    for c in chunk_sizes(n, world):
+        starts.append(s)
+        s += c
+    return starts
 
 
 def group_rank0(group: Optional[dist.ProcessGroup]) -> int:

@@ -196,7 +196,7 @@ PYBIND11_MODULE(_C, m) {
            "Which transports serve the group's CUDA ops ('' before the first one).");
 
   // The quantisation kernels alone, for property tests and their speed
-  // (torch_rsdp.compression.quantize_roundtrip / quant_speed).
+  // (torch_rsdp._compression.quantize_roundtrip / quant_speed).
   m.def(
       "_quantize_roundtrip",
       [](const at::Tensor& x, const std::string& bits, int64_t block) {

@@ -1,5 +1,5 @@
-// RSDP's sharded Linear, its ring schedules in C++ (torch_rsdp/rsdp/sharded_linear.py calls
-// them; the Python schedules in torch_rsdp/rsdp/rotation.py remain for what these do not
+// RSDP's sharded Linear, its ring schedules in C++ (torch_rsdp/rsdp/_layers/sharded_linear.py calls
+// them; the Python schedules in torch_rsdp/rsdp/_rotation/rotation.py remain for what these do not
 // take: mixed dtypes, groups across nodes, compressed gradient hops).
 //
 // A layer's forward is W ring hops of its flat shard with a matmul per shard in hand, its

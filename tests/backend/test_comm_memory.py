@@ -1,4 +1,4 @@
-"""Communication memory (torch_rsdp.comm_memory): torch's allocate_tensor and one-copy collectives.
+"""Communication memory (torch_rsdp._comm_memory): torch's allocate_tensor and one-copy collectives.
 
 One launch at world size 3 (odd, so chunks are uneven) checks, exactly against closed forms:
 allocation and freeing (the bytes in use return to where they were), every collective with a
@@ -105,22 +105,23 @@ def collectives_worker(ctx, kind: str):
 
 def lifecycle_worker(ctx):
     import torch_rsdp
+    from torch_rsdp._comm_memory import comm_memory_in_use
     be = dist.group.WORLD._get_backend(torch.device("cpu"))
     assert be.supports_tensor_alloc(torch.device("cpu"))
-    start = torch_rsdp.comm_memory_in_use()
+    start = comm_memory_in_use()
     a = torch_rsdp.comm_empty((3, 5), dtype=torch.bfloat16)
     assert a.shape == (3, 5) and a.dtype == torch.bfloat16 and a.device.type == "cpu"
     b = be.allocate_tensor(1 << 20, dtype=torch.float32, device=torch.device("cpu"))
-    assert torch_rsdp.comm_memory_in_use() >= start + 4 * (1 << 20) + 30
+    assert comm_memory_in_use() >= start + 4 * (1 << 20) + 30
     del a, b
-    assert torch_rsdp.comm_memory_in_use() == start, "freed blocks return to the pool"
+    assert comm_memory_in_use() == start, "freed blocks return to the pool"
     # Freed blocks coalesce: a block as large as both fits again without growing.
     c = torch_rsdp.comm_empty(1 << 21)
     c.fill_(ctx.rank)
     # The pool is 8 MiB here (RSDP_POOL_BYTES): a larger request gets ordinary memory, and
     # collectives over it still work (staged).
     big = torch_rsdp.comm_empty(3 << 20)
-    assert torch_rsdp.comm_memory_in_use() == start + 8 * (1 << 20), "too big: not from the pool"
+    assert comm_memory_in_use() == start + 8 * (1 << 20), "too big: not from the pool"
     big.fill_(1.0)
     dist.all_reduce(big)
     assert torch.all(big == ctx.world_size)
@@ -134,10 +135,11 @@ def lifecycle_worker(ctx):
 
 def world_one_worker(ctx):
     import torch_rsdp
+    from torch_rsdp._comm_memory import comm_memory_in_use
     be = dist.group.WORLD._get_backend(torch.device("cpu"))
     assert not be.supports_tensor_alloc(torch.device("cpu")), "no peer, no pool"
     t = torch_rsdp.comm_empty(10)
-    assert t.numel() == 10 and torch_rsdp.comm_memory_in_use() == 0
+    assert t.numel() == 10 and comm_memory_in_use() == 0
     return True
 
 

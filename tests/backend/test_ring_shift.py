@@ -104,7 +104,7 @@ def _step_worker(ctx):
     import torch.distributed as dist
 
     import torch_rsdp
-    from torch_rsdp.ring import rsdp_backend
+    from torch_rsdp._ring import rsdp_backend
 
     r, w = ctx.rank, ctx.world_size
     prev, nxt = (r - 1) % w, (r + 1) % w

@@ -29,8 +29,8 @@ with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import torch_rsdp  # noqa: F401  (patches what is imported already)
     from torch_rsdp import integrations
-    from torch_rsdp.integrations.patch_table import PATCHES
-    from torch_rsdp.integrations.patching import apply_rows
+    from torch_rsdp.integrations._patch_table import PATCHES
+    from torch_rsdp.integrations._patching import apply_rows
     # a second pass over the same module (a re-import) reports nothing again
     apply_rows([r for r in PATCHES if r.module == "trainer" and r.library == "transformers"],
                transformers.trainer)

@@ -1,4 +1,4 @@
-"""The integrations refuse loudly outside what was tested (torch_rsdp/integrations/patch_table.py):
+"""The integrations refuse loudly outside what was tested (torch_rsdp/integrations/_patch_table.py):
 
 * a method a release dropped, planted before ``import torch_rsdp`` (transformers' Trainer and
   Lightning's Strategy), and a transformers version outside the tested range: one warning
@@ -34,7 +34,7 @@ def test_planted_missing_methods_refuse_sharded_models(tmp_path):
     got = json.loads(proc.stdout.strip().splitlines()[-1])
 
     # reported once each, at import: the version and its range, each missing method
-    from torch_rsdp.integrations.patch_table import LIBRARIES
+    from torch_rsdp.integrations._patch_table import LIBRARIES
 
     lo, hi = LIBRARIES["transformers"].tested
     version = [w for w in got["warnings"] if "outside the versions" in w]
@@ -64,8 +64,8 @@ def test_planted_missing_methods_refuse_sharded_models(tmp_path):
 
 
 def test_tested_range_is_by_minor_version(monkeypatch):
-    from torch_rsdp.integrations import patch_table
-    from torch_rsdp.integrations.patching import in_tested_range
+    from torch_rsdp.integrations import _patch_table as patch_table
+    from torch_rsdp.integrations._patching import in_tested_range
 
     monkeypatch.setitem(patch_table.LIBRARIES, "transformers", patch_table.Library(
         "transformers", "transformers", "transformers", ("4.57", "5.24")))
@@ -83,8 +83,8 @@ def _pins():
 
 
 def test_setup_pins_lie_inside_the_tested_ranges():
-    from torch_rsdp.integrations.patch_table import LIBRARIES
-    from torch_rsdp.integrations.patching import in_tested_range
+    from torch_rsdp.integrations._patch_table import LIBRARIES
+    from torch_rsdp.integrations._patching import in_tested_range
 
     pins = _pins()
     for lib in LIBRARIES.values():
@@ -95,7 +95,7 @@ def test_setup_pins_lie_inside_the_tested_ranges():
 
 
 def test_docs_list_every_patched_method():
-    from torch_rsdp.integrations.patch_table import PATCHES
+    from torch_rsdp.integrations._patch_table import PATCHES
 
     with open(os.path.join(ROOT, "docs", "integrations.md")) as f:
         doc = f.read()
@@ -106,7 +106,7 @@ def test_docs_list_every_patched_method():
 def test_status_lists_every_library_and_torch_change():
     import torch_rsdp  # noqa: F401
     from torch_rsdp.integrations import status
-    from torch_rsdp.integrations.patch_table import LIBRARIES, PATCHES
+    from torch_rsdp.integrations._patch_table import LIBRARIES, PATCHES
 
     st = status()
     assert [lib.name for lib in st.libraries] == list(LIBRARIES)

@@ -49,7 +49,7 @@ def _block_bound(x: torch.Tensor, block: int, levels: int) -> torch.Tensor:
 @example(n=485, block=34, bits="int8", dtype=torch.float16, scale=1e-3, seed=38599,
          specials=[])  # float16 subnormals among the outputs
 def test_quantisation_error_per_block(n, block, bits, dtype, scale, seed, specials):
-    from torch_rsdp.compression import quantize_roundtrip
+    from torch_rsdp._compression import quantize_roundtrip
     g = torch.Generator().manual_seed(seed)
     x = (torch.randn(n, generator=g) * scale).to(dtype)
     where = torch.randint(0, n, (len(specials),), generator=g)
@@ -76,7 +76,7 @@ def test_quantisation_error_per_block(n, block, bits, dtype, scale, seed, specia
 
 
 def test_quantisation_bad_input():
-    from torch_rsdp.compression import quantize_roundtrip
+    from torch_rsdp._compression import quantize_roundtrip
     with pytest.raises(RuntimeError, match="float32, bfloat16 or float16"):
         quantize_roundtrip(torch.ones(4, dtype=torch.int64))
 
@@ -198,7 +198,7 @@ def _ring_shifts(ctx, steps):
     node, within the block bound across, a quarter of the bytes, error feedback on the
     boundary ranks only."""
     import torch_rsdp
-    from torch_rsdp.ring import ring_neighbours, ring_shift, ring_shift_reduce
+    from torch_rsdp._ring import ring_neighbours, ring_shift, ring_shift_reduce
     r, W = ctx.rank, ctx.world_size
     node = [q // 2 for q in range(W)]
     to, frm = ring_neighbours(None, 1)
@@ -294,7 +294,7 @@ def _fsdp2_losses(ctx, steps):
 
     from support import plan_cases as pc
     r, W = ctx.rank, ctx.world_size
-    from torch_rsdp.compression import FeedbackReduceScatter
+    from torch_rsdp._compression import FeedbackReduceScatter
     curves = {}
     settings = {"exact": {}, "int8": dict(all_gather="int8", reduce_scatter="int8"),
                 "int8+feedback": dict(all_gather="int8", reduce_scatter="int8")}
@@ -343,7 +343,7 @@ def _feedback(ctx, steps):
     """The same gradient reduce-scattered `steps` times with int4: without feedback every
     step errs alike; with it, the errors cancel over steps."""
     import torch_rsdp
-    from torch_rsdp.compression import reduce_scatter_feedback
+    from torch_rsdp._compression import reduce_scatter_feedback
     r, W = ctx.rank, ctx.world_size
     torch_rsdp.set_compression(reduce_scatter="int4")
     n = 4099
@@ -389,8 +389,8 @@ def _plan(ctx):
     process."""
     import torch_rsdp
     import torch_rsdp.plan as plan
-    from torch_rsdp.compression import FeedbackAllReduce, FeedbackReduceScatter
-    from torch_rsdp.ring import ring_neighbours
+    from torch_rsdp._compression import FeedbackAllReduce, FeedbackReduceScatter
+    from torch_rsdp._ring import ring_neighbours
 
     from support import plan_cases as pc
     r, W = ctx.rank, ctx.world_size

@@ -189,6 +189,7 @@ def fam_report(ctx, rec):
 
 def fam_root_and_buckets(ctx, rec):
     import torch_rsdp.plan as plan
+    from torch_rsdp.plan._optim import optimizer_sharding
     from torch.distributed.fsdp import FSDPModule
     W, r = ctx.world_size, ctx.rank
     with rec.case("FSDP units under a replicated root share one FSDP2 root"):
@@ -224,7 +225,7 @@ def fam_root_and_buckets(ctx, rec):
                                              "head": "shard_optim"})
         cls, kw = pc.OPTIMS["adamw"]
         opt = plan.make_optimizer(model, cls, bucket_bytes=600, **kw)  # a few params a bucket
-        sh = plan.optimizer_sharding(opt)
+        sh = optimizer_sharding(opt)
         assert len(sh.buckets(sh.owned[r])) >= 2 or not sh.owned[r]
         pc.train(model, opt, r, W, 2)
         pc.assert_close_sd(_full(model), want, TIGHT, "shard_optim bucketed")
@@ -311,6 +312,7 @@ def fam_user_optimizer(ctx, rec):
     parameters is sharded all the same (ZeRO-1 attached at its first step): each such
     parameter has state on exactly one rank."""
     import torch_rsdp.plan as plan
+    from torch_rsdp.plan._optim import optimizer_sharding
     W, r = ctx.world_size, ctx.rank
     cls, kw = pc.OPTIMS["adamw"]
     for p in ["shard_optim", "rotate", "split:2", "mix"]:
@@ -324,7 +326,7 @@ def fam_user_optimizer(ctx, rec):
             held = torch.tensor([sum(1 for q in zero1 if opt.state.get(q))])
             dist.all_reduce(held)
             assert held.item() == len(zero1), (p, held.item(), len(zero1))
-            assert plan.optimizer_sharding(opt) is not None or not zero1 or W == 1
+            assert optimizer_sharding(opt) is not None or not zero1 or W == 1
 
 
 def fam_compile_and_ddp(ctx, rec):
@@ -396,20 +398,21 @@ def test_plan(ws, family, request):
 def test_plan_spec_local():
     """Plan parsing, resolution and JSON round trip (no process group)."""
     import torch_rsdp.plan as plan
+    from torch_rsdp.plan._spec import resolve
     p = plan.Plan({"blocks.*": "full_shard", "blocks.1*": "rotate", "blocks.2": "split:4",
                    "blocks.2.fc1": "no_shard"}, default="shard_optim")
     assert plan.Plan.from_json(p.to_json()) == p and p.digest() == plan.Plan.from_json(
         p.to_json()).digest()
     assert plan.Plan({"a": "rotate", "b": "no_shard"}).digest() == \
         plan.Plan({"b": "no_shard", "a": "rotate"}).digest()
-    res = plan.resolve(pc.make_net(), p)
+    res = resolve(pc.make_net(), p)
     assert str(res.strategy_of_module("blocks.0.fc1")) == "full_shard"
     assert str(res.strategy_of_module("blocks.1.ln")) == "rotate"      # more literal characters
     assert str(res.strategy_of_module("blocks.2.fc2")) == "split:4"    # exact beats pattern
     assert str(res.strategy_of_module("blocks.2.fc1")) == "no_shard"   # deeper key wins
     assert str(res.strategy_of_module("head")) == "shard_optim"        # the default
     with pytest.raises(ValueError, match="equally"):
-        plan.resolve(pc.make_net(), plan.Plan({"blocks.?": "rotate", "blocks.*": "no_shard"}))
+        resolve(pc.make_net(), plan.Plan({"blocks.?": "rotate", "blocks.*": "no_shard"}))
     for bad in ("split:0", "split:-2", "zero3", "split:x"):
         with pytest.raises(ValueError, match="strategy|k >= 1"):
             plan.Plan({"head": bad})

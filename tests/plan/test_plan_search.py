@@ -1,4 +1,4 @@
-"""torch_rsdp.plan.planner.search: the per-unit strategy search (pure Python, no processes).
+"""torch_rsdp.plan._planner.search: the per-unit strategy search (pure Python, no processes).
 
 The reference is brute_force (every assignment); solve must agree with it exactly on small
 instances, including ties, zero transients and transition costs.
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from torch_rsdp.plan.planner import search
-from torch_rsdp.plan.planner.search import (BudgetError, Choice, brute_force, peak_bytes, runner_up,
+from torch_rsdp.plan._planner import search
+from torch_rsdp.plan._planner.search import (BudgetError, Choice, brute_force, peak_bytes, runner_up,
                                     smallest_feasible_budget, solve, total_time)
 
 MiB = 2**20
@@ -211,7 +211,7 @@ def test_walk_peak_by_hand_and_never_above_the_bound():
 def test_auto_choice_uses_what_the_bound_leaves_and_stays_monotone():
     # plan.auto plans against the walked peak: never slower than the bound's plan, always
     # fitting by the walk, and never slower at a larger budget
-    from torch_rsdp.plan.planner.auto import _choose
+    from torch_rsdp.plan._planner.auto import _choose
     rng = random.Random(11)
     gained = 0
     for _ in range(40):

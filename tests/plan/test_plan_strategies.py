@@ -1,36 +1,38 @@
-"""torch_rsdp.plan.strategies: the handler registry and the cost each handler gives the planner
+"""torch_rsdp.plan._strategies: the handler registry and the cost each handler gives the planner
 (pure Python, no processes; every strategy's behaviour end to end is in test_plan.py)."""
 from __future__ import annotations
 
 import pytest
 
 import torch_rsdp.plan as plan
-from torch_rsdp.plan.cost_terms import Fit, Links, UnitProfile
-from torch_rsdp.plan.planner.cost import unit_choices
-from torch_rsdp.plan.registry import unregister
-from torch_rsdp.plan.strategies import StrategyHandler, handler_for, kinds, register
-from torch_rsdp.plan.strategies.replicate import NoShard
+from torch_rsdp.plan._cost_terms import Fit, Links, UnitProfile
+from torch_rsdp.plan._planner.cost import unit_choices
+from torch_rsdp.plan._registry import unregister
+from torch_rsdp.plan._strategies import StrategyHandler, handler_for, kinds, register
+from torch_rsdp.plan._strategies.replicate import NoShard
+from torch_rsdp.plan import _registry as registry
+from torch_rsdp.plan._spec import parse_strategy
 
 
 def test_every_strategy_has_one_handler():
     assert plan.STRATEGIES == ("no_shard", "shard_optim", "full_shard", "shard_grad_op",
                                "hybrid_shard", "rotate", "split:k")
     for name in plan.STRATEGIES:
-        s = plan.parse_strategy(name.replace(":k", ":3"))
+        s = parse_strategy(name.replace(":k", ":3"))
         assert isinstance(s.handler, StrategyHandler)
         assert s.handler.kind == s.kind
         assert handler_for(s) is s.handler  # one instance per strategy
-        assert str(plan.parse_strategy(str(s))) == str(s)
-    assert plan.parse_strategy("split:3").k == 3
-    fsdp = {k for k in kinds() if handler_for(plan.parse_strategy(
+        assert str(parse_strategy(str(s))) == str(s)
+    assert parse_strategy("split:3").k == 3
+    fsdp = {k for k in kinds() if handler_for(parse_strategy(
         k + (":2" if k == "split" else ""))).fsdp}
     assert fsdp == {"full_shard", "shard_grad_op", "hybrid_shard"}
     with pytest.raises(ValueError, match="unknown strategy 'rotate:2'"):
-        plan.parse_strategy("rotate:2")  # only split takes :k
+        parse_strategy("rotate:2")  # only split takes :k
     with pytest.raises(ValueError, match="split:k needs k >= 1"):
-        plan.parse_strategy("split:0")
+        parse_strategy("split:0")
     with pytest.raises(ValueError, match="no_shard, shard_optim, full_shard"):
-        plan.parse_strategy("zero4")
+        parse_strategy("zero4")
 
 
 def test_a_new_strategy_is_one_registered_handler():
@@ -46,7 +48,7 @@ def test_a_new_strategy_is_one_registered_handler():
 
     register(Mirror)
     try:
-        s = plan.parse_strategy("mirror")
+        s = parse_strategy("mirror")
         assert isinstance(s.handler, Mirror)
         u = UnitProfile("x", 10, 400, 0, 0, fwd_s=0.1, bwd_s=0.2)
         links = Links(2, 1, {})
@@ -58,7 +60,7 @@ def test_a_new_strategy_is_one_registered_handler():
     finally:
         unregister("mirror")
     with pytest.raises(ValueError, match="unknown strategy"):
-        plan.parse_strategy("mirror")
+        parse_strategy("mirror")
 
     class Incomplete(StrategyHandler):  # no apply, no cost
         kind = "incomplete"
@@ -66,7 +68,7 @@ def test_a_new_strategy_is_one_registered_handler():
     register(Incomplete)
     try:
         with pytest.raises(TypeError, match="abstract"):
-            plan.parse_strategy("incomplete").handler
+            parse_strategy("incomplete").handler
     finally:
         unregister("incomplete")
 
@@ -81,7 +83,7 @@ def _links(world=4, nodes=2, s_per_byte=1e-9):
 
 @pytest.mark.parametrize("accumulation", [1, 3])
 def test_handler_costs_follow_the_table(accumulation):
-    """Every handler's memory terms, as the table in planner/cost.py states them (W=4 ranks,
+    """Every handler's memory terms, as the table in _planner/cost.py states them (W=4 ranks,
     L=2 per node, AdamW f=2, bucket B), and its modelled communication."""
     P, A, T, Pl, Pr, B = 4000, 300, 50, 2400, 3200, 1000
     W, L, f = 4, 2, 2.0
@@ -129,18 +131,18 @@ def test_applicability_and_fallbacks():
     names = [c.strategy for c in unit_choices(norm, ["rotate", "split:2", "hybrid_shard",
                                                      "full_shard"], links1, "adamw", 0.0)]
     assert names == ["full_shard"]  # nothing to rotate or split; one node: no hybrid
-    assert plan.parse_strategy("hybrid_shard").handler.fallback(links1) == "full_shard"
-    assert plan.parse_strategy("hybrid_shard").handler.fallback(links2) == "no_shard"
-    assert plan.parse_strategy("rotate").handler.fallback(links1) == "no_shard"
+    assert parse_strategy("hybrid_shard").handler.fallback(links1) == "full_shard"
+    assert parse_strategy("hybrid_shard").handler.fallback(links2) == "no_shard"
+    assert parse_strategy("rotate").handler.fallback(links1) == "no_shard"
 
 
 def test_cost_terms_keep_their_old_homes():
     """Links, UnitProfile, Fit and Cost live in plan.cost_terms (below both the handlers and
     the planner) and stay importable where they were."""
-    from torch_rsdp.plan import cost_terms
-    from torch_rsdp.plan.planner import cost, profile
-    from torch_rsdp.plan.strategies import Cost, base
+    from torch_rsdp.plan import _cost_terms as cost_terms
+    from torch_rsdp.plan._planner import cost, profile
+    from torch_rsdp.plan._strategies import Cost, base
     assert cost.Links is cost_terms.Links and cost.kernel_s_per_byte is cost_terms.kernel_s_per_byte
     assert profile.UnitProfile is cost_terms.UnitProfile and profile.Fit is cost_terms.Fit
     assert Cost is base.Cost is cost_terms.Cost
-    assert base.register is plan.registry.register and base.handler_for is handler_for
+    assert base.register is registry.register and base.handler_for is handler_for

@@ -6,8 +6,12 @@ name`` counts as importing ``pkg.name`` when that is a module) fails when a modu
 
 * imports a part of ``torch_rsdp`` its layer may not (``RULES``: upward, or sideways into a
   layer it does not build on);
-* imports a private name (a ``_module`` or an ``_attribute``) of another package, except the
-  shared bottom modules in ``SHARED_PRIVATE``;
+* imports a private module (a ``_module`` or ``_package`` anywhere in its dotted name) from
+  outside the package that holds it: ``torch_rsdp.rsdp._layers`` is for ``torch_rsdp.rsdp``
+  alone, ``torch_rsdp._utils`` for all of ``torch_rsdp`` (tests are not checked: they may
+  import internals from their private homes);
+* imports a private ``_attribute`` of a module from outside that module's public package (a
+  private subpackage belongs to the public package above it);
 * reaches into a package that offers a public API only (``PUBLIC_API_ONLY``) other than
   through that package's ``__all__``;
 * imports part of torch_rsdp inside a function, where a dodged cycle would hide an upward
@@ -34,24 +38,27 @@ PACKAGE = "torch_rsdp"
 
 #: The backend and its public helpers (torch_rsdp's top-level modules).
 BACKEND = {"torch_rsdp._C", "torch_rsdp._registration", "torch_rsdp._shrink_world",
-           "torch_rsdp.ring", "torch_rsdp.topology", "torch_rsdp.compression",
-           "torch_rsdp.comm_memory", "torch_rsdp.cuda", "torch_rsdp.health"}
+           "torch_rsdp._ring", "torch_rsdp._topology", "torch_rsdp._compression",
+           "torch_rsdp._comm_memory", "torch_rsdp._cuda", "torch_rsdp._health"}
 #: What rsdp and plan may use of the backend: its public modules.
-BACKEND_API = {"torch_rsdp.ring", "torch_rsdp.topology", "torch_rsdp.compression"}
+BACKEND_API = {"torch_rsdp._ring", "torch_rsdp._topology", "torch_rsdp._compression"}
 #: Neutral ground that ``rsdp`` and ``plan`` both build on (each module's docstring says so).
 SHARED = {"torch_rsdp._utils", "torch_rsdp._dtensor_params", "torch_rsdp._grad_sync",
           "torch_rsdp._checkpoint_hooks", "torch_rsdp._apply_guard"}
 #: plan's bottom: plans as data, the handler registry, units, meshes, mixed precision,
 #: compression settings, and the terms handlers price units in.
-PLAN_BOTTOM = {"torch_rsdp.plan.spec", "torch_rsdp.plan.registry", "torch_rsdp.plan.units",
-               "torch_rsdp.plan.mesh", "torch_rsdp.plan.mixed_precision",
-               "torch_rsdp.plan.compression", "torch_rsdp.plan.cost_terms"}
+PLAN_BOTTOM = {"torch_rsdp.plan._spec", "torch_rsdp.plan._registry", "torch_rsdp.plan._units",
+               "torch_rsdp.plan._mesh", "torch_rsdp.plan._mixed_precision",
+               "torch_rsdp.plan._compression", "torch_rsdp.plan._cost_terms"}
 #: What a user calls on a planned model (each asks the units' handlers).
-PLAN_CALLS = {f"torch_rsdp.plan.{m}" for m in (
+PLAN_CALLS = {f"torch_rsdp.plan._{m}" for m in (
     "apply", "accumulate", "checkpoint", "checkpoint_reader", "clip", "feedback_state",
     "optim", "report", "staging")}
-STRATEGIES = {"torch_rsdp.plan.strategies"}
+STRATEGIES = {"torch_rsdp.plan._strategies"}
 RSDP = {"torch_rsdp.rsdp"}
+RSDP_ROTATION = {"torch_rsdp.rsdp._rotation"}
+RSDP_LAYERS = {"torch_rsdp.rsdp._layers"}
+RSDP_UNITS = {"torch_rsdp.rsdp._units"}
 
 RULES: Dict[str, Set[str]] = {
     # The backend (and torchft's process group, testing): torch and each other.
@@ -59,24 +66,30 @@ RULES: Dict[str, Set[str]] = {
     "torch_rsdp._utils": set(),                               # torch only
     "torch_rsdp._dtensor_params": set(),                      # torch only
     "torch_rsdp._checkpoint_hooks": {"torch_rsdp._dtensor_params"},
-    "torch_rsdp._grad_sync": {"torch_rsdp._dtensor_params", "torch_rsdp.compression"},
+    "torch_rsdp._grad_sync": {"torch_rsdp._dtensor_params", "torch_rsdp._compression"},
     "torch_rsdp._apply_guard": {"torch_rsdp._dtensor_params"},
     # The package's entry point: the backend, and the integrations it installs.
     "torch_rsdp.__init__": BACKEND | SHARED | {"torch_rsdp.integrations"},
     # RSDP: the ring primitive, the backend (_C: native ring schedules), the shared modules.
     "torch_rsdp.rsdp": RSDP | BACKEND_API | {"torch_rsdp._C"} | SHARED,
+    # rsdp's floors: the ring core (ring order, rotation schedules, flat shards, buffers), the
+    # sharded layers on it, the rotation units on both; shard() and the state on top.
+    "torch_rsdp.rsdp._rotation": RSDP_ROTATION | BACKEND_API | SHARED,
+    "torch_rsdp.rsdp._layers": RSDP_LAYERS | RSDP_ROTATION | {"torch_rsdp._C"} | SHARED,
+    "torch_rsdp.rsdp._units": (RSDP_UNITS | RSDP_LAYERS | RSDP_ROTATION | {"torch_rsdp._C"}
+                               | SHARED),
     # plan, bottom to top.
-    "torch_rsdp.plan.registry": set(),
-    "torch_rsdp.plan.spec": {"torch_rsdp.plan.registry"},
-    "torch_rsdp.plan.units": {"torch_rsdp.plan.spec"},
-    "torch_rsdp.plan.mixed_precision": SHARED,
-    "torch_rsdp.plan.compression": {"torch_rsdp.plan.spec"},
-    "torch_rsdp.plan.mesh": {"torch_rsdp.plan.compression"} | BACKEND_API,
-    "torch_rsdp.plan.cost_terms": BACKEND_API,
-    "torch_rsdp.plan.strategies": PLAN_BOTTOM | STRATEGIES | RSDP | BACKEND_API | SHARED,
+    "torch_rsdp.plan._registry": set(),
+    "torch_rsdp.plan._spec": {"torch_rsdp.plan._registry"},
+    "torch_rsdp.plan._units": {"torch_rsdp.plan._spec"},
+    "torch_rsdp.plan._mixed_precision": SHARED,
+    "torch_rsdp.plan._compression": {"torch_rsdp.plan._spec"},
+    "torch_rsdp.plan._mesh": {"torch_rsdp.plan._compression"} | BACKEND_API,
+    "torch_rsdp.plan._cost_terms": BACKEND_API,
+    "torch_rsdp.plan._strategies": PLAN_BOTTOM | STRATEGIES | RSDP | BACKEND_API | SHARED,
     **{m: PLAN_BOTTOM | STRATEGIES | PLAN_CALLS | RSDP | BACKEND_API | SHARED
        for m in PLAN_CALLS},
-    "torch_rsdp.plan.planner": ({"torch_rsdp.plan.planner"} | PLAN_BOTTOM | STRATEGIES
+    "torch_rsdp.plan._planner": ({"torch_rsdp.plan._planner"} | PLAN_BOTTOM | STRATEGIES
                                 | PLAN_CALLS | RSDP | BACKEND_API | SHARED),
     # The user-facing names: all of plan.
     "torch_rsdp.plan": {"torch_rsdp.plan"} | RSDP | BACKEND_API | SHARED,
@@ -85,21 +98,19 @@ RULES: Dict[str, Set[str]] = {
                                 | BACKEND_API | SHARED),
 }
 
-#: Private modules of torch_rsdp that other packages may import: the shared bottom modules,
-#: and the extension (which RULES allows to the backend and rsdp only).
-SHARED_PRIVATE = SHARED | {"torch_rsdp._C"}
 
 #: Packages the rest of torch_rsdp uses through their ``__all__`` only.
-PUBLIC_API_ONLY = {"torch_rsdp.rsdp", "torch_rsdp.plan.strategies", "torch_rsdp.plan.planner"}
+PUBLIC_API_ONLY = {"torch_rsdp.rsdp", "torch_rsdp.plan", "torch_rsdp.integrations",
+                   "torch_rsdp.plan._strategies", "torch_rsdp.plan._planner"}
 
 #: (importing module, imported module) pairs of torch_rsdp that may be imported inside a
 #: function, with the reason.
 _LIGHT_IMPORT = "``import torch_rsdp`` installs the integrations and must not load rsdp or plan"
 LAZY: Dict[Tuple[str, str], str] = {
-    ("torch_rsdp.integrations.sharded", "torch_rsdp.plan"): _LIGHT_IMPORT,
-    ("torch_rsdp.integrations.sharded", "torch_rsdp.rsdp"): _LIGHT_IMPORT,
-    ("torch_rsdp.integrations.lightning_strategy", "torch_rsdp.plan"): _LIGHT_IMPORT,
-    ("torch_rsdp.integrations.lightning_strategy", "torch_rsdp.rsdp"): _LIGHT_IMPORT,
+    ("torch_rsdp.integrations._sharded", "torch_rsdp.plan"): _LIGHT_IMPORT,
+    ("torch_rsdp.integrations._sharded", "torch_rsdp.rsdp"): _LIGHT_IMPORT,
+    ("torch_rsdp.integrations._lightning_strategy", "torch_rsdp.plan"): _LIGHT_IMPORT,
+    ("torch_rsdp.integrations._lightning_strategy", "torch_rsdp.rsdp"): _LIGHT_IMPORT,
 }
 
 
@@ -181,6 +192,22 @@ def imports_of(source: str, module: str, is_package: bool, root: Path
                     yield node.lineno, target, a.name, in_function
 
 
+def _private_part(module: str) -> Optional[str]:
+    """The outermost private module or package of a dotted name (``torch_rsdp.rsdp._layers``
+    of ``torch_rsdp.rsdp._layers.shard_state``), or None."""
+    parts = module.split(".")
+    for i, p in enumerate(parts[1:], 1):
+        if p.startswith("_") and not p.startswith("__"):
+            return ".".join(parts[:i + 1])
+    return None
+
+
+def _public_package(package: str) -> str:
+    """The public package a package belongs to: itself, or the one above its private part."""
+    private = _private_part(package)
+    return private.rpartition(".")[0] if private else package
+
+
 def check_source(source: str, module: str, is_package: bool, root: Path = ROOT,
                  where: str = "", rules: Dict[str, Set[str]] = RULES) -> List[str]:
     """Every rule ``source`` (the source of ``module``) breaks, one line each."""
@@ -197,19 +224,13 @@ def check_source(source: str, module: str, is_package: bool, root: Path = ROOT,
         if target != module and not any(_covers(a, target) for a in allowed):
             out.append(f"{at}: upward or across layers ({key} may import "
                        f"{', '.join(sorted(allowed)) or 'nothing of torch_rsdp'})")
-        private = [p for p in target.split(".")[1:] if p.startswith("_")
-                   and not p.startswith("__")]
-        if private:
-            mod = target.split(".")
-            i = mod.index(private[0])
-            priv_module = ".".join(mod[:i + 1])
-            owner = ".".join(mod[:i])
-            if owner != own_package and priv_module not in SHARED_PRIVATE:
-                out.append(f"{at}: private module {priv_module} of another package "
-                           f"({owner})")
+        private = _private_part(target)
+        if private and not _covers(private.rpartition(".")[0], module):
+            out.append(f"{at}: private module {private} from outside its package "
+                       f"({private.rpartition('.')[0]})")
         if name and name.startswith("_") and not name.startswith("__"):
-            owner = _owner(target, root)
-            if owner != own_package:  # a shared module's own private names stay its own
+            owner = _public_package(_owner(target, root))
+            if owner != _public_package(own_package):  # a shared module's own private
                 out.append(f"{at}: private name {name} of another package ({owner})")
         for api in PUBLIC_API_ONLY:
             if _covers(api, own_package) or not _covers(api, target):
@@ -257,38 +278,62 @@ def test_checker_reports_a_planted_upward_import(tmp_path):
     shutil.copytree(ROOT / PACKAGE, tmp_path / PACKAGE,
                     ignore=shutil.ignore_patterns("*.so", "__pycache__"))
     assert check_tree(tmp_path) == []
-    victim = tmp_path / PACKAGE / "plan" / "strategies" / "rotate.py"
+    victim = tmp_path / PACKAGE / "plan" / "_strategies" / "rotate.py"
     text = victim.read_text()
-    victim.write_text(text + "\n\ndef _planted():\n    from ..apply import plan_state\n")
+    victim.write_text(text + "\n\ndef _planted():\n    from .._apply import plan_state\n")
     line = text.count("\n") + 4
     problems = check_tree(tmp_path)
-    at = f"torch_rsdp/plan/strategies/rotate.py:{line}: imports torch_rsdp.plan.apply.plan_state"
+    at = f"torch_rsdp/plan/_strategies/rotate.py:{line}: imports torch_rsdp.plan._apply.plan_state"
     assert len(problems) == 2, problems
     assert problems[0].startswith(f"{at}: inside a function"), problems
     assert problems[1].startswith(f"{at}: upward"), problems
-    victim.write_text(text + "\nfrom ..apply import plan_state\n")  # at module level
+    victim.write_text(text + "\nfrom .._apply import plan_state\n")  # at module level
     problems = check_tree(tmp_path)
     assert len(problems) == 1 and problems[0].startswith(
-        f"torch_rsdp/plan/strategies/rotate.py:{line - 2}: imports "
-        f"torch_rsdp.plan.apply.plan_state: upward or across layers "
-        f"(torch_rsdp.plan.strategies may import "), problems
+        f"torch_rsdp/plan/_strategies/rotate.py:{line - 2}: imports "
+        f"torch_rsdp.plan._apply.plan_state: upward or across layers "
+        f"(torch_rsdp.plan._strategies may import "), problems
 
 
 def test_checker_reports_private_and_non_public_imports():
-    as_strategy = "torch_rsdp.plan.strategies.x"
+    as_strategy = "torch_rsdp.plan._strategies.x"
     found = check_source("import torch_rsdp.plan\n", as_strategy, False)
     assert len(found) == 1 and "upward" in found[0]
-    found = check_source("from ..planner.profile import _clone_inputs\n", as_strategy, False)
-    assert any("private name _clone_inputs" in p for p in found), found
+    found = check_source("from .._planner.profile import _clone_inputs\n", as_strategy, False)
+    assert any("upward" in p for p in found) and any("public API only" in p for p in found)
     found = check_source("from ..._utils import _helper\n", as_strategy, False)
     assert len(found) == 1 and "private name _helper" in found[0], found
     found = check_source("from ...rsdp import _C\n", as_strategy, False)
     assert found, found
-    found = check_source("from ...rsdp.flat_shard import chunk_sizes\n", as_strategy, False)
-    assert found and "public API only" in found[0], found
     found = check_source("from ...rsdp import Ring, _no_such_name\n", as_strategy, False)
-    assert len(found) == 2 and "_no_such_name" in found[1], found
-    found = check_source("from torch_rsdp.plan import apply\n", "torch_rsdp.rsdp.api", False)
+    assert len(found) == 3 and "Ring is not in torch_rsdp.rsdp.__all__" in found[0], found
+    found = check_source("from torch_rsdp.plan import apply\n", "torch_rsdp.rsdp._shard", False)
     assert found and "torch_rsdp.rsdp may import" in found[0], found
     assert check_source("from .base import Cost\nfrom ...rsdp import shard\n"
                         "from ..._utils import swap_class\n", as_strategy, False) == []
+
+
+def test_checker_reports_a_private_module_imported_from_outside_its_package():
+    """A private module or package is for the package that holds it: rsdp's ring core for
+    rsdp, plan's handlers for plan, torch_rsdp's shared modules for all of torch_rsdp."""
+    as_strategy = "torch_rsdp.plan._strategies.x"
+    found = check_source("from ...rsdp._rotation.flat_shard import chunk_sizes\n", as_strategy,
+                         False)
+    assert any("private module torch_rsdp.rsdp._rotation from outside its package "
+               "(torch_rsdp.rsdp)" in p for p in found), found
+    found = check_source("from torch_rsdp.plan._apply import plan_state\n",
+                         "torch_rsdp.integrations._sharded", False)
+    assert any("private module torch_rsdp.plan._apply from outside its package "
+               "(torch_rsdp.plan)" in p for p in found), found
+    found = check_source("from .integrations._patching import apply_rows\n", "torch_rsdp",
+                         True)
+    assert any("private module torch_rsdp.integrations._patching" in p for p in found), found
+    # inside its package (however deep), and the shared bottom modules, are fine
+    assert check_source("from .._layers.shard_state import ShardState\n",
+                        "torch_rsdp.rsdp._units.x", False) == []
+    assert check_source("from ..._dtensor_params import local\n",
+                        "torch_rsdp.rsdp._units.x", False) == []
+    # and a floor of rsdp may not reach up: the ring core below the layers
+    found = check_source("from .._layers.shard_state import ShardState\n",
+                         "torch_rsdp.rsdp._rotation.x", False)
+    assert found and "upward" in found[0], found

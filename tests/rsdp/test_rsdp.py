@@ -94,7 +94,7 @@ def _check_grads(model, ref, what, atol=ATOL, rtol=RTOL):
 
     ref_params = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        exp = rsdp.local_shard_of(model, name, ref_params[name].grad)
+        exp = rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad)
         _close(p.grad, exp, f"{what}: grad of {name}", atol, rtol)
 
 
@@ -138,6 +138,7 @@ def _float_input(shape_fn):
 
 def fam_linear(ctx, rec):
     import torch_rsdp.rsdp as rsdp
+    from torch_rsdp.rsdp._layers.sharded_linear import RSDPLinear
 
     cases = [
         ("out 7->10 bias", 7, 10, True, "out", lambda q: (2 + q, 7)),
@@ -158,7 +159,7 @@ def fam_linear(ctx, rec):
         with rec.case(name):
             model, _ = _check_layer(ctx, lambda: nn.Linear(fin, fout, bias=bias),
                                     _float_input(shape), name, linear_split=split)
-            assert isinstance(model, rsdp.RSDPLinear), type(model)
+            assert isinstance(model, RSDPLinear), type(model)
             n = fout if split == "out" else fin
             m = -(-n // ctx.world_size)
             expect = max(0, min(m, n - ctx.rank * m))
@@ -226,6 +227,7 @@ class Attn(nn.Module):
 
 def fam_attention(ctx, rec):
     import torch_rsdp.rsdp as rsdp
+    from torch_rsdp.rsdp._layers.sharded_attention import RSDPMultiheadAttention
 
     E = 12
     x = _float_input(lambda q: (2 + q % 2, 5, E))
@@ -238,7 +240,7 @@ def fam_attention(ctx, rec):
     for name, make in cases:
         with rec.case(name):
             model, ref = _check_layer(ctx, make, x, name)
-            assert isinstance(model.mha, rsdp.RSDPMultiheadAttention), type(model.mha)
+            assert isinstance(model.mha, RSDPMultiheadAttention), type(model.mha)
             H = model.mha.num_heads
             m = -(-H // ctx.world_size)
             heads = max(0, min(m, H - ctx.rank * m))
@@ -254,7 +256,7 @@ def fam_attention(ctx, rec):
             return nn.TransformerEncoderLayer(E, 4, dim_feedforward=20, dropout=0.0,
                                               batch_first=True)
         model, ref = _check_layer(ctx, make, x, "encoder layer")
-        assert isinstance(model.self_attn, rsdp.RSDPMultiheadAttention)
+        assert isinstance(model.self_attn, RSDPMultiheadAttention)
         full = rsdp.full_state_dict(model, rank0_only=False)
         for k, v in ref.state_dict().items():
             assert torch.equal(full[k].to(v.device), v), f"full state dict: {k} differs"
@@ -377,6 +379,7 @@ def _seeded_tiny():
 def fam_memory(ctx, rec):
     """Peak (params + grads + RSDP buffers) <= (params + grads) / W + 2 largest shard buffers."""
     import torch_rsdp.rsdp as rsdp
+    from torch_rsdp.rsdp._rotation.memory import MemoryTracker
 
     W = ctx.world_size
     for name, dims in (("divisible", (24, 36, 36, 12)), ("uneven", (10, 7, 13, 5))):
@@ -389,7 +392,7 @@ def fam_memory(ctx, rec):
             states = [m._rsdp for m in rsdp.rsdp_state(model).sharded.values()]
             max_buf = max(s.layout.numel * 4 for s in states)
             local = sum(s.flat.untyped_storage().nbytes() for s in states)
-            with rsdp.MemoryTracker(model) as tr:
+            with MemoryTracker(model) as tr:
                 for step in range(2):
                     x = torch.randn(4, dims[0], generator=_gen("mx", ctx.rank, step),
                                     requires_grad=True)
@@ -575,7 +578,8 @@ def _hops(model, x, r):
 def fam_blocks(ctx, rec):
     """[Note: block gathers]: the small layers of a block rotate together from 3 ranks on."""
     import torch_rsdp.rsdp as rsdp
-    from torch_rsdp.rsdp import block_gather
+    from torch_rsdp.rsdp._rotation.memory import MemoryTracker
+    from torch_rsdp.rsdp._layers import block_gather
 
     r, W = ctx.rank, ctx.world_size
     with rec.case("a block's small layers share one pass, with fewer hops, same values"):
@@ -630,7 +634,7 @@ def fam_blocks(ctx, rec):
             if "blocks.0.fc1" in name:
                 assert p.grad is None, name
             else:
-                _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+                _close(p.grad, rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad),
                        f"frozen: grad of {name}")
         with torch.no_grad():
             _close(model(x), ref(x), "no_grad forward")
@@ -649,7 +653,7 @@ def fam_blocks(ctx, rec):
     with rec.case("whole weights live only while their block computes"):
         torch.manual_seed(0)
         model = _shard(Tiny())
-        with rsdp.MemoryTracker(model) as tr:
+        with MemoryTracker(model) as tr:
             # a forward whose backward never comes: its kept gather goes at the next forward
             model(_tokens(r))
             _loss(model(_tokens(r)), r).backward()

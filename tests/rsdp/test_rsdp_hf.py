@@ -61,7 +61,7 @@ def fam_parity(ctx, rec):
             names = [n for n, _ in model.named_parameters()]
             assert names == list(ref_params), f"{kind}: parameter names differ"
             for name, p in model.named_parameters():
-                exp = rsdp.local_shard_of(model, name, ref_params[name].grad)
+                exp = rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad)
                 _close(p.grad, exp, f"{kind}: grad of {name}")
             # torch's own clipping (what trainers call) sees one process's gradient: every
             # parameter is a DTensor, so it reduces the shards' norms over the group
@@ -70,7 +70,7 @@ def fam_parity(ctx, rec):
             got = got.full_tensor() if hasattr(got, "full_tensor") else got
             assert want > 0.01 and abs(got - want) <= 1e-5 * want, (kind, got, want)
             for name, p in model.named_parameters():
-                _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+                _close(p.grad, rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad),
                        f"{kind}: clipped grad of {name}")
             assert sum(p.numel() for p in model.parameters()) == sum(
                 p.numel() for p in ref.parameters()), f"{kind}: global shapes"
@@ -84,7 +84,7 @@ def fam_parity(ctx, rec):
             # report(): exactly the parameters left whole, each with a reason
             whole = {e.name: e for e in st.left_whole}
             exp_whole = {n for n, p in model.named_parameters() if _loc(p).shape == ref_params[n].shape
-                         and rsdp.local_shard_of(model, n, ref_params[n]) is ref_params[n]}
+                         and rsdp.rsdp_state(model).local_shard_of(n, ref_params[n]) is ref_params[n]}
             assert set(whole) == exp_whole, f"{kind}: left_whole {sorted(whole)} vs {exp_whole}"
             for e in whole.values():
                 assert e.reason and e.numel == ref_params[e.name].numel(), e
@@ -157,7 +157,7 @@ def fam_mixed_precision(ctx, rec):
             ref_params = dict(ref.named_parameters())
             for name, p in model.named_parameters():
                 assert p.dtype == torch.float32 and p.grad.dtype == torch.float32, name
-                exp = rsdp.local_shard_of(model, name, ref_params[name].grad)
+                exp = rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad)
                 _close(p.grad, exp, f"{kind}: bf16 grad of {name}", 2e-2, 5e-2)
 
 
@@ -216,7 +216,7 @@ def fam_coverage(ctx, rec):
              for q in range(W))).div(W).backward()
         refp = dict(ref.named_parameters())
         for name, p in model.named_parameters():
-            _close(p.grad, rsdp.local_shard_of(model, name, refp[name].grad), f"grad {name}")
+            _close(p.grad, rsdp.rsdp_state(model).local_shard_of(name, refp[name].grad), f"grad {name}")
     with rec.case("tied head with linear_split 'none' keeps the pair whole"):
         torch.manual_seed(0)
         m = nn.Sequential(nn.Embedding(10, 6), nn.Linear(6, 10))

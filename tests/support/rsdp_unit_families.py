@@ -78,21 +78,21 @@ def _whole_node(W, recompute=False):
 
 def _in_block_pass(W):
     """Whether this family's units compute in their block's pass (``fam_units_whole``)."""
-    from torch_rsdp.rsdp import unit_whole
+    from torch_rsdp.rsdp._units import unit_whole
 
     return unit_whole.MODE == "always" and W >= 3
 
 
 def _by_layers(W, recompute=False):
     """Whether this family's units compute layer by layer (``fam_units_whole`` at 2 ranks)."""
-    from torch_rsdp.rsdp import unit_whole
+    from torch_rsdp.rsdp._units import unit_whole
 
     return unit_whole.MODE == "always" and W == 2 and not recompute
 
 
 def _node_name(W, recompute=False):
     """The backward node units make in this family: whole (``fam_units_whole``) or not."""
-    from torch_rsdp.rsdp import unit_whole
+    from torch_rsdp.rsdp._units import unit_whole
 
     return _whole_node(W, recompute) if unit_whole.MODE == "always" else "_UnitFnBackward"
 
@@ -102,7 +102,7 @@ def fam_units_whole(ctx, rec):
     :func:`fam_units` with every unit whole (the models here are tiny and their inputs few,
     so the size rule alone would never pick them), then the rule itself."""
     import torch_rsdp.rsdp as rsdp
-    from torch_rsdp.rsdp import unit_whole
+    from torch_rsdp.rsdp._units import unit_whole
 
     r, W = ctx.rank, ctx.world_size
     unit_whole.MODE = "always"
@@ -146,7 +146,7 @@ def fam_units_whole(ctx, rec):
             if not p.requires_grad:
                 assert p.grad is None, f"frozen {name} got a gradient"
                 continue
-            _close(p.grad, rsdp.local_shard_of(model, name, refp[name].grad), f"grad {name}")
+            _close(p.grad, rsdp.rsdp_state(model).local_shard_of(name, refp[name].grad), f"grad {name}")
     with rec.case("the size rule: long batches compute whole, one short rank keeps all per shard"):
         # llama_u's attention unit is small from 42 tokens on, its MLP from 48: every rank
         # feeds 3 x 24 tokens (whole everywhere) or, in the second round, rank 0 only 1 x 24
@@ -167,7 +167,7 @@ def fam_units_whole(ctx, rec):
             _close(out.logits, refs[r].logits.detach(), f"rule logits (short={short})")
             refp = dict(ref.named_parameters())
             for name, p in model.named_parameters():
-                _close(p.grad, rsdp.local_shard_of(model, name, refp[name].grad),
+                _close(p.grad, rsdp.rsdp_state(model).local_shard_of(name, refp[name].grad),
                        f"rule grad {name} (short={short})")
 
 
@@ -215,7 +215,7 @@ def fam_units(ctx, rec):
             _close(logits, ref_losses[r][1].detach(), f"{kind}: logits")
             ref_params = dict(ref.named_parameters())
             for name, p in model.named_parameters():
-                exp = rsdp.local_shard_of(model, name, ref_params[name].grad)
+                exp = rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad)
                 _close(p.grad, exp, f"{kind}: grad of {name}")
             # every shard a DTensor, so torch's own clipping (what the trainers call) sees the
             # whole model's norm; the reference's gradient is the mean of the ranks' losses'
@@ -224,7 +224,7 @@ def fam_units(ctx, rec):
             got = torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
             _close(got, want, f"{kind}: torch's clip_grad_norm_")
             for name, p in model.named_parameters():
-                exp = rsdp.local_shard_of(model, name, ref_params[name].grad)
+                exp = rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad)
                 _close(p.grad, exp, f"{kind}: clipped grad of {name}")
             if kind != "llama":
                 frac = st.resident_numel() / st.full_numel
@@ -259,7 +259,7 @@ def fam_units(ctx, rec):
         _close(out.logits, refs[r].logits.detach(), "eager padded logits")
         ref_params = dict(ref.named_parameters())
         for name, p in model.named_parameters():
-            _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+            _close(p.grad, rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad),
                    f"eager padded grad of {name}")
         if _in_block_pass(W) or _by_layers(W):  # the unit's forward ran once: its
             # attention weights are whole
@@ -291,7 +291,7 @@ def fam_units(ctx, rec):
             (sum(_loss(ref, q)[0] for q in range(W)) / W).backward()
             ref_params = dict(ref.named_parameters())
             for name, p in model.named_parameters():
-                _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+                _close(p.grad, rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad),
                        f"checkpointed (recompute={recompute}) grad of {name}")
     with rec.case("llama_u adamw 3 steps + 2x2 accumulated, full state dict into a fresh model"):
         for steps, micro, recompute in ((3, 1, True), (2, 2, False)):
@@ -355,7 +355,7 @@ def fam_units(ctx, rec):
         ref_params = dict(ref.named_parameters())
         for name, p in model.named_parameters():
             assert p.grad.dtype == torch.float32, name
-            _close(p.grad, rsdp.local_shard_of(model, name, ref_params[name].grad),
+            _close(p.grad, rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad),
                    f"units bf16 grad of {name}", 2e-2, 5e-2)
     with rec.case("KV cache: filled once with every head, decoding, generate()"):
         model, ref = _sharded("llama_u", tp_plan="auto")
@@ -390,7 +390,7 @@ def fam_units(ctx, rec):
         _close(x.grad, xr[r].grad * W, "gated mlp input gradient")
         refp = dict(ref.named_parameters())
         for name, p in model.named_parameters():
-            _close(p.grad, rsdp.local_shard_of(model, name, refp[name].grad), f"grad {name}")
+            _close(p.grad, rsdp.rsdp_state(model).local_shard_of(name, refp[name].grad), f"grad {name}")
     with rec.case("a unit whose forward changes the row-split output raises"):
         model = rsdp.shard(GatedMLP(residual=True), tp_plan="auto")
         try:

@@ -8,20 +8,20 @@ rank 0's), Lightning's DDP strategy too, and both save from rank 0 alone what on
 together holds. ``import torch_rsdp`` installs these integrations (no line to add), each of
 which changes nothing for a model torch_rsdp did not shard:
 
-* ``accelerate`` (:mod:`.accelerate_hooks`): ``Accelerator.prepare_model`` keeps a sharded
+* ``accelerate`` (:mod:`._accelerate_hooks`): ``Accelerator.prepare_model`` keeps a sharded
   model as it is (mixed-precision autocast and ``torch.compile`` still applied) instead of
   wrapping it in DDP; ``get_state_dict`` / ``save_model`` gather whole tensors;
   ``clip_grad_norm_`` computes one process's norm.
-* ``transformers`` (:mod:`.trainer_hooks`): ``Trainer.save_model`` and the checkpoints of
+* ``transformers`` (:mod:`._trainer_hooks`): ``Trainer.save_model`` and the checkpoints of
   ``save_strategy`` write the whole model (what ``from_pretrained`` loads) and the whole
   optimizer state, which ``resume_from_checkpoint`` loads back at any world size; gradient
   clipping is one process's; ``save_pretrained`` called on every rank gathers the whole model.
 * ``lightning`` / ``pytorch_lightning``: ``Trainer(strategy="rsdp")`` (registered in
-  Lightning's strategy registry; :mod:`.lightning_strategy`, ``RSDPStrategy``) shards the
+  Lightning's strategy registry; :mod:`._lightning_strategy`, ``RSDPStrategy``) shards the
   module and trains, checkpoints and resumes it; the stock DDP strategy also keeps a module
-  holding sharded parameters unwrapped (:mod:`.lightning_hooks`).
+  holding sharded parameters unwrapped (:mod:`._lightning_hooks`).
 
-Every patched method is a row of :mod:`.patch_table`, with the library versions it was tested
+Every patched method is a row of :mod:`._patch_table`, with the library versions it was tested
 with. Each library is patched when it is imported (before or after torch_rsdp); a version
 outside the tested range, or a method a release renamed, is reported once as a warning, and a
 sharded model that reaches a library whose patch is missing is refused (``IntegrationError``)
@@ -34,25 +34,22 @@ import os
 
 from collections import defaultdict
 
-from . import lightning_strategy
-from .patch_table import LIBRARIES, PATCHES
-from .patching import IntegrationWarning, apply_rows, set_disabled
-from .post_import import when_imported
-from .refusal import IntegrationError
-from .sharded import (clip_grad_norm_, full_model_state_dict, full_optimizer_state_dict,
-                      is_sharded, sharded_roots)
-from .status import status
+from . import _lightning_strategy
+from ._patch_table import LIBRARIES, PATCHES
+from ._patching import IntegrationWarning, apply_rows, set_disabled
+from ._post_import import when_imported
+from ._refusal import IntegrationError
+from ._status import status
 
-__all__ = ["install", "status", "RSDPStrategy", "IntegrationError", "IntegrationWarning",
-           "is_sharded", "sharded_roots", "full_model_state_dict", "full_optimizer_state_dict",
-           "clip_grad_norm_"]
+__all__ = ["status", "RSDPStrategy", "IntegrationError", "IntegrationWarning"]
 
 _INSTALLED = [False]
 
 
-def install() -> None:
-    """Patches the libraries of :mod:`.patch_table` as each is imported, and registers
-    Lightning's ``"rsdp"`` strategy (idempotent)."""
+def _install() -> None:
+    """Patches the libraries of :mod:`._patch_table` as each is imported, and registers
+    Lightning's ``"rsdp"`` strategy (idempotent; run when this package is imported, which
+    ``import torch_rsdp`` does)."""
     if _INSTALLED[0]:
         return
     _INSTALLED[0] = True
@@ -65,10 +62,13 @@ def install() -> None:
     for module, rows in by_module.items():
         when_imported(module, lambda m, rows=rows: apply_rows(rows, m))
     for root in ("lightning.pytorch", "pytorch_lightning"):
-        when_imported(f"{root}.strategies", lightning_strategy.register)
+        when_imported(f"{root}.strategies", _lightning_strategy.register)
 
 
 def __getattr__(name):
     if name == "RSDPStrategy":  # imports Lightning: only when asked for
-        return lightning_strategy.strategy_class("lightning")
+        return _lightning_strategy.strategy_class("lightning")
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+_install()

@@ -27,77 +27,66 @@ Strategies (names follow FSDP's ``ShardingStrategy``, lower case):
 first);
 :func:`report` shows what each unit costs on this rank. A unit may send its cross-node
 traffic quantised (``"full_shard+int8"``; ``apply(..., compression=)`` for the whole model,
-:mod:`.compression`); :func:`feedback_state_dict` checkpoints its error feedback.
+:mod:`._compression`); :func:`feedback_state_dict` checkpoints its error feedback.
 
 :func:`auto` chooses the strategies itself: the fastest plan whose predicted peak memory per
 rank fits a budget, from costs measured here (or for a :class:`Cluster` we do not have).
 
-Layout (what each part owns; imports point downwards only, ``tests/project/test_import_rules.py``
-checks it):
+The public API is ``__all__``; everything else is private and may change. Layout (what each
+part owns; imports point downwards only, ``tests/project/test_import_rules.py`` checks it):
 
 * the user-facing names, here;
-* ``planner/``: ``auto`` and its profile, cost model, search, ``Cluster`` and explanation
+* ``_planner/``: ``auto`` and its profile, cost model, search, ``Cluster`` and explanation
   (it applies and trains candidate plans, so it builds on the layer below);
-* ``apply``, ``accumulate``, ``checkpoint``, ``checkpoint_reader``, ``clip``,
-  ``feedback_state``, ``optim``, ``report``, ``staging``: what a user calls on a planned
+* ``_apply``, ``_accumulate``, ``_checkpoint``, ``_checkpoint_reader``, ``_clip``,
+  ``_feedback_state``, ``_optim``, ``_report``, ``_staging``: what a user calls on a planned
   model; each loops over units and asks each unit's strategy handler;
-* ``strategies/``: one handler per strategy family, the only code that knows a strategy;
-* ``spec`` (plans as data), ``registry`` (the strategy names and their handlers, against which
-  ``spec`` checks names), ``units`` (who owns which parameter), ``mesh``,
-  ``mixed_precision``, ``compression`` (settings), ``cost_terms`` (``UnitProfile``,
+* ``_strategies/``: one handler per strategy family, the code that knows how a strategy
+  works (the planner's cost model and ``_feedback_state`` name strategies too, as kinds to
+  price and to find error feedback in);
+* ``_spec`` (plans as data), ``_registry`` (the strategy names and their handlers, against
+  which ``_spec`` checks names), ``_units`` (who owns which parameter), ``_mesh``,
+  ``_mixed_precision``, ``_compression`` (settings), ``_cost_terms`` (``UnitProfile``,
   ``Links``, ``Cost``: what the handlers price and the planner reads): what the handlers
   build on.
 
-May import ``torch_rsdp.rsdp`` through its public API only, the backend's public modules
-(``torch_rsdp.compression``, ``topology``, ``ring``) and the neutral modules
+May import ``torch_rsdp.rsdp`` through its public API only, the backend's modules
+(``torch_rsdp._compression``, ``_topology``, ``_ring``) and the neutral modules
 ``torch_rsdp._utils``, ``_dtensor_params``, ``_grad_sync``, ``_checkpoint_hooks``; nothing
 below imports this package.
 """
-from .accumulate import no_sync, set_gradient_sync
-from .apply import PlanState, apply, plan_state
-from .checkpoint import full_state_dict, load_full_state_dict
-from .checkpoint_reader import CheckpointReader, check_checkpoint_files
-from .clip import clip_grad_norm_, grad_norm
-from .feedback_state import feedback_state_dict, set_feedback_state_dict
-from .optim import OptimizerSharding, make_optimizer, optimizer_sharding
-from .planner import (AutoPlan, BudgetError, Cluster, auto, default_units, parse_budget,
-                      plan_profile, predict)
-from .report import PlanReport, report
-from .spec import Plan, Strategy, parse_strategy, resolve
-from .strategies import STRATEGIES
-from .staging import CopyOnceStager
+from ._accumulate import no_sync
+from ._apply import apply, plan_state
+from ._checkpoint import full_state_dict, load_full_state_dict
+from ._checkpoint_reader import CheckpointReader
+from ._clip import clip_grad_norm_, grad_norm
+from ._feedback_state import feedback_state_dict, set_feedback_state_dict
+from ._optim import make_optimizer
+from ._planner import AutoPlan, BudgetError, Cluster, auto, predict
+from ._report import report
+from ._spec import Plan
+from ._staging import CopyOnceStager
+from ._strategies import STRATEGIES
 
 __all__ = [
     "apply",
     "auto",
     "predict",
-    "plan_profile",
     "AutoPlan",
     "Cluster",
     "BudgetError",
-    "default_units",
-    "parse_budget",
     "Plan",
-    "Strategy",
     "STRATEGIES",
-    "parse_strategy",
-    "resolve",
     "make_optimizer",
-    "OptimizerSharding",
-    "optimizer_sharding",
     "no_sync",
-    "set_gradient_sync",
     "full_state_dict",
     "load_full_state_dict",
     "clip_grad_norm_",
     "grad_norm",
     "CheckpointReader",
-    "check_checkpoint_files",
     "CopyOnceStager",
     "feedback_state_dict",
     "set_feedback_state_dict",
     "report",
-    "PlanReport",
-    "PlanState",
     "plan_state",
 ]

@@ -10,33 +10,32 @@ way home (:func:`torch_rsdp.ring_shift_reduce`).
                                 # attention block / MLP as one buffer: shard(model, tp_plan="auto")
     print(rsdp.rsdp_state(model).report())   # what stayed whole, and why
 
-Owns: the sharded modules (Linear, ``Conv1D``, Embedding, MultiheadAttention, rotation units),
-the rotation schedules and the ring order (:class:`Ring`), and the public state API other
-packages use (:class:`RSDPState`: sharded and replicated parameters, gradient sync on/off;
-:class:`FullTensors` and :func:`local_shard_of` for state dicts; :func:`can_rotate`).
-Mixed precision is FSDP2's ``torch.distributed.fsdp.MixedPrecisionPolicy``.
+The public API is ``__all__``: :func:`shard`, the state it attaches (:func:`rsdp_state`,
+:class:`RSDPState`, :class:`LeftWhole`), :func:`can_rotate`, and whole-tensor state dicts
+(:func:`full_state_dict`, :func:`load_full_state_dict`). Mixed precision is FSDP2's
+``torch.distributed.fsdp.MixedPrecisionPolicy``. Everything else is private and may change;
+it lives by role, bottom to top (``tests/project/test_import_rules.py`` checks the floors):
 
-May import: torch, ``torch_rsdp.ring`` (the ring primitive), ``torch_rsdp.topology`` (the ring
-order is node-aware) and ``torch_rsdp.compression`` (whether ring hops between nodes are
-quantised, so gradients need error feedback), ``torch_rsdp._C`` (the backend and the layers'
-native ring schedules, csrc/rsdp), and the neutral modules ``torch_rsdp._utils``,
-``_dtensor_params``, ``_grad_sync`` and ``_checkpoint_hooks``; never ``torch_rsdp.plan``
-(which builds on this package, through the names in ``__all__`` only).
+* ``_rotation/``: the ring order (``Ring``), the rotation schedules, error feedback of
+  quantised hops, the flat shard layout and the buffers it travels in;
+* ``_layers/``: the sharded modules (Linear, ``Conv1D``, Embedding, MultiheadAttention) and
+  block gathers of small layers, on the ring core;
+* ``_units/``: rotation units (``tp_plan``: an attention block or an MLP rotating as one
+  buffer), on the layers;
+* ``_shard`` (:func:`shard` in named phases), ``_state`` (:class:`RSDPState`),
+  ``_coverage`` (what stays whole, and why), ``_tied`` (embeddings and their tied heads),
+  ``_state_dict``.
+
+May import: torch, the backend's modules (``torch_rsdp._ring``, ``_topology``,
+``_compression``: the ring order is node-aware and quantised hops need error feedback),
+``torch_rsdp._C`` (the layers' native ring schedules, csrc/rsdp), and the neutral modules
+``torch_rsdp._utils``, ``_dtensor_params``, ``_grad_sync``, ``_checkpoint_hooks``; never
+``torch_rsdp.plan`` (which builds on this package, through ``__all__`` only).
 """
-from .api import RSDPState, rsdp_state, shard
-from .coverage import LeftWhole, can_rotate
-from .flat_shard import chunk_sizes, chunk_starts
-from .memory import MemoryTracker
-from .state_dict import (FullTensors, full_state_dict, load_full_state_dict, local_shard_of,
-                         shard_dim, sharded_owner)
-from .ring_feedback import RingFeedback
-from .ring_order import Ring
-from .rotation_unit import shard_unit
-from .sharded_conv1d import shard_conv1d
-from .tp_plan import resolve_plan
-from .sharded_attention import RSDPMultiheadAttention, shard_attention
-from .sharded_embedding import RSDPEmbedding, shard_embedding
-from .sharded_linear import RSDPLinear, shard_linear
+from ._coverage import LeftWhole, can_rotate
+from ._shard import shard
+from ._state import RSDPState, rsdp_state
+from ._state_dict import full_state_dict, load_full_state_dict
 
 __all__ = [
     "shard",
@@ -44,24 +43,6 @@ __all__ = [
     "RSDPState",
     "LeftWhole",
     "can_rotate",
-    "FullTensors",
-    "MemoryTracker",
-    "Ring",
-    "RSDPLinear",
-    "RSDPEmbedding",
-    "RSDPMultiheadAttention",
-    "shard_attention",
-    "shard_linear",
-    "shard_conv1d",
-    "shard_unit",
-    "resolve_plan",
-    "shard_embedding",
     "full_state_dict",
     "load_full_state_dict",
-    "local_shard_of",
-    "shard_dim",
-    "sharded_owner",
-    "RingFeedback",
-    "chunk_sizes",
-    "chunk_starts",
 ]

@@ -1,0 +1,43 @@
+"""Where a process group's ranks live, and what its collectives sent.
+
+A *node* is a set of ranks sharing memory (same host name and boot id, or the
+same ``RSDP_NODE_ID``); the *local rank* is a rank's position on its node; a
+*rail* is the set of ranks with one local rank across all nodes; a *leader*
+is local rank 0. The rsdp backend keeps traffic inside a node where it can
+and sends across nodes only on rails or between leaders.
+"""
+from typing import Optional
+
+import torch.distributed as dist
+
+from ._ring import rsdp_backend
+
+__all__ = ["topology", "comm_stats", "reset_comm_stats"]
+
+
+def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
+    """This rank's view of ``group``'s topology.
+
+    Keys: ``rank``, ``size``, ``node`` (index, nodes numbered by their lowest
+    rank), ``num_nodes``, ``local_rank``, ``local_size``, ``nodes`` (the group
+    ranks of every node), ``rail`` (the ranks sharing this rank's local rank),
+    ``leaders``, ``uniform`` (all nodes have as many ranks) and ``describe``.
+    """
+    return rsdp_backend(group).topology()
+
+
+def comm_stats(group: Optional[dist.ProcessGroup] = None) -> dict:
+    """Cumulative payload this rank sent for ``group``'s collectives and send/recv.
+
+    ``intra_node_bytes``/``intra_node_messages`` count what went to ranks on
+    this node (for shared memory: bytes this rank wrote for its peers);
+    ``inter_node_bytes``/``inter_node_messages`` what crossed to other nodes;
+    ``one_copy_ops`` how many collectives read their peers' buffers in place
+    (buffers in communication memory, see :mod:`torch_rsdp._comm_memory`).
+    """
+    return rsdp_backend(group).comm_stats()
+
+
+def reset_comm_stats(group: Optional[dist.ProcessGroup] = None) -> None:
+    """Zeroes the counters of :func:`comm_stats` for ``group`` on this rank."""
+    rsdp_backend(group).reset_comm_stats()
