@@ -12,20 +12,28 @@ What happens, in order:
    all ranks start from the same model (like DDP; the model is still whole at this point).
 3. Every plain ``nn.Linear``, transformers ``Conv1D`` (GPT-2's transposed Linear),
    ``nn.Embedding`` and ``nn.MultiheadAttention`` accepted by ``filter`` (and with at least
-   ``min_numel`` weight elements) is sharded in place: its class becomes :class:`._layers.sharded_linear.RSDPLinear`
-   / ``RSDPConv1D`` / :class:`._layers.sharded_embedding.RSDPEmbedding` / :class:`._layers.sharded_attention.RSDPMultiheadAttention` (split by
-   heads) and its parameters become this rank's shards; the full tensors are dropped.
+   ``min_numel`` weight elements) is sharded in place: its class becomes ``RSDPLinear`` /
+   ``RSDPConv1D`` / ``RSDPEmbedding`` / ``RSDPMultiheadAttention`` (split by heads;
+   :mod:`._layers`) and its parameters become this rank's shards; the full tensors are dropped.
    An embedding and the output head(s) tied to it (one Parameter) share one shard: the head
    is split by input features, which is the embedding's split by embedding dimension, and
    stays tied (:mod:`._tied`). Other shared parameters stay whole.
    With ``tp_plan``, first the planned pairs of column-split layers and the row-split layer
    they feed (attention q/k/v -> o, MLP gate/up -> down) become rotation units that keep all
    their shards in one buffer (:mod:`._units.tp_plan`, :mod:`._units.rotation_unit`).
+   Small units (no larger than their activations) and, from 3 ranks on one node, the small
+   sharded layers of one block (an element of an ``nn.ModuleList`` / ``nn.Sequential``) do
+   not run shard by shard (:mod:`._units.unit_whole`, :mod:`._layers.block_gather`,
+   :mod:`._units.unit_block`); which are small is decided from the group's token count,
+   agreed once per forward, so that every rank makes the same passes.
 4. All other parameters stay replicated; their gradients are averaged over the group during
    every backward (:class:`torch_rsdp._grad_sync.GradSync`, bucketed as DDP does), unless
    ``sync_replicated=False`` leaves that to the caller. ``rsdp_state(model).left_whole`` lists
    each with its size and the reason (:mod:`._coverage`); a module with a matrix RSDP cannot
    decompose also raises a warning on group rank 0.
+5. The model gets its state (``rsdp_state(model)``), tells ``DistributedDataParallel`` to
+   leave it alone, guards ``model.to()`` and the like (:mod:`torch_rsdp._apply_guard`) and,
+   with ``checkpoint_hooks``, hooks its ``state_dict()`` (:mod:`torch_rsdp._checkpoint_hooks`).
 
 Sharded gradients arrive at their owner already averaged over the group, so one optimiser
 step equals DDP's on the same global batch. Buffers (e.g. BatchNorm statistics) are only
@@ -34,6 +42,7 @@ synchronised once, at step 2.
 from __future__ import annotations
 
 import warnings
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 import torch.distributed as dist
@@ -93,8 +102,8 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
             or a dict of name pattern -> ``"colwise"`` / ``"rowwise"`` (torch's
             ``parallelize_module`` vocabulary). Column-split layers and the row-split layer
             they feed, under one parent (an attention block, an MLP), become one rotation
-            unit: their shards travel in one buffer (:mod:`._units.rotation_unit`). With a dict, a
-            pairing that cannot form a unit raises.
+            unit: their shards travel in one buffer (:mod:`._units.rotation_unit`). With a
+            dict, a pairing that cannot form a unit raises.
         unit_recompute: with True, units recompute their forward in backward and keep only
             their inputs (activation checkpointing built into the unit: less memory, one more
             forward of every unit); by default they keep their activations from forward, as
@@ -106,6 +115,28 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
             whole tensors, a clear error for a shard a checkpoint cannot describe; default);
             ``torch_rsdp.plan`` installs its own for the whole model.
     """
+    _check_arguments(model, linear_split, tp_plan, mp_policy)
+    # Collective, on every rank in this order; the broadcast needs the model still whole
+    ring = Ring(group)
+    if sync_module_states:
+        broadcast_module_states(model, group)
+    s = _Sharding(model, group, ring, mp_policy=mp_policy, linear_split=linear_split,
+                  filter=filter, min_numel=min_numel)
+    # Units first: the per-layer rules then skip the layers a unit holds
+    _shard_units(s, tp_plan, unit_recompute)
+    _shard_layers(s)
+    _share_small_layers(s)
+    _find_replicated(s)
+    _warn_undecomposable(s)
+    if sync_replicated:
+        _sync_replicated(s)
+    _attach(s, checkpoint_hooks)
+    return model
+
+
+def _check_arguments(model: nn.Module, linear_split, tp_plan, mp_policy) -> None:
+    """Raises for an argument :func:`shard` cannot use: on every rank alike, before any rank
+    waits in a collective."""
     if getattr(model, "_rsdp_root", None) is not None:
         raise ValueError("shard() was already applied to this module")
     if isinstance(linear_split, str) and linear_split not in ("out", "in", "none"):
@@ -117,104 +148,212 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
         raise TypeError(f"torch_rsdp.rsdp.shard: mp_policy must be a torch.distributed.fsdp."
                         f"MixedPrecisionPolicy, got {type(mp_policy).__name__}")
-    ring = Ring(group)
-    if sync_module_states:
-        broadcast_module_states(model, group)
-    full_numel = sum(p.numel() for p in model.parameters())
 
-    def split_of(name, mod):
-        split = linear_split(name, mod) if callable(linear_split) else linear_split
+
+@dataclass
+class _Sharding:
+    """One :func:`shard` call: the options its phases decide from, and what they decided."""
+
+    model: nn.Module
+    group: Optional[dist.ProcessGroup]
+    ring: Ring
+    mp_policy: Optional[MixedPrecisionPolicy]
+    linear_split: str | Callable[[str, nn.Module], str]
+    filter: Optional[Filter]
+    min_numel: int
+    # Both taken at creation, before any layer is sharded: sharding replaces the parameters
+    full_numel: int = field(init=False)  # parameter elements of the unsharded model
+    ties: Dict[int, list] = field(init=False)  # id(parameter) -> its uses, if more than one
+    sharded: Dict[str, nn.Module] = field(default_factory=dict)  # qualified name -> module
+    why: Dict[str, str] = field(default_factory=dict)  # module name -> why it stays whole
+    done: set = field(default_factory=set)  # ids of the modules decided with their tied group
+    not_units: Dict[str, str] = field(default_factory=dict)  # see RSDPState.not_units
+    replicated: List[nn.Parameter] = field(default_factory=list)  # whole, needing a gradient
+    left_whole: List[LeftWhole] = field(default_factory=list)
+    grad_sync: Optional[GradSync] = None
+
+    def __post_init__(self):
+        self.full_numel = sum(p.numel() for p in self.model.parameters())
+        self.ties = find_ties(self.model)
+
+    def split_of(self, name: str, mod: nn.Module) -> str:
+        """How ``linear_split`` splits the Linear / Conv1D ``mod``."""
+        split = (self.linear_split(name, mod) if callable(self.linear_split)
+                 else self.linear_split)
         if split not in ("out", "in", "none"):
             raise ValueError(f"linear_split({name!r}) returned {split!r}; expected 'out', "
                              f"'in' or 'none'")
         return split
 
-    def accept(name, mod, numel):
+    def accept(self, name: str, mod: nn.Module, numel: int) -> Optional[str]:
         """None when ``mod`` may be sharded, else the reason it stays whole."""
-        if filter is not None and not filter(name, mod):
+        if self.filter is not None and not self.filter(name, mod):
             return FILTERED
-        if numel < min_numel:
-            return f"{TOO_SMALL} ({numel} weight elements < min_numel={min_numel})"
+        if numel < self.min_numel:
+            return f"{TOO_SMALL} ({numel} weight elements < min_numel={self.min_numel})"
         return None
 
-    ties = find_ties(model)
-    why: Dict[str, str] = {}  # module name -> why it stays whole
-    sharded: Dict[str, nn.Module] = {}
-    not_units = _shard_units(model, tp_plan, ties, ring, mp_policy, accept, sharded,
-                             unit_recompute)
-    done = set()  # ids of modules already decided (members of a tied group)
-    local, n_seen = set(), 0
-    for name, mod in list(model.named_modules()):
-        if id(mod) in done or getattr(mod, "_rsdp", None) is not None:
-            continue
-        if len(sharded) != n_seen:  # refresh the ids of the parameters sharded so far
-            local, n_seen = _local_ids(sharded), len(sharded)
-        if any(id(p) in local for p in mod.parameters(recurse=False)):
-            continue  # a part of a sharded module (an attention's out_proj, a unit's layer)
-        rule, reason = classify(mod)
-        tied = [ties[id(p)] for p in mod.parameters(recurse=False) if id(p) in ties]
-        if tied:
-            _shard_tied(tied, ring, mp_policy, accept, split_of, sharded, why, done)
-            continue
-        if rule is None:
-            if reason:
-                why[name] = reason
-            continue
-        weight = mod.in_proj_weight if rule == "attention" else mod.weight
-        reason = accept(name, mod, weight.numel())
-        if reason is None and rule in ("linear", "conv1d"):
-            split = split_of(name, mod)
-            reason = None if split != "none" else "linear_split chose 'none'"
-        if reason is not None:
-            why[name] = reason
-        elif rule == "linear":
-            sharded[name] = shard_linear(mod, ring, split, mp_policy)
-        elif rule == "conv1d":
-            sharded[name] = shard_conv1d(mod, ring, split, mp_policy)
-        elif rule == "embedding":
-            sharded[name] = shard_embedding(mod, ring, mp_policy)
-        else:
-            sharded[name] = shard_attention(mod, ring, mp_policy)
 
-    for name, mod in sharded.items():
+def _shard_units(s: _Sharding, tp_plan, recompute: bool) -> None:
+    """Shards the rotation units ``tp_plan`` pairs up; layers that cannot form one are left
+    to the per-layer rules (or, for an explicit plan, raise). For ``"auto"``, records why
+    each unit it named was not formed in ``s.not_units`` (module name -> reason)."""
+    model = s.model
+    styles = resolve_plan(model, tp_plan)
+    for parent, kids in group_units(styles).items():
+        unit = model.get_submodule(parent)
+        members = [(k.rpartition(".")[2], model.get_submodule(k), styles[k]) for k in kids]
+        problem = unit_problem(unit, members, s.ring.world)
+        if problem is None and any(id(p) in s.ties for _, m, _ in members
+                                   for p in m.parameters()):
+            problem = "a layer's parameter is tied to another module"
+        if problem is None:
+            numel = sum(m.weight.numel() for _, m, _ in members)
+            if any(s.accept(n, m, numel) is not None for n, m in
+                   [(parent, unit)] + [(k, model.get_submodule(k)) for k in kids]):
+                continue  # filtered / too small: the per-layer rules decide and record why
+            s.sharded[parent] = shard_unit(unit, members, s.ring, s.mp_policy, parent,
+                                           recompute)
+        elif isinstance(tp_plan, dict):
+            raise ValueError(f"tp_plan: {parent or '<root>'} cannot be a rotation unit: "
+                             f"{problem}")
+        elif problem != "already sharded":  # (by an earlier shard(): not ours to report)
+            s.not_units[parent or "<root>"] = problem
+
+
+def _shard_layers(s: _Sharding) -> None:
+    """Shards every module an RSDP rule decomposes and the options accept (a tied group on one
+    shard), and records why each other module with parameters of its own stays whole."""
+    sharded_ids, n_seen = set(), 0
+    for name, mod in list(s.model.named_modules()):
+        if id(mod) in s.done or getattr(mod, "_rsdp", None) is not None:
+            continue  # decided with its tied group, a unit, or sharded by an earlier shard()
+        if len(s.sharded) != n_seen:  # refresh the ids of the parameters sharded so far
+            sharded_ids, n_seen = _local_ids(s.sharded), len(s.sharded)
+        if any(id(p) in sharded_ids for p in mod.parameters(recurse=False)):
+            continue  # a part of a sharded module (an attention's out_proj, a unit's layer)
+        tied = [s.ties[id(p)] for p in mod.parameters(recurse=False) if id(p) in s.ties]
+        if tied:
+            _shard_tied(s, tied)
+        else:
+            _shard_layer(s, name, mod)
+    for name, mod in s.sharded.items():
         mod._rsdp_name = name  # for error messages
-    # Block gathers and units computed whole decide from the group's token count, agreed
-    # once per forward of the root ([Note: block gathers], [Note: small units computed whole])
-    small = SmallLayers(ring)
-    units = [m for m in sharded.values() if getattr(m, "_rsdp_unit", None) is not None]
+
+
+def _shard_layer(s: _Sharding, name: str, mod: nn.Module) -> None:
+    """Shards one untied module by its RSDP rule, or records why it stays whole."""
+    rule, reason = classify(mod)
+    if rule is None:
+        if reason:  # (none for a module without parameters of its own)
+            s.why[name] = reason
+        return
+    weight = mod.in_proj_weight if rule == "attention" else mod.weight
+    reason = s.accept(name, mod, weight.numel())
+    split = s.split_of(name, mod) if reason is None and rule in ("linear", "conv1d") else None
+    if split == "none":
+        reason = "linear_split chose 'none'"
+    if reason is not None:
+        s.why[name] = reason
+    elif rule == "linear":
+        s.sharded[name] = shard_linear(mod, s.ring, split, s.mp_policy)
+    elif rule == "conv1d":
+        s.sharded[name] = shard_conv1d(mod, s.ring, split, s.mp_policy)
+    elif rule == "embedding":
+        s.sharded[name] = shard_embedding(mod, s.ring, s.mp_policy)
+    else:
+        s.sharded[name] = shard_attention(mod, s.ring, s.mp_policy)
+
+
+def _shard_tied(s: _Sharding, tied) -> None:
+    """Shards a module's tied group (an embedding and its heads) on one shard, or records why
+    all of its members stay whole."""
+    uses = [u for group in tied for u in group]
+    members = {id(m): (n, m) for n, m, _ in uses}
+    s.done.update(members)  # decided here together, whatever the outcome
+    group, reason = tied_group(tied[0]) if len(tied) == 1 else (None, "tied more than once")
+    if group is not None:
+        for n, m in group.members:
+            reason = s.accept(n, m, m.weight.numel())
+            if reason is None and m is not group.embedding[1] and s.split_of(n, m) == "none":
+                reason = "linear_split chose 'none'"
+            if reason is not None:
+                reason = f"{reason} (for {n or '<root>'}, tied: kept whole with its partners)"
+                break
+    if group is None or reason is not None:
+        for n, _ in members.values():
+            s.why[n] = reason
+        return
+    ename, emb = group.embedding
+    s.sharded[ename] = shard_embedding(emb, s.ring, s.mp_policy)
+    for n, m in group.heads:
+        s.sharded[n] = tie_linear(m, emb._rsdp, ename)
+
+
+def _share_small_layers(s: _Sharding) -> None:
+    """Block gathers ([Note: block gathers]), unit blocks ([Note: unit blocks]) and units
+    computed whole, all deciding from one :class:`SmallLayers`."""
+    # They decide from the group's token count, agreed once per forward of the root
+    # ([Note: block gathers], [Note: small units computed whole])
+    small = SmallLayers(s.ring)
+    units = [m for m in s.sharded.values() if getattr(m, "_rsdp_unit", None) is not None]
     for unit in units:
         unit._rsdp_unit.small = small
-    make_unit_blocks(model, sharded, ring, small)  # [Note: unit blocks]
-    if make_blocks(model, sharded, ring, small) or units:
-        model.register_forward_pre_hook(small.new_forward)
+    make_unit_blocks(s.model, s.sharded, s.ring, small)
+    if make_blocks(s.model, s.sharded, s.ring, small) or units:
+        s.model.register_forward_pre_hook(small.new_forward)
+
+
+def _find_replicated(s: _Sharding) -> None:
+    """The parameters no shard holds: ``s.replicated`` (those that need a gradient) and
+    ``s.left_whole`` (every one, with the reason)."""
     # Submodules an earlier shard() call sharded (a deeper unit of a torch_rsdp.plan) hold
     # shards too: neither replicated nor left whole here.
-    earlier = {n: m for n, m in model.named_modules()
-               if getattr(m, "_rsdp", None) is not None and n not in sharded}
-    local = _local_ids(sharded) | _local_ids(earlier)
-    replicated, seen = [], set()
-    for p in model.parameters():
-        if id(p) not in local and id(p) not in seen and p.requires_grad:
+    earlier = {n: m for n, m in s.model.named_modules()
+               if getattr(m, "_rsdp", None) is not None and n not in s.sharded}
+    sharded_ids = _local_ids(s.sharded) | _local_ids(earlier)
+    seen = set()
+    for p in s.model.parameters():
+        if id(p) not in sharded_ids and id(p) not in seen and p.requires_grad:
             seen.add(id(p))
-            replicated.append(p)
-    whole = coverage.left_whole(model, local, why)
-    _warn_undecomposable(whole, ring, min_numel)
-    sync = None
-    if sync_replicated and replicated:
-        # Replicas as Replicate() DTensors, like the shards: torch's tools then see one kind of
-        # parameter (torch_rsdp._dtensor_params)
-        new = replicate_params(model, replicated,
-                               mesh_of_group(group, replicated[0].device.type))
-        replicated = [new.get(id(p), p) for p in replicated]
-        sync = GradSync(replicated, group, root=model,
-                        reduce_dtype=mp_policy.reduce_dtype if mp_policy else None)
-    model._rsdp_root = RSDPState(ring, sharded, replicated, sync, whole, full_numel, model,
-                                 not_units)
+            s.replicated.append(p)
+    s.left_whole = coverage.left_whole(s.model, sharded_ids, s.why)
+
+
+def _warn_undecomposable(s: _Sharding) -> None:
+    """A matrix RSDP could not decompose is likely a layer the user expected to be sharded."""
+    big = [e for e in s.left_whole if e.reason.startswith(NOT_DECOMPOSABLE)
+           and len(e.shape) >= 2 and e.numel >= s.min_numel]
+    if big and s.ring.rank == 0:
+        listed = ", ".join(f"{e.name} {e.shape}" for e in big[:5])
+        more = f" and {len(big) - 5} more" if len(big) > 5 else ""
+        # stacklevel: called by shard() itself, so the warning names shard()'s caller
+        warnings.warn(f"torch_rsdp.rsdp.shard: kept whole on every rank (no RSDP rule): "
+                      f"{listed}{more}; see rsdp_state(model).report()", stacklevel=3)
+
+
+def _sync_replicated(s: _Sharding) -> None:
+    """Averages the replicated parameters' gradients over the group during every backward."""
+    if not s.replicated:
+        return
+    # Replicas as Replicate() DTensors, like the shards: torch's tools then see one kind of
+    # parameter (torch_rsdp._dtensor_params)
+    new = replicate_params(s.model, s.replicated,
+                           mesh_of_group(s.group, s.replicated[0].device.type))
+    s.replicated = [new.get(id(p), p) for p in s.replicated]
+    s.grad_sync = GradSync(s.replicated, s.group, root=s.model,
+                           reduce_dtype=s.mp_policy.reduce_dtype if s.mp_policy else None)
+
+
+def _attach(s: _Sharding, checkpoint_hooks: bool) -> None:
+    """Gives the model its :class:`RSDPState` and the guards a sharded model needs."""
+    model = s.model
+    model._rsdp_root = RSDPState(s.ring, s.sharded, s.replicated, s.grad_sync, s.left_whole,
+                                 s.full_numel, model, s.not_units)
     refuse_ddp(model)
     guard_apply(model)  # model.to() would swap the parameters away from their hooks
     if checkpoint_hooks:
         _install_checkpoint_hooks(model)
-    return model
 
 
 def _install_checkpoint_hooks(model: nn.Module) -> None:
@@ -232,68 +371,6 @@ def _install_checkpoint_hooks(model: nn.Module) -> None:
     _checkpoint_hooks.install(model, keys, refusal)
 
 
-def _shard_units(model, tp_plan, ties, ring, mp, accept, sharded, recompute) -> Dict[str, str]:
-    """Shards the rotation units ``tp_plan`` pairs up; layers that cannot form one are left
-    to the per-layer rules (or, for an explicit plan, raise). Returns, for ``"auto"``, why
-    each unit it named was not formed (module name -> reason)."""
-    not_units: Dict[str, str] = {}
-    styles = resolve_plan(model, tp_plan)
-    for parent, kids in group_units(styles).items():
-        unit = model.get_submodule(parent)
-        members = [(k.rpartition(".")[2], model.get_submodule(k), styles[k]) for k in kids]
-        problem = unit_problem(unit, members, ring.world)
-        if problem is None and any(id(p) in ties for _, m, _ in members for p in m.parameters()):
-            problem = "a layer's parameter is tied to another module"
-        if problem is None:
-            numel = sum(m.weight.numel() for _, m, _ in members)
-            if any(accept(n, m, numel) is not None for n, m in
-                   [(parent, unit)] + [(k, model.get_submodule(k)) for k in kids]):
-                continue  # filtered / too small: the per-layer rules decide and record why
-            sharded[parent] = shard_unit(unit, members, ring, mp, parent, recompute)
-        elif isinstance(tp_plan, dict):
-            raise ValueError(f"tp_plan: {parent or '<root>'} cannot be a rotation unit: "
-                             f"{problem}")
-        elif problem != "already sharded":  # (by an earlier shard(): not ours to report)
-            not_units[parent or "<root>"] = problem
-    return not_units
-
-
 def _local_ids(sharded: Dict[str, nn.Module]) -> set:
     """ids of the sharded parameters of ``sharded``'s modules."""
     return {id(m._rsdp.param(n)) for m in sharded.values() for n in m._rsdp.names}
-
-
-def _shard_tied(tied, ring, mp, accept, split_of, sharded, why, done) -> None:
-    """Shards a module's tied group (an embedding and its heads) on one shard, or records why
-    all of its members stay whole."""
-    uses = [u for group in tied for u in group]
-    members = {id(m): (n, m) for n, m, _ in uses}
-    done.update(members)
-    group, reason = tied_group(tied[0]) if len(tied) == 1 else (None, "tied more than once")
-    if group is not None:
-        for n, m in group.members:
-            reason = accept(n, m, m.weight.numel())
-            if reason is None and m is not group.embedding[1] and split_of(n, m) == "none":
-                reason = "linear_split chose 'none'"
-            if reason is not None:
-                reason = f"{reason} (for {n or '<root>'}, tied: kept whole with its partners)"
-                break
-    if group is None or reason is not None:
-        for n, _ in members.values():
-            why[n] = reason
-        return
-    ename, emb = group.embedding
-    sharded[ename] = shard_embedding(emb, ring, mp)
-    for n, m in group.heads:
-        sharded[n] = tie_linear(m, emb._rsdp, ename)
-
-
-def _warn_undecomposable(whole: List[LeftWhole], ring: Ring, min_numel: int) -> None:
-    """A matrix RSDP could not decompose is likely a layer the user expected to be sharded."""
-    big = [e for e in whole if e.reason.startswith(NOT_DECOMPOSABLE) and len(e.shape) >= 2
-           and e.numel >= min_numel]
-    if big and ring.rank == 0:
-        listed = ", ".join(f"{e.name} {e.shape}" for e in big[:5])
-        more = f" and {len(big) - 5} more" if len(big) > 5 else ""
-        warnings.warn(f"torch_rsdp.rsdp.shard: kept whole on every rank (no RSDP rule): "
-                      f"{listed}{more}; see rsdp_state(model).report()", stacklevel=3)
