@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch.distributed as dist
@@ -30,9 +31,9 @@ from .._units import build_units
 from .cluster import Cluster
 from .cost import DEFAULT_STRATEGIES, applicable, unit_choices, with_compression
 from .explain import Prediction, UnitPrediction, explain
-from .profile import OPTIMIZER_STATE_FACTOR, profile_model
-from .search import (BudgetError, Solution, peak_bytes, runner_up, smallest_feasible_budget,
-                     solve, total_time, walk_peak)
+from .profile import OPTIMIZER_STATE_FACTOR, Profile, profile_model
+from .search import (BudgetError, Choice, Solution, peak_bytes, runner_up,
+                     smallest_feasible_budget, solve, total_time, walk_peak)
 from .verify import PlanCheck, measure_plans
 
 __all__ = ["auto", "predict", "plan_profile", "AutoPlan", "parse_budget", "default_units"]
@@ -86,6 +87,123 @@ def default_units(model: nn.Module) -> List[str]:
     return blocks + others
 
 
+@dataclass
+class _Planning:
+    """One run of the planner: what it was asked and what its phases have found so far.
+
+    ``auto``, ``predict`` and ``plan_profile`` share the first phases and every phase reads
+    most of these, so each takes this one object rather than the same values in a row. One
+    ``Meshes`` serves the whole run, so the node layout is read once and any group it builds
+    is built once."""
+
+    model: nn.Module
+    example_inputs: object
+    group: Optional[dist.ProcessGroup]
+    optimizer: str
+    topology: Optional[Cluster] = None
+    accumulation: int = 1
+    #: bytes per rank; 0 where nothing is planned against a budget (``predict``)
+    budget: int = 0
+    meshes: Meshes = field(init=False)
+    # found by the phases, in this order
+    prof: Optional[Profile] = None
+    links: Optional[Links] = None
+    candidates: List[str] = field(default_factory=list)
+    choices: List[List[Choice]] = field(default_factory=list)  # per profiled unit
+
+    def __post_init__(self):
+        self.meshes = Meshes(self.group)
+
+    def ranks_per_node(self) -> int:
+        """Ranks sharing a machine's memory (a budget given as a fraction of it is split
+        among them)."""
+        if self.topology is not None:
+            return self.topology.ranks_per_node
+        return len(self.meshes.nodes()[0])
+
+
+def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
+         optimizer: str = "adamw", strategies: Optional[Sequence[str]] = None,
+         units: Union[None, Sequence[str], Callable[[str, nn.Module], bool]] = None,
+         topology: Optional[Cluster] = None, use_cache: bool = True,
+         headroom: float = 0.05, accumulation: int = 1, verify: int = 2,
+         verify_steps: int = 4, allow_compression: bool = False) -> AutoPlan:
+    """The fastest plan whose predicted peak per rank fits ``memory_budget``. Collective.
+
+    Args:
+        model: the unwrapped model.
+        example_inputs: one micro-batch as this rank passes it to ``model`` (a tensor, a tuple of
+            positional arguments, or a dict of keyword arguments).
+        memory_budget: per rank: bytes, ``"6GiB"``, or a fraction of this machine's memory.
+        optimizer: the optimizer's state rule: ``"adamw"``, ``"adam"``, ``"sgd"``,
+            ``"sgd_momentum"``, ``"adagrad"``, ``"rmsprop"``.
+        strategies: the candidates (default: every strategy, ``split:2`` and ``split:4``).
+        units: module names, or a predicate ``(name, module) -> bool``; default: each repeated
+            block and every other module holding parameters.
+        topology: a :class:`Cluster` to plan for instead of this group.
+        headroom: the fraction of the budget kept free for what the model does not count
+            (allocator slack, the optimizer's temporaries, library buffers).
+        accumulation: micro-batches per optimizer step (``plan.no_sync`` on all but the last):
+            sharded units then keep unsharded gradients between micro-batches.
+        verify: after the search, race the pick against this many uniform plans
+            (:meth:`Plan.uniform`; the fastest predicted of those that fit the budget or miss
+            it by less than :data:`RIVAL_SLACK`), each trained ``verify_steps`` steps on a
+            copy of the model (:mod:`.verify`), and keep the fastest whose measured peak fits;
+            ``explain()`` shows predicted against measured. 0: trust the cost model. Not
+            done with ``topology`` (there is nothing to measure on).
+        verify_steps: timed steps per candidate (over two rounds, plus a warm-up step each).
+        allow_compression: also consider, per unit, sending its cross-node traffic quantised
+            (``full_shard+int8``, ``no_shard+int4``, ...: :mod:`torch_rsdp.plan._compression`),
+            priced from the links' fits and the quantisation kernels' speed, residuals
+            counted as memory; ``explain()`` says where it was chosen and what it saves.
+            Only with more than one node; off by default, as it changes the numbers.
+
+    Raises:
+        BudgetError: (a ``ValueError``) no plan fits; it names the smallest budget that fits.
+    """
+    _check_options(headroom, verify, verify_steps)
+    job = _Planning(model, example_inputs, group, optimizer, topology, accumulation)
+    job.budget = parse_budget(memory_budget, job.ranks_per_node())
+    _profile(job, strategies, units, use_cache)
+    _price_units(job, allow_compression)
+    picks, runner_ups, rivals = _search_on_rank0(job, headroom, verify)
+    picked = _planned(job, picks, runner_ups)
+    return _race(job, picked, rivals, verify_steps) if rivals else picked
+
+
+def _check_options(headroom: float, verify: int, verify_steps: int) -> None:
+    """The options only ``auto`` takes, checked first: a bad one fails before anything is
+    measured."""
+    if not 0 <= headroom < 1:
+        raise ValueError(f"torch_rsdp.plan.auto: headroom must be in [0, 1), got {headroom}")
+    if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
+        raise ValueError(f"torch_rsdp.plan.auto: verify must be an int >= 0 (uniform plans to "
+                         f"race the pick against; 0: none), got {verify!r}")
+    if isinstance(verify_steps, bool) or not isinstance(verify_steps, int) or verify_steps < 1:
+        raise ValueError(f"torch_rsdp.plan.auto: verify_steps must be an int >= 1, got "
+                         f"{verify_steps!r}")
+
+
+def _profile(job: _Planning, strategies, units, use_cache: bool) -> None:
+    """Sets ``job.prof`` (the units and collectives measured, or read from the cache),
+    ``job.links`` (measured, or the ``Cluster``'s) and ``job.candidates``. Collective."""
+    if job.optimizer not in OPTIMIZER_STATE_FACTOR:
+        raise ValueError(f"torch_rsdp.plan.auto: unknown optimizer rule {job.optimizer!r}; "
+                         f"one of {sorted(OPTIMIZER_STATE_FACTOR)}")
+    cands = _candidates(strategies)
+    owned = _unit_bytes(job.model, _select_units(job.model, units))
+    here = Links(dist.get_world_size(job.group), len(job.meshes.nodes()), {})
+    # timed as the exact strategies: compression is priced from the links and kernels
+    timed = (lambda u: list(dict.fromkeys(str(s.exact) for s in map(parse_strategy, cands)
+                                          if applicable(u, s.exact, here))))
+    job.prof = profile_model(job.model, job.example_inputs, owned, group=job.group,
+                             optimizer=job.optimizer, meshes=job.meshes, use_cache=use_cache,
+                             strategies=timed)
+    job.links = (job.topology.links() if job.topology is not None
+                 else Links.measured(job.prof))
+    job.candidates = cands
+
+
 def _select_units(model: nn.Module, units) -> List[str]:
     if units is None:
         return default_units(model)
@@ -132,60 +250,48 @@ def _candidates(strategies) -> List[str]:
     return [str(parse_strategy(s)) for s in (strategies or DEFAULT_STRATEGIES)]
 
 
-def _costs(model, example_inputs, group, optimizer, strategies, units, topology, use_cache,
-           accumulation=1, allow_compression=False):
-    """(profile, links, [choices per unit], candidates) for this model. Collective."""
-    if optimizer not in OPTIMIZER_STATE_FACTOR:
-        raise ValueError(f"torch_rsdp.plan.auto: unknown optimizer rule {optimizer!r}; "
-                         f"one of {sorted(OPTIMIZER_STATE_FACTOR)}")
-    cands = _candidates(strategies)
-    meshes = Meshes(group)
-    names = _select_units(model, units)
-    owned = _unit_bytes(model, names)
-    here = Links(dist.get_world_size(group), len(meshes.nodes()), {})
-    # timed as the exact strategies: compression is priced from the links and kernels
-    timed = (lambda u: list(dict.fromkeys(str(s.exact) for s in map(parse_strategy, cands)
-                                          if applicable(u, s.exact, here))))
-    prof = profile_model(model, example_inputs, owned, group=group, optimizer=optimizer,
-                         meshes=meshes, use_cache=use_cache, strategies=timed)
-    links = topology.links() if topology is not None else Links.measured(prof)
-    if allow_compression:
-        cands = with_compression(cands, links)
-    if accumulation < 1:
-        raise ValueError(f"torch_rsdp.plan.auto: accumulation must be >= 1, got {accumulation}")
-    choices = [unit_choices(u, cands, links, optimizer, prof.optim_s_per_byte,
-                            measured_ok=topology is None, accumulation=accumulation)
-               for u in prof.units]
-    return prof, links, choices, cands
+def _price_units(job: _Planning, allow_compression: bool) -> None:
+    """Sets ``job.choices``: every profiled unit under each candidate it can use, priced."""
+    if allow_compression:  # whether compressing can pay depends on the links just found
+        job.candidates = with_compression(job.candidates, job.links)
+    if job.accumulation < 1:
+        raise ValueError(f"torch_rsdp.plan.auto: accumulation must be >= 1, got "
+                         f"{job.accumulation}")
+    job.choices = [unit_choices(u, job.candidates, job.links, job.optimizer,
+                                job.prof.optim_s_per_byte, measured_ok=job.topology is None,
+                                accumulation=job.accumulation)
+                   for u in job.prof.units]
 
 
-def _prediction(units, links, choices, picks, budget, topology, from_cache,
-                ups=None) -> Prediction:
-    topo = (f"{topology}" if topology is not None else
-            f"measured here ({links.world} ranks, {links.nodes} node(s))")
-    pred = Prediction(budget, walk_peak(choices, picks), total_time(choices, picks),
-                      links.world, links.nodes, topo, from_cache=from_cache)
-    for i, u in enumerate(units):
-        c = choices[i][picks[i]]
-        up = ups[i] if ups else None
-        pred.units.append(UnitPrediction(
-            u.name, u.numel, c.strategy, c.resident_bytes + c.live_bytes, c.transient_bytes,
-            c.time_s, *(None, None, None) if up is None else
-            (choices[i][up[0]].strategy, up[1], up[2]), note=_compression_note(choices[i], c)))
-    return pred
+def _search_on_rank0(job: _Planning, headroom: float, verify: int):
+    """(picks per unit, runner-up per unit, uniform plans to race) as rank 0 found them.
+    Collective; raises BudgetError on every rank when no plan fits."""
+    # One rank searches and the others take its answer, so that every rank applies (and
+    # races) the very same plans; a failed search travels as data so that every rank raises.
+    result: list = [None]
+    if dist.get_rank(job.group) == 0:
+        result[0] = _search(job, headroom, verify)
+    dist.broadcast_object_list(result, src=group_rank0(job.group), group=job.group)
+    if result[0][0] == "budget":
+        raise BudgetError(result[0][1], result[0][2])
+    _, picks, runner_ups, rivals = result[0]
+    return picks, runner_ups, rivals
 
 
-def _compression_note(cs, c) -> str:
-    """Why the unit's traffic is, or is not, compressed (empty if it was no candidate)."""
-    if c.note:
-        return c.note
-    alts = [a for a in cs if a.strategy.startswith(f"{c.strategy}+")]
-    if not alts:
-        return ""
-    best = min(alts, key=lambda a: a.time_s)
-    why = ("no faster" if best.time_s >= c.time_s else
-           "faster, but it does not fit with the other units' choices")
-    return f"exact: {best.note} ({best.strategy} {why})"
+def _search(job: _Planning, headroom: float, verify: int) -> tuple:
+    """``("ok", picks, runner-ups, rivals)``, or ``("budget", budget, the smallest budget
+    that fits)``."""
+    usable = int(job.budget * (1 - headroom))
+    try:
+        sol = _choose(job.choices, usable)
+        rivals = (_uniform_rivals(job)[:verify]
+                  if verify > 0 and job.topology is None else [])  # nothing to measure on
+        return ("ok", sol.picks, runner_up(job.choices, sol, usable, peak=walk_peak), rivals)
+    except BudgetError as e:
+        # The search saw the budget less its headroom: name the budget to ask for, the one
+        # whose usable part is the smallest that fits (rounded up).
+        return ("budget", job.budget,
+                -(-e.smallest_feasible_bytes * 10**6 // int((1 - headroom) * 10**6)))
 
 
 GRID_POINTS = 24
@@ -221,84 +327,42 @@ def _choose(choices, usable: int) -> Solution:
     return Solution(list(best[2]), best[0], peak_bytes(choices, best[2]))
 
 
-def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
-         optimizer: str = "adamw", strategies: Optional[Sequence[str]] = None,
-         units: Union[None, Sequence[str], Callable[[str, nn.Module], bool]] = None,
-         topology: Optional[Cluster] = None, use_cache: bool = True,
-         headroom: float = 0.05, accumulation: int = 1, verify: int = 2,
-         verify_steps: int = 4, allow_compression: bool = False) -> AutoPlan:
-    """The fastest plan whose predicted peak per rank fits ``memory_budget``. Collective.
-
-    Args:
-        model: the unwrapped model.
-        example_inputs: one micro-batch as this rank passes it to ``model`` (a tensor, a tuple of
-            positional arguments, or a dict of keyword arguments).
-        memory_budget: per rank: bytes, ``"6GiB"``, or a fraction of this machine's memory.
-        optimizer: the optimizer's state rule: ``"adamw"``, ``"adam"``, ``"sgd"``,
-            ``"sgd_momentum"``, ``"adagrad"``, ``"rmsprop"``.
-        strategies: the candidates (default: every strategy, ``split:2`` and ``split:4``).
-        units: module names, or a predicate ``(name, module) -> bool``; default: each repeated
-            block and every other module holding parameters.
-        topology: a :class:`Cluster` to plan for instead of this group.
-        headroom: the fraction of the budget kept free for what the model does not count
-            (allocator slack, the optimizer's temporaries, library buffers).
-        accumulation: micro-batches per optimizer step (``plan.no_sync`` on all but the last):
-            sharded units then keep unsharded gradients between micro-batches.
-        verify: after the search, race the pick against this many uniform plans
-            (:meth:`Plan.uniform`; the fastest predicted of those that fit the budget or miss
-            it by less than :data:`RIVAL_SLACK`), each trained ``verify_steps`` steps on a
-            copy of the model (:mod:`.verify`), and keep the fastest whose measured peak fits;
-            ``explain()`` shows predicted against measured. 0: trust the cost model. Not
-            done with ``topology`` (there is nothing to measure on).
-        verify_steps: timed steps per candidate (over two rounds, plus a warm-up step each).
-        allow_compression: also consider, per unit, sending its cross-node traffic quantised
-            (``full_shard+int8``, ``no_shard+int4``, ...: :mod:`torch_rsdp.plan._compression`),
-            priced from the links' fits and the quantisation kernels' speed, residuals
-            counted as memory; ``explain()`` says where it was chosen and what it saves.
-            Only with more than one node; off by default, as it changes the numbers.
-
-    Raises:
-        BudgetError: (a ``ValueError``) no plan fits; it names the smallest budget that fits.
-    """
-    if not 0 <= headroom < 1:
-        raise ValueError(f"torch_rsdp.plan.auto: headroom must be in [0, 1), got {headroom}")
-    if isinstance(verify, bool) or not isinstance(verify, int) or verify < 0:
-        raise ValueError(f"torch_rsdp.plan.auto: verify must be an int >= 0 (uniform plans to "
-                         f"race the pick against; 0: none), got {verify!r}")
-    if isinstance(verify_steps, bool) or not isinstance(verify_steps, int) or verify_steps < 1:
-        raise ValueError(f"torch_rsdp.plan.auto: verify_steps must be an int >= 1, got "
-                         f"{verify_steps!r}")
-    local = (len(Meshes(group).nodes()[0]) if topology is None else topology.ranks_per_node)
-    budget = parse_budget(memory_budget, local)
-    prof, links, choices, cands = _costs(model, example_inputs, group, optimizer, strategies,
-                                         units, topology, use_cache, accumulation,
-                                         allow_compression)
-    usable = int(budget * (1 - headroom))
-    result: list = [None]
-    if dist.get_rank(group) == 0:  # rank 0 decides; every rank applies the same plan
-        try:
-            sol = _choose(choices, usable)
-            rivals = (_uniform_rivals(model, prof, links, cands, optimizer, accumulation,
-                                      budget)[:verify]
-                      if verify > 0 and topology is None else [])
-            result[0] = ("ok", sol.picks, runner_up(choices, sol, usable, peak=walk_peak),
-                         rivals)
-        except BudgetError as e:
-            result[0] = ("budget", budget,
-                         -(-e.smallest_feasible_bytes * 10**6 // int((1 - headroom) * 10**6)))
-    dist.broadcast_object_list(result, src=group_rank0(group), group=group)
-    if result[0][0] == "budget":
-        raise BudgetError(result[0][1], result[0][2])
-    _, picks, ups, rivals = result[0]
-    mapping = {u.name: choices[i][picks[i]].strategy for i, u in enumerate(prof.units)}
-    default = mapping.pop("", "no_shard")
+def _planned(job: _Planning, picks: List[int], runner_ups) -> AutoPlan:
+    """The search's plan, with its prediction."""
+    mapping = {u.name: job.choices[i][picks[i]].strategy for i, u in enumerate(job.prof.units)}
+    default = mapping.pop("", "no_shard")  # the root unit, if any, is the rest of the model
     p = AutoPlan(mapping, default)
-    p.prediction = _prediction(prof.units, links, choices, picks, budget, topology,
-                               prof.from_cache, ups)
-    if rivals:
-        p = _race(model, example_inputs, group, optimizer, p, rivals, verify_steps,
-                  accumulation, budget, prof, links)
+    p.prediction = _prediction(job, job.prof.units, job.choices, picks, runner_ups)
     return p
+
+
+def _prediction(job: _Planning, units, choices, picks, runner_ups=None) -> Prediction:
+    links, topology = job.links, job.topology
+    topo = (f"{topology}" if topology is not None else
+            f"measured here ({links.world} ranks, {links.nodes} node(s))")
+    pred = Prediction(job.budget, walk_peak(choices, picks), total_time(choices, picks),
+                      links.world, links.nodes, topo, from_cache=job.prof.from_cache)
+    for i, u in enumerate(units):
+        c = choices[i][picks[i]]
+        up = runner_ups[i] if runner_ups else None
+        pred.units.append(UnitPrediction(
+            u.name, u.numel, c.strategy, c.resident_bytes + c.live_bytes, c.transient_bytes,
+            c.time_s, *(None, None, None) if up is None else
+            (choices[i][up[0]].strategy, up[1], up[2]), note=_compression_note(choices[i], c)))
+    return pred
+
+
+def _compression_note(cs, c) -> str:
+    """Why the unit's traffic is, or is not, compressed (empty if it was no candidate)."""
+    if c.note:
+        return c.note
+    alts = [a for a in cs if a.strategy.startswith(f"{c.strategy}+")]
+    if not alts:
+        return ""
+    best = min(alts, key=lambda a: a.time_s)
+    why = ("no faster" if best.time_s >= c.time_s else
+           "faster, but it does not fit with the other units' choices")
+    return f"exact: {best.note} ({best.strategy} {why})"
 
 
 #: A uniform plan predicted to need up to this much more than the budget still races (the
@@ -309,37 +373,35 @@ RIVAL_SLACK = 0.15
 RACE_TIE = 0.03
 
 
-def _uniform_rivals(model, prof, links, cands, optimizer, accumulation, budget
-                    ) -> List[Tuple[str, float, int]]:
+def _uniform_rivals(job: _Planning) -> List[Tuple[str, float, int]]:
     """``(strategy, predicted step s, predicted peak)`` of each uniform plan
     (:meth:`Plan.uniform`: every block its own unit, the rest of the model one more, as users
-    apply FSDP2) predicted to fit ``budget`` within :data:`RIVAL_SLACK`, fastest first; of two
-    the cost model cannot tell apart (``hybrid_shard`` on one node is ``full_shard``) only
+    apply FSDP2) predicted to fit ``job.budget`` within :data:`RIVAL_SLACK`, fastest first; of
+    two the cost model cannot tell apart (``hybrid_shard`` on one node is ``full_shard``) only
     the first."""
     out, seen = [], set()
-    for s in cands:
-        _, cs, ps = _price(model, prof, links, Plan.uniform(model, s), optimizer, None,
-                           accumulation)
+    for s in job.candidates:
+        _, cs, ps = _price(job, Plan.uniform(job.model, s))
         t, peak = total_time(cs, ps), walk_peak(cs, ps)
-        if peak <= budget * (1 + RIVAL_SLACK) and (round(t, 9), peak) not in seen:
+        if peak <= job.budget * (1 + RIVAL_SLACK) and (round(t, 9), peak) not in seen:
             seen.add((round(t, 9), peak))
             out.append((t, s, peak))
     return [(s, t, peak) for t, s, peak in sorted(out)]
 
 
-def _race(model, example_inputs, group, optimizer, picked: AutoPlan, rivals, steps,
-          accumulation, budget, prof, links) -> AutoPlan:
+def _race(job: _Planning, picked: AutoPlan, rivals, steps: int) -> AutoPlan:
     """The pick against ``rivals``, measured (:func:`.verify.measure_plans`): the fastest
-    whose measured peak fits ``budget`` wins -- a uniform plan within :data:`RACE_TIE` of the
-    pick, or within the spread of either one's timed steps, counts as a tie and wins it, being
-    the simpler plan: a mix must be measurably faster --; if none fits, the smallest
+    whose measured peak fits ``job.budget`` wins -- a uniform plan within :data:`RACE_TIE` of
+    the pick, or within the spread of either one's timed steps, counts as a tie and wins it,
+    being the simpler plan: a mix must be measurably faster --; if none fits, the smallest
     measured peak. (The measurement counts every tensor torch allocates, temporaries
     included, so it is held to the budget itself, not to what the headroom leaves of it.)
     The plan returned carries the race in ``prediction.checks``."""
-    plans = [picked] + [Plan.uniform(model, s) for s, _, _ in rivals]
-    measured = measure_plans(model, example_inputs, plans, group=group, optimizer=optimizer,
-                             steps=steps, accumulation=accumulation)
-    fit = [i for i, (_, peak, _) in enumerate(measured) if peak <= budget]
+    plans = [picked] + [Plan.uniform(job.model, s) for s, _, _ in rivals]
+    measured = measure_plans(job.model, job.example_inputs, plans, group=job.group,
+                             optimizer=job.optimizer, steps=steps,
+                             accumulation=job.accumulation)
+    fit = [i for i, (_, peak, _) in enumerate(measured) if peak <= job.budget]
     if fit:
         best = min(fit, key=lambda i: (measured[i][0], i))
 
@@ -354,14 +416,13 @@ def _race(model, example_inputs, group, optimizer, picked: AutoPlan, rivals, ste
     pred = picked.prediction
     rows = [("planned", pred.step_time_s, pred.peak_bytes)] + [
         (f"uniform {s}", t, peak) for s, t, peak in rivals]
-    checks = [PlanCheck(label, t * accumulation, peak, mt, mpeak, kept=i == best,
+    checks = [PlanCheck(label, t * job.accumulation, peak, mt, mpeak, kept=i == best,
                         measured_spread=spread)
               for i, ((label, t, peak), (mt, mpeak, spread)) in enumerate(zip(rows, measured))]
     if best:
         won = plans[best]
         picked = AutoPlan({k: str(v) for k, v in won.mapping.items()}, str(won.default))
-        merged, cs, ps = _price(model, prof, links, won, optimizer, None, accumulation)
-        picked.prediction = _prediction(merged, links, cs, ps, budget, None, prof.from_cache)
+        picked.prediction = _prediction(job, *_price(job, won))
     picked.prediction.checks = checks
     return picked
 
@@ -378,17 +439,25 @@ def predict(model: nn.Module, example_inputs, plan, *, group=None, optimizer: st
     example, that unit gathers all three at once, and its transient memory is priced so (its
     time is the sum of theirs, each timed alone)."""
     p = Plan.of(plan, model=model)
-    prof, links, _, _ = _costs(model, example_inputs, group, optimizer, None, units, topology,
-                            use_cache)
-    merged, choices, picks = _price(model, prof, links, p, optimizer, topology)
-    return _prediction(merged, links, choices, picks, 0, topology, prof.from_cache)
+    job = _Planning(model, example_inputs, group, optimizer, topology)
+    _profile(job, None, units, use_cache)
+    return _prediction(job, *_price(job, p))
 
 
-def _price(model, prof, links, p: Plan, optimizer, topology, accumulation=1):
-    """(the plan's units, their choices, the plan's pick in each) for :func:`predict`."""
-    res = resolve(model, p, strict=False)
+def plan_profile(model: nn.Module, example_inputs, *, group=None, optimizer: str = "adamw",
+                 units=None, use_cache: bool = True):
+    """The profile the planner uses (per-unit measurements, collective fits). Collective."""
+    job = _Planning(model, example_inputs, group, optimizer)
+    _profile(job, None, units, use_cache)
+    return job.prof
+
+
+def _price(job: _Planning, p: Plan):
+    """(the plan's units, their choices, the plan's pick in each): ``p`` priced as it is,
+    its units and strategies rather than the search's."""
+    res = resolve(job.model, p, strict=False)
     groups: Dict[str, List[UnitProfile]] = {}
-    for u in prof.units:  # execution order; a group sits where its first member runs
+    for u in job.prof.units:  # execution order; a group sits where its first member runs
         groups.setdefault(res.unit_of[u.name], []).append(u)
     merged = [g[0] if len(g) == 1 else _merge(owner, g) for owner, g in groups.items()]
     choices, picks = [], []
@@ -396,11 +465,11 @@ def _price(model, prof, links, p: Plan, optimizer, topology, accumulation=1):
         s = res.strategy_of_module(u.name)
         want = str(s)
         cands = list(DEFAULT_STRATEGIES) + ([want] if want not in DEFAULT_STRATEGIES else [])
-        cs = unit_choices(u, cands, links, optimizer, prof.optim_s_per_byte,
-                          measured_ok=topology is None, accumulation=accumulation)
+        cs = unit_choices(u, cands, job.links, job.optimizer, job.prof.optim_s_per_byte,
+                          measured_ok=job.topology is None, accumulation=job.accumulation)
         names = [c.strategy for c in cs]
         if want not in names:  # what apply does with a strategy the unit cannot use
-            want = str(s.exact) if str(s.exact) in names else s.handler.fallback(links)
+            want = str(s.exact) if str(s.exact) in names else s.handler.fallback(job.links)
         choices.append(cs)
         picks.append(names.index(want))
     return merged, choices, picks
@@ -417,9 +486,3 @@ def _merge(name: str, parts: List[UnitProfile]) -> UnitProfile:
         fwd_s=sum(u.fwd_s for u in parts), bwd_s=sum(u.bwd_s for u in parts),
         act_bytes=sum(u.act_bytes for u in parts), temp_bytes=max(u.temp_bytes for u in parts),
         strategy_s={s: sum(u.strategy_s[s] for u in parts) for s in sorted(timed)})
-
-
-def plan_profile(model: nn.Module, example_inputs, *, group=None, optimizer: str = "adamw",
-                 units=None, use_cache: bool = True):
-    """The profile the planner uses (per-unit measurements, collective fits). Collective."""
-    return _costs(model, example_inputs, group, optimizer, None, units, None, use_cache)[0]
