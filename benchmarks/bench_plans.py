@@ -163,6 +163,9 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
     except plan.BudgetError as e:
         tightest = e.smallest_feasible_bytes
     loose = plan.auto(model, example, memory_budget=1 << 40, verify=0).prediction.peak_bytes
+    # The fastest plan is timed: on a busy machine it can be a lean one whose peak lies below
+    # the tightest budget (a budget, which keeps headroom over a peak); no budget below that fits
+    loose = max(loose, tightest)
     budgets = [int(tightest + (loose - tightest) * i / (budgets_n - 1)) for i in range(budgets_n)]
     rows, specs = [], []
     for s in uniform:
