@@ -53,8 +53,7 @@ def _skip_reason() -> str | None:
         import torch_rsdp
     except Exception as e:  # noqa: BLE001
         return f"torch_rsdp is not importable ({type(e).__name__}: {e})"
-    built = getattr(torch_rsdp, "cuda_built", None)
-    if built is None or not built():
+    if not torch_rsdp.build_info()["cuda"]:
         return "torch_rsdp built without CUDA"
     if not torch.cuda.is_available():
         return "no CUDA device"

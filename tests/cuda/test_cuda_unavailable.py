@@ -17,8 +17,9 @@ import torch.distributed as dist
 
 def _api(name):
     import torch_rsdp
+    from torch_rsdp import _cuda  # cuda_built is private; build_info()["cuda"] is its public form
 
-    fn = getattr(torch_rsdp, name, None)
+    fn = getattr(torch_rsdp, name, None) or getattr(_cuda, name, None)
     assert callable(fn), f"torch_rsdp.{name}() is missing"
     return fn
 
