@@ -254,7 +254,7 @@ def test_rsdp_strategy_refuses_unknown_arguments_when_built():
     with pytest.raises(TypeError, match=r"RSDPStrategy got unexpected keyword arguments \['plan_name'\]"):
         RSDPStrategy(plan_name="rotate")
     with pytest.raises(TypeError, match=r"shard_options \['bucket_bytes'\] are not options of "
-                                        r"torch_rsdp\.rsdp\.api\.shard"):
+                                        r"torch_rsdp\.rsdp\.shard \(it takes"):
         RSDPStrategy(shard_options={"bucket_bytes": 1})  # plan.apply's, not rsdp.shard's
     strategy = RSDPStrategy(plan="rotate", shard_options={"bucket_bytes": 1 << 20})
     assert strategy.process_group_backend == "rsdp"

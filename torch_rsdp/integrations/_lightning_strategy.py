@@ -63,8 +63,9 @@ def _check_options(fn, options: Dict[str, Any], skip: int) -> None:
     params = list(inspect.signature(fn).parameters)[skip:]
     unknown = sorted(set(options) - set(params))
     if unknown:
-        raise TypeError(f"RSDPStrategy: shard_options {unknown} are not options of "
-                        f"{fn.__module__}.{fn.__name__} (it takes {params})")
+        public = "torch_rsdp.rsdp.shard" if fn.__name__ == "shard" else "torch_rsdp.plan.apply"
+        raise TypeError(f"RSDPStrategy: shard_options {unknown} are not options of {public} "
+                        f"(it takes {params})")
 
 
 def _through_forward(module, step: str, *args, **kwargs):
