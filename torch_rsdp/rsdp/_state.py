@@ -22,8 +22,8 @@ __all__ = ["RSDPState", "rsdp_state"]
 
 
 class RSDPState:
-    """What :func:`shard` attached to the root (``rsdp_state(model)`` returns it): the public
-    view of a sharded model's state, which ``torch_rsdp.plan`` uses too."""
+    """What :func:`torch_rsdp.rsdp.shard` attached to the root (``rsdp_state(model)`` returns
+    it): the public view of a sharded model's state, which ``torch_rsdp.plan`` uses too."""
 
     def __init__(self, ring: Ring, sharded: dict, replicated: List[nn.Parameter],
                  grad_sync: Optional[GradSync], left_whole: Optional[List[LeftWhole]] = None,
