@@ -57,6 +57,9 @@ args = transformers.TrainingArguments(output_dir=sys.argv[1] + ".out", report_to
                                       max_steps=1)
 out["hf_sharded"] = attempt(lambda: transformers.Trainer(model=build("rotate"), args=args,
                                                          train_dataset=Tokens()))
+# a model the Trainer builds itself (model_init) comes in past the model= check: refused too
+out["hf_model_init"] = attempt(lambda: transformers.Trainer(
+    model_init=lambda: build("rotate"), args=args, train_dataset=Tokens()))
 out["hf_unsharded"] = attempt(lambda: transformers.Trainer(model=build("none"), args=args,
                                                            train_dataset=Tokens()))
 

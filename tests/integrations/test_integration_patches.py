@@ -5,6 +5,12 @@
   each at import, ``status()`` naming the missing rows, and a sharded model refused at the
   Trainer's door (HF ``Trainer(model=...)``, Lightning's ``fit`` by the stock DDP strategy, and
   ``strategy="rsdp"`` itself) instead of saving rank 0's shards; an unsharded model is served;
+* a transformers whose ``Trainer`` methods moved into a base class (moved_methods_worker.py,
+  2 ranks): no warning, and the stock Trainer trains and saves a sharded model exactly as with
+  the unmoved Trainer; one that renamed ``save_model`` and has no ``Trainer.__init__`` to guard:
+  the warnings name both, and the first training step refuses the sharded model on every rank
+  before anything changed, while the same model in the user's own loop and an unsharded model
+  under that Trainer train; ``wrap_method``'s lookup through the MRO on plain classes;
 * the versions ``scripts/setup.sh`` installs lie inside the tested ranges, and
   docs/integrations.md lists every row of the table.
 """
@@ -56,11 +62,62 @@ def test_planted_missing_methods_refuse_sharded_models(tmp_path):
     assert hf and re.search(r"rank 0: transformers\.Trainer got a model sharded by torch_rsdp",
                             hf), hf
     assert "Trainer._save_optimizer_and_scheduler is missing" in hf and "optimizer.pt" in hf, hf
+    assert got["hf_model_init"] == hf, got["hf_model_init"]
     assert got["hf_unsharded"] is None, got["hf_unsharded"]
     ddp = got["lightning_ddp_sharded"]
     assert ddp and "DDPStrategy.connect" in ddp and "Strategy.optimizer_state is missing" in ddp, ddp
     rsdp = got["lightning_rsdp"]
     assert rsdp and "RSDPStrategy" in rsdp and "DDPStrategy.optimizer_state is missing" in rsdp, rsdp
+
+
+def test_wrap_method_finds_a_moved_method_and_patches_the_named_class():
+    from torch_rsdp.integrations._patching import find_method, wrap_method
+
+    calls = []
+
+    def make(tag):
+        def make_wrapper(original):
+            def wrapper(self, *a):
+                calls.append(tag)
+                return original(self, *a)
+            return wrapper
+        return make_wrapper
+
+    class Base:
+        def __init__(self, x):
+            self.x = x
+
+        def save(self):
+            return ("saved", self.x)
+
+    class Named(Base):      # the class the table names: its methods moved into Base
+        pass
+
+    class Sibling(Base):    # another subclass of the base: not the table's
+        pass
+
+    assert find_method(Named, "save") == (Base, Base.__dict__["save"])
+    assert find_method(type("Bare", (), {}), "__init__") == (None, None)  # object's is none
+    assert wrap_method(Named, "save", make("named"))
+    assert wrap_method(Named, "__init__", make("init"))
+    assert not wrap_method(Named, "gone", make("gone"))
+    assert Named(1).save() == ("saved", 1) and calls == ["init", "named"]
+    calls.clear()
+    assert Sibling(2).save() == ("saved", 2) and Base(3).save() == ("saved", 3) and calls == []
+    assert "save" in Named.__dict__ and not getattr(Base.save, "_torch_rsdp_wrapped", False)
+    # idempotent: a second pass keeps the wrapper it finds on the named class
+    first = Named.__dict__["save"]
+    assert wrap_method(Named, "save", make("again")) and Named.__dict__["save"] is first
+    # a wrapper further up the MRO belongs to another row (on the base class itself): this
+    # row's wrapper goes around it, both run
+    assert wrap_method(Base, "save", make("base"))
+
+    class Sub(Base):
+        pass
+
+    assert wrap_method(Sub, "save", make("sub"))
+    calls.clear()
+    assert Sub(4).save() == ("saved", 4) and calls == ["sub", "base"]
 
 
 def test_tested_range_is_by_minor_version(monkeypatch):
@@ -115,3 +172,74 @@ def test_status_lists_every_library_and_torch_change():
                                            "distributed.shrink_group"}
     text = str(st)
     assert "torch (global" in text and "transformers" in text
+
+
+@pytest.fixture(scope="module")
+def releases(tmp_path_factory):
+    """The three releases of moved_methods_worker.py, each under torchrun at 2 ranks."""
+    pytest.importorskip("transformers")
+    out = tmp_path_factory.mktemp("releases")
+    env = dict(os.environ, TRANSFORMERS_VERBOSITY="error", HF_HUB_OFFLINE="1",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for release in ("stock", "moved", "removed"):
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+               "2", os.path.join(HERE, "moved_methods_worker.py"), str(out), release]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 0, (release, proc.stdout[-3000:] + proc.stderr[-6000:])
+    return out
+
+
+def _ranks(out, release):
+    got = []
+    for rank in (0, 1):
+        with open(out / release / f"rank{rank}.json") as f:
+            got.append(json.load(f))
+    return got
+
+
+def test_methods_moved_into_a_base_class_are_patched_where_they_are(releases):
+    import torch
+    import transformers as tf
+
+    stock, moved = _ranks(releases, "stock")[0], _ranks(releases, "moved")
+    for rank, got in enumerate(moved):
+        # found in the base class, patched on the Trainer itself: nothing missing, no warning
+        assert got["warnings"] == [] and got["missing"] == [] and not got["armed"], (rank, got)
+        assert got["trainer_owns"] == ["__init__", "_clip_grad_norm", "save_model"], got
+        # the same run as under the unmoved Trainer: every logged loss and gradient norm
+        assert got["loss"] == stock["loss"] and got["grad_norm"] == stock["grad_norm"], \
+            (rank, got["loss"], stock["loss"], got["grad_norm"], stock["grad_norm"])
+        assert len(got["loss"]) == 6
+    # save_model wrote the whole model (what the unmoved Trainer writes), and the checkpoint's
+    # optimizer.pt is the whole optimizer state, keyed by parameter name (the patched path)
+    model = tf.AutoModelForCausalLM.from_pretrained(releases / "moved" / "final")
+    a = model.state_dict()
+    b = tf.AutoModelForCausalLM.from_pretrained(releases / "stock" / "final").state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    opt = torch.load(releases / "moved" / "checkpoint-3" / "optimizer.pt", weights_only=False)
+    assert sorted(opt["state"]) == sorted(n for n, _ in model.named_parameters()), \
+        list(opt["state"])[:3]
+
+
+def test_a_door_that_cannot_be_guarded_refuses_at_the_first_step(releases):
+    for rank, got in enumerate(_ranks(releases, "removed")):
+        # the import names both methods; both rows are missing and the first-step door is armed
+        for target in ("Trainer.__init__", "Trainer.save_model"):
+            assert [w for w in got["warnings"] if f"has no {target}" in w], \
+                (target, got["warnings"])
+        assert len(got["warnings"]) == 2, got["warnings"]
+        assert got["missing"] == ["transformers: Trainer.__init__",
+                                  "transformers: Trainer.save_model"], got["missing"]
+        assert got["armed"]
+        refused = got["refused"]
+        err = refused["error"]
+        assert err and re.match(rf"rank {rank}: transformers\.Trainer \(its training step",
+                                err), err
+        assert re.search(r"transformers \d[\w.]*: Trainer\.save_model is missing", err), err
+        assert "Trainer.__init__ is missing" in err and "rank 0's shards only" in err, err
+        # refused before the forward ran: no gradient, no optimizer step, no weight changed
+        assert refused["global_step"] == 0 and refused["grads"] == [], refused
+        assert refused["optimizer_state"] == 0 and refused["changed"] == [], refused
+        # outside the library, the same kind of model trains; an unsharded one under it too
+        assert got["own_loop"]["changed"] > 0, got["own_loop"]
+        assert got["unsharded"]["global_step"] == 1, got["unsharded"]

@@ -23,10 +23,13 @@ which changes nothing for a model torch_rsdp did not shard:
 
 Every patched method is a row of :mod:`._patch_table`, with the library versions it was tested
 with. Each library is patched when it is imported (before or after torch_rsdp); a version
-outside the tested range, or a method a release renamed, is reported once as a warning, and a
+outside the tested range, or a method a release renamed, is reported once as a warning (a
+method a release moved into a base class is found there and patched on the named class), and a
 sharded model that reaches a library whose patch is missing is refused (``IntegrationError``)
-instead of silently saving rank 0's shards. :func:`status` says what is active and why not;
-set ``TORCH_RSDP_INTEGRATIONS=0`` to leave every library alone.
+instead of silently saving rank 0's shards: at the library's door (the guard rows), or, where no
+guard stands, at the model's first training step inside the library (:mod:`._first_step`).
+:func:`status` says what is active and why not; set ``TORCH_RSDP_INTEGRATIONS=0`` to leave every
+library alone.
 """
 from __future__ import annotations
 

@@ -2,8 +2,9 @@
 
 :mod:`._patching` records here each row of the patch table whose method a library lacks; the
 guards (``Trainer.__init__``, ``Accelerator.prepare``, Lightning's ``Strategy.connect``) and
-``RSDPStrategy`` call :func:`refuse_if_missing` when a model torch_rsdp sharded comes in, so
-that it is refused before the library's unsharded code can save rank 0's shards as the model.
+``RSDPStrategy`` call :func:`refuse_if_missing` when a model torch_rsdp sharded comes in, and
+:mod:`._first_step` at its first training step where no guard stood, so that it is refused
+before the library's unsharded code can save rank 0's shards as the model.
 It sits below the table and the wrappers, which is why it holds its own record.
 """
 from __future__ import annotations

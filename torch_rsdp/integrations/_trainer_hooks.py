@@ -18,6 +18,9 @@ and a checkpoint's ``optimizer.pt`` is rank 0's optimizer state. So, for a shard
 * ``model.save_pretrained(dir, is_main_process=...)`` called on every rank (transformers'
   distributed convention) gathers the whole model; called on rank 0 alone it waits for the
   others until the group's timeout, as any collective would.
+
+``Trainer.__init__`` is the guard: a sharded model passed in, or built by ``model_init``, is
+refused there when a row it needs is missing (:mod:`._refusal`).
 """
 from __future__ import annotations
 
@@ -57,6 +60,8 @@ def guard_init(original):
         if is_sharded(model):
             refuse_if_missing("transformers.Trainer", ("transformers", "accelerate"))
         original(self, *args, **kwargs)
+        if model is None and is_sharded(getattr(self, "model", None)):  # model_init's
+            refuse_if_missing("transformers.Trainer", ("transformers", "accelerate"))
     return __init__
 
 
