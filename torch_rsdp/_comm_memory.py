@@ -38,10 +38,10 @@ def comm_empty(size: Union[int, Sequence[int]], *, dtype: torch.dtype = torch.fl
     numel = 1
     for s in shape:
         numel *= int(s)
-    flat = rsdp_backend(group).allocate_tensor(numel, dtype=dtype, device=_CPU)
+    flat = rsdp_backend(group, feature="communication memory (comm_empty)").allocate_tensor(numel, dtype=dtype, device=_CPU)
     return flat.view(shape)
 
 
 def comm_memory_in_use(group: Optional[dist.ProcessGroup] = None) -> int:
     """Bytes of ``group``'s communication memory this rank has handed out and not freed."""
-    return rsdp_backend(group).pool_bytes_in_use
+    return rsdp_backend(group, feature="communication memory").pool_bytes_in_use

@@ -18,7 +18,7 @@ import torch.distributed as dist
 from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter
 
 from . import _C
-from ._ring import rsdp_backend
+from ._ring import backend_of, rsdp_backend
 
 __all__ = ["set_compression", "get_compression", "quantize_roundtrip", "quantize_seconds",
            "LEVELS",
@@ -41,14 +41,18 @@ def set_compression(group: Optional[dist.ProcessGroup] = None, *, all_gather: st
     Ops issued after the call use it. Every rank of the group must call it alike; a rank
     that does not makes the next compressed op raise a mismatch on every rank (never a
     wrong result). ``ValueError`` for an unknown format or block."""
-    rsdp_backend(group).set_compression(all_gather, reduce_scatter, all_reduce, int(block),
+    rsdp_backend(group, feature="compression between nodes (set_compression)").set_compression(all_gather, reduce_scatter, all_reduce, int(block),
                                         ring_shift, ring_shift_reduce)
 
 
 def get_compression(group: Optional[dist.ProcessGroup] = None) -> Dict[str, str]:
     """The setting last made on this rank: all_gather, reduce_scatter, all_reduce,
     ring_shift, ring_shift_reduce, block."""
-    return dict(rsdp_backend(group).compression())
+    backend = backend_of(group)
+    if backend is None:  # another backend compresses nothing: the true answer, not an error
+        return {"all_gather": "none", "reduce_scatter": "none", "all_reduce": "none",
+                "ring_shift": "none", "ring_shift_reduce": "none", "block": 512}
+    return dict(backend.compression())
 
 
 def quantize_roundtrip(x: torch.Tensor, bits: str = "int8", block: int = 512
@@ -68,7 +72,7 @@ def quantize_seconds(numel: int, bits: str = "int8", block: int = 512) -> Tuple[
 def residual_numel(output_numel: int, group: Optional[dist.ProcessGroup] = None) -> int:
     """The size of :func:`reduce_scatter_feedback`'s residual for an output of
     ``output_numel`` elements: one region of the output's size per node of ``group``."""
-    return int(output_numel) * int(rsdp_backend(group).topology()["num_nodes"])
+    return int(output_numel) * int(rsdp_backend(group, feature="error feedback of compressed reduce-scatters").topology()["num_nodes"])
 
 
 def reduce_scatter_feedback(output: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
@@ -86,7 +90,7 @@ def reduce_scatter_feedback(output: torch.Tensor, input: torch.Tensor, residual:
     path it is a plain reduce-scatter and ``residual`` stays as it is. ``op``: SUM or AVG."""
     if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
         raise ValueError(f"reduce_scatter_feedback: op must be SUM or AVG, got {op}")
-    work = rsdp_backend(group).reduce_scatter_feedback(output, input, residual,
+    work = rsdp_backend(group, feature="reduce_scatter_feedback (error feedback of compression between nodes)").reduce_scatter_feedback(output, input, residual,
                                                        average=op == dist.ReduceOp.AVG,
                                                        async_op=async_op)
     if async_op:

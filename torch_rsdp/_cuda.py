@@ -38,4 +38,4 @@ def cuda_paths(group: Optional[dist.ProcessGroup] = None) -> str:
     ``"intra-node: cuda-ipc (3 ranks on 1 GPU)"``; empty before its first CUDA op. (Under
     the test fixture ``RSDP_EMULATE_DEVICE`` it names the emulated device, which serves the
     group's CPU tensors.)"""
-    return rsdp_backend(group).cuda_paths()
+    return rsdp_backend(group, feature="cuda_paths").cuda_paths()

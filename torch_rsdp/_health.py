@@ -12,7 +12,7 @@ from typing import Optional, Union
 
 import torch.distributed as dist
 
-from ._ring import rsdp_backend
+from ._ring import backend_of, rsdp_backend
 
 __all__ = ["monitored_barrier", "group_error"]
 
@@ -37,7 +37,10 @@ def monitored_barrier(group: Optional[dist.ProcessGroup] = None,
         timeout = timedelta(seconds=timeout)
     if timeout is not None and timeout.total_seconds() <= 0:
         raise ValueError(f"monitored_barrier: timeout must be positive, got {timeout}")
-    rsdp_backend(pg)  # a clear TypeError for a group on another backend
+    if backend_of(pg) is None:  # torch's own serves the backends it supports (gloo)
+        kwargs = {} if timeout is None else {"timeout": timeout}
+        dist.monitored_barrier(pg, wait_all_ranks=wait_all_ranks, **kwargs)
+        return
     pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
 
 
@@ -46,4 +49,4 @@ def group_error(group: Optional[dist.ProcessGroup] = None):
     ``TIMEOUT`` (a collective passed its deadline), ``REMOTE_ERROR`` (a peer died) or
     ``COMM_ERROR``. Bad arguments and mismatched calls leave a group usable and are not
     counted."""
-    return rsdp_backend(group).get_error()
+    return rsdp_backend(group, feature="the failure notice (group_error)").get_error()

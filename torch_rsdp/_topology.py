@@ -10,7 +10,8 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from ._ring import rsdp_backend
+from ._node_topology import derived_topology
+from ._ring import backend_of, rsdp_backend
 
 __all__ = ["topology", "comm_stats", "reset_comm_stats"]
 
@@ -22,8 +23,15 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
     rank), ``num_nodes``, ``local_rank``, ``local_size``, ``nodes`` (the group
     ranks of every node), ``rail`` (the ranks sharing this rank's local rank),
     ``leaders``, ``uniform`` (all nodes have as many ranks) and ``describe``.
+
+    Any backend: a group on another backend than rsdp gets the same answer derived from
+    ``RSDP_NODE_ID``, torchrun's variables or the host names (:mod:`._node_topology`; the
+    first call on such a group is collective).
     """
-    return rsdp_backend(group).topology()
+    backend = backend_of(group)
+    if backend is not None:
+        return backend.topology()
+    return derived_topology(group)
 
 
 def comm_stats(group: Optional[dist.ProcessGroup] = None) -> dict:
@@ -35,9 +43,9 @@ def comm_stats(group: Optional[dist.ProcessGroup] = None) -> dict:
     ``one_copy_ops`` how many collectives read their peers' buffers in place
     (buffers in communication memory, see :mod:`torch_rsdp._comm_memory`).
     """
-    return rsdp_backend(group).comm_stats()
+    return rsdp_backend(group, feature="comm_stats (what the collectives sent)").comm_stats()
 
 
 def reset_comm_stats(group: Optional[dist.ProcessGroup] = None) -> None:
     """Zeroes the counters of :func:`comm_stats` for ``group`` on this rank."""
-    rsdp_backend(group).reset_comm_stats()
+    rsdp_backend(group, feature="reset_comm_stats").reset_comm_stats()

@@ -39,7 +39,8 @@ PACKAGE = "torch_rsdp"
 #: The backend and its public helpers (torch_rsdp's top-level modules).
 BACKEND = {"torch_rsdp._C", "torch_rsdp._registration", "torch_rsdp._shrink_world",
            "torch_rsdp._ring", "torch_rsdp._topology", "torch_rsdp._compression",
-           "torch_rsdp._comm_memory", "torch_rsdp._cuda", "torch_rsdp._health"}
+           "torch_rsdp._comm_memory", "torch_rsdp._cuda", "torch_rsdp._health",
+           "torch_rsdp._p2p_ring", "torch_rsdp._node_topology"}
 #: What rsdp and plan may use of the backend: its public modules.
 BACKEND_API = {"torch_rsdp._ring", "torch_rsdp._topology", "torch_rsdp._compression"}
 #: Neutral ground that ``rsdp`` and ``plan`` both build on (each module's docstring says so).
@@ -70,6 +71,10 @@ RULES: Dict[str, Set[str]] = {
     "torch_rsdp._apply_guard": {"torch_rsdp._dtensor_params"},
     # The package's entry point: the backend, and the integrations it installs.
     "torch_rsdp.__init__": BACKEND | SHARED | {"torch_rsdp.integrations"},
+    # `python -m torch_rsdp`: the report (the package's __version__, integrations.status())
+    # and the self-check (the backend) sit on top of it all; nothing imports them.
+    "torch_rsdp.__main__": {"torch_rsdp._report", "torch_rsdp._selfcheck"},
+    "torch_rsdp._report": {"torch_rsdp"},
     # RSDP: the ring primitive, the backend (_C: native ring schedules), the shared modules.
     "torch_rsdp.rsdp": RSDP | BACKEND_API | {"torch_rsdp._C"} | SHARED,
     # rsdp's floors: the ring core (ring order, rotation schedules, flat shards, buffers), the

@@ -12,7 +12,6 @@ their own members take part, so ``apply`` on a sub-group never waits for ranks o
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional
 
 import torch.distributed as dist
@@ -26,16 +25,9 @@ __all__ = ["Meshes", "node_ranks"]
 
 
 def node_ranks(group: Optional[dist.ProcessGroup]) -> List[List[int]]:
-    """The group ranks of every node (from the rsdp backend's topology; on another backend,
-    from ``LOCAL_WORLD_SIZE``, as torchrun sets it)."""
-    world = dist.get_world_size(group)
-    try:
-        return [list(n) for n in topology(group)["nodes"]]
-    except TypeError:  # not an rsdp group
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world) or world)
-        if local <= 0 or world % local:
-            local = world
-        return [list(range(i, i + local)) for i in range(0, world, local)]
+    """The group ranks of every node, on any backend (:func:`torch_rsdp.topology`: the rsdp
+    backend's, or derived from ``RSDP_NODE_ID``, torchrun's variables or the host names)."""
+    return [list(n) for n in topology(group)["nodes"]]
 
 
 class Meshes:

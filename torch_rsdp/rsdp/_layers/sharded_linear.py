@@ -62,14 +62,15 @@ def _geometry(mod):
 # schedules below, with the hops as ring steps on this thread): in Python each hop cost as
 # much interpreter and dispatch time as a small layer's matmul. The buffers are still made by
 # alloc_buffer (MemoryTracker sees them). Elsewhere (across nodes: compressed hops and their
-# error feedback; mixed precision) the Python schedules run. ``NATIVE = False`` forces them.
+# error feedback; mixed precision; a group on another backend than rsdp, whose hops are
+# torch's point-to-point ops) the Python schedules run. ``NATIVE = False`` forces them.
 NATIVE = True
 _GEOMETRY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _native(st: ShardState, src: torch.Tensor, grad_dtype=None):
     """The C++ extension if ``st``'s schedules can run natively on ``src``, else None."""
-    if not (NATIVE and st.ring.one_node and src.device.type == "cpu"
+    if not (NATIVE and st.ring.one_node and src.device.type == "cpu" and st.ring.fused(src)
             and (grad_dtype is None or grad_dtype == src.dtype)):
         return None
     return _C

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.profiler import record_function
 
 from ..._compression import get_compression
-from ..._ring import ring_neighbours, ring_shift, rsdp_backend
+from ..._ring import P2PRing, backend_of, ring_neighbours, ring_shift, ring_transport
 from ..._topology import topology
 
 __all__ = ["Ring", "Pending"]
@@ -67,19 +67,36 @@ def _profiling() -> bool:
     return torch._C._autograd._profiler_enabled()
 
 
+def _id_device(group) -> torch.device:
+    """Where the ring's rank ids travel: CPU where the group serves CPU tensors, else the
+    current CUDA device (a group on NCCL alone)."""
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    try:
+        pg._get_backend(torch.device("cpu"))
+        return torch.device("cpu")
+    except RuntimeError:
+        return torch.device("cuda", torch.cuda.current_device())
+
+
 class Ring:
-    """Ring order of ``group`` plus async, profiler-labelled shift / shift-reduce."""
+    """Ring order of ``group`` plus async, profiler-labelled shift / shift-reduce.
+
+    Any backend (DESIGN.md §13): hops run as the rsdp backend's fused ring steps where the
+    group serves the tensor's device with rsdp, as torch's batched point-to-point ops
+    (:class:`torch_rsdp._ring.P2PRing`) elsewhere; the order, the schedules and the bits are
+    the same."""
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None):
         self.group = group
         self.world = dist.get_world_size(group)
         self.rank = dist.get_rank(group)
         self._origins = {}
+        self._backends = {}
         with record_function("RSDP::ring_order"):
             for d in (1, -1):
                 seq = [self.rank]
                 if self.world > 1:
-                    t = torch.tensor([self.rank], dtype=torch.int64)
+                    t = torch.tensor([self.rank], dtype=torch.int64, device=_id_device(group))
                     for _ in range(self.world - 1):
                         ring_shift(t, out=t, group=group, direction=d)
                         seq.append(int(t.item()))
@@ -87,7 +104,6 @@ class Ring:
                     raise RuntimeError(f"torch_rsdp.rsdp: ring direction {d} does not visit every "
                                        f"rank once (origins {seq} on rank {self.rank})")
                 self._origins[d] = seq
-        self._backends = {}
         #: ring ops issued through this ring so far (shifts and shift-reduces, the layers'
         #: native schedules included)
         self.hops = 0
@@ -107,8 +123,8 @@ class Ring:
     def compresses_sums(self) -> bool:
         """Whether the group compresses ``ring_shift_reduce`` between nodes (the same on
         every rank)."""
-        if self.world == 1:
-            return False
+        if self.world == 1 or backend_of(self.group) is None:
+            return False  # only rsdp compresses (and refuses to be asked to elsewhere)
         return get_compression(self.group).get("ring_shift_reduce", "none") != "none"
 
     def quantises_sums(self, direction: int) -> bool:
@@ -121,15 +137,22 @@ class Ring:
         return self._origins[direction][hops % self.world]
 
     def backend(self, t: torch.Tensor):
-        """The BackendRSDP serving ``t``'s device."""
+        """The BackendRSDP serving ``t``'s device (the native schedules' handle; only where
+        :meth:`fused` says so)."""
         return self._backend(t)
 
+    def fused(self, t: torch.Tensor) -> bool:
+        """Whether ``t``'s hops run as the rsdp backend's fused ring steps (then the layers'
+        native schedules can run too); False on any other backend."""
+        return not isinstance(self._backend(t), P2PRing)
+
     def _backend(self, t: torch.Tensor):
-        """The BackendRSDP serving ``t``'s device (looked up once per device type)."""
+        """What shifts ``t``'s device: a BackendRSDP or a P2PRing (looked up once per device
+        type)."""
         dev = t.device.type
         b = self._backends.get(dev)
         if b is None:
-            b = self._backends[dev] = rsdp_backend(self.group, t.device)
+            b = self._backends[dev] = ring_transport(self.group, t.device)
         return b
 
     def shift(self, src: torch.Tensor, out: torch.Tensor, direction: int, label: str) -> Pending:
@@ -153,6 +176,8 @@ class Ring:
     def _issue(self, src, out, direction, local, residual):
         self.hops += 1
         b = self._backend(src)
+        if isinstance(b, P2PRing):
+            return b.shift(src, out, direction, local)  # residual: its sends are exact
         if RING_STEPS and residual is None:
             return b.ring_step(src, out, direction, local)  # or the queued op's Work
         return b.ring_shift(src, out, direction, local, True, residual)
