@@ -37,6 +37,7 @@ from torch.distributed.fsdp import fully_shard
 from .._apply_guard import guard_apply
 from .._dtensor_params import refuse_ddp, replicate_params
 from .._grad_sync import DEFAULT_BUCKET_BYTES, GradSync
+from .._ring import backend_of, rsdp_backend
 from .._utils import broadcast_module_states
 from .. import _checkpoint_hooks
 from ._mesh import Meshes
@@ -74,6 +75,19 @@ def plan_state(model: nn.Module) -> PlanState:
     if st is None:
         raise ValueError("torch_rsdp.plan: this module was not passed to torch_rsdp.plan.apply()")
     return st
+
+
+def _compression_needs_rsdp(units, comp, group) -> None:
+    """Compression is the rsdp backend's (its hierarchical collectives quantise what crosses
+    nodes): a plan asking for it on another backend is refused before anything changes, on
+    one node as on many, rather than silently left exact."""
+    if backend_of(group) is not None:
+        return
+    asked = [u.name or "<root>" for u in units.values()
+             if u.params and compression_spec.for_unit(u.strategy, comp) is not None]
+    if asked:
+        rsdp_backend(group, feature=f"compression between nodes (asked for by units "
+                                    f"{', '.join(asked[:4])}{'...' if len(asked) > 4 else ''})")
 
 
 def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
@@ -119,6 +133,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
         broadcast_module_states(model, group)
 
     units = build_units(model, res)
+    _compression_needs_rsdp(units, comp, group)
     meshes = Meshes(group)
     ctx = ApplyContext(group, meshes, mp, [], comp)
     replicated: List[nn.Parameter] = []
