@@ -3,13 +3,19 @@
 Every case checks exact values: each rank's tensor encodes its rank and every
 element index, so a shift from the wrong neighbour, a wrong offset or a torn
 segment shows up as a wrong element.
+
+The primitive runs on any backend: the rsdp backend's fused ring step, and on
+gloo torch's batched point-to-point ops (``torch_rsdp/_p2p_ring.py``); the same
+workers check both (gloo at the odd world size and 1, where its ring differs
+most from a swap), and ranks that disagree on direction or size raise on both.
 """
 import pytest
 import torch
 
 from support.harness import backend_under_test, launch
 
-pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp", reason="rsdp-only primitive")
+pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp",
+                                reason="launches name their backends themselves")
 
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
           torch.int32, torch.int64, torch.bool, torch.complex64, torch.complex128]
@@ -163,26 +169,38 @@ def _bad_input_worker(ctx):
         with pytest.raises((ValueError, RuntimeError)) as e:
             call()
         msg = str(e.value)
-        assert f"rank {ctx.rank}" in msg and all(wd in msg for wd in words), msg
+        assert f"rank {ctx.rank}" in msg and all(wd.lower() in msg.lower() for wd in words), msg
     # Different sizes on different ranks: every rank raises a mismatch, then recovers.
     with pytest.raises(RuntimeError, match="mismatch"):
         torch_rsdp.ring_shift(torch.ones(10 + ctx.rank))
     assert torch.equal(torch_rsdp.ring_shift(torch.ones(3)), torch.ones(3))
+    # Different directions: the ranks that see it raise (on gloo, every rank), none hangs.
+    try:
+        torch_rsdp.ring_shift(torch.ones(3), direction=-1 if ctx.rank == 0 else 1)
+        disagreed = False
+    except RuntimeError as e:
+        assert "mismatch" in str(e) and f"rank {ctx.rank}" in str(e), e
+        disagreed = True
+    assert torch.equal(torch_rsdp.ring_shift(torch.ones(3)), torch.ones(3))
+    return disagreed
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_ring_shift_all_dtypes(world):
-    launch(_shift_worker, world, deadline=240)
+BACKENDS = [("rsdp", 1), ("rsdp", 2), ("rsdp", 3), ("rsdp", 4), ("gloo", 1), ("gloo", 3)]
 
 
-@pytest.mark.parametrize("world", [1, 2, 3, 4])
-def test_ring_shift_reduce_carries_gradients_home(world):
-    launch(_reduce_worker, world, deadline=240)
+@pytest.mark.parametrize("backend,world", BACKENDS)
+def test_ring_shift_all_dtypes(backend, world):
+    launch(_shift_worker, world, backend=backend, deadline=240)
 
 
-@pytest.mark.parametrize("world", [2, 3])
-def test_ring_shift_many_in_flight(world):
-    launch(_async_worker, world, deadline=120)
+@pytest.mark.parametrize("backend,world", BACKENDS)
+def test_ring_shift_reduce_carries_gradients_home(backend, world):
+    launch(_reduce_worker, world, backend=backend, deadline=240)
+
+
+@pytest.mark.parametrize("backend,world", [("rsdp", 2), ("rsdp", 3), ("gloo", 3)])
+def test_ring_shift_many_in_flight(backend, world):
+    launch(_async_worker, world, backend=backend, deadline=120)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -190,5 +208,9 @@ def test_ring_steps_on_the_callers_thread(world):
     launch(_step_worker, world, deadline=120)
 
 
-def test_ring_shift_bad_input():
-    launch(_bad_input_worker, 2, deadline=60)
+@pytest.mark.parametrize("backend", ["rsdp", "gloo"])
+def test_ring_shift_bad_input(backend):
+    res = launch(_bad_input_worker, 3, backend=backend, deadline=120)
+    disagreed = [res[r] for r in range(3)]
+    # rsdp: the ranks whose neighbour disagrees; gloo: all of them (one agreement check)
+    assert disagreed == [True] * 3 if backend == "gloo" else sum(disagreed) >= 2, disagreed
