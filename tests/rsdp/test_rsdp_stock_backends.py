@@ -153,3 +153,26 @@ def test_rsdp_after_init_with_no_backend_named():
     ref = _make("llama_tied")
     for r in range(2):
         assert abs(res[r] - _loss(ref, r)[0].item()) < 1e-5
+
+
+def test_node_map_from_torchrun_variables(monkeypatch):
+    """torchrun numbers a node's ranks contiguously: the node map needs no communication
+    where its four variables fit that layout, and is ignored where they do not (a launcher
+    that sets LOCAL_RANK alone) or where RSDP_NODE_ID says otherwise."""
+    from torch_rsdp._node_topology import _torchrun_node, ring_order, topology_from_node_ids
+
+    monkeypatch.delenv("RSDP_NODE_ID", raising=False)
+    for k, v in dict(LOCAL_WORLD_SIZE="4", LOCAL_RANK="1", RANK="5", GROUP_RANK="1").items():
+        monkeypatch.setenv(k, v)
+    assert _torchrun_node(5) == 1
+    assert _torchrun_node(4) is None  # not this rank's variables
+    monkeypatch.setenv("RANK", "6")
+    assert _torchrun_node(6) is None  # RANK != GROUP_RANK * LOCAL_WORLD_SIZE + LOCAL_RANK
+    monkeypatch.delenv("GROUP_RANK")
+    assert _torchrun_node(6) is None
+    # the same answer as the backend's Topology::from_node_ids, for alternating nodes
+    topo = topology_from_node_ids(["a", "b", "a", "b", "c"], 3)
+    assert topo["nodes"] == [[0, 2], [1, 3], [4]] and topo["node"] == 1
+    assert topo["local_rank"] == 1 and topo["rail"] == [2, 3] and topo["leaders"] == [0, 1, 4]
+    assert not topo["uniform"] and ring_order(topo) == [0, 2, 1, 3, 4]
+    assert topo["describe"] == "3 nodes: node 0 = {0,2}, node 1 = {1,3}, node 2 = {4}"
