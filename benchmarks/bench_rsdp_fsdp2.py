@@ -4,6 +4,7 @@
     python benchmarks/bench_rsdp_fsdp2.py                        # both settings, 4 and 2 ranks
     python benchmarks/bench_rsdp_fsdp2.py --settings act --world-sizes 4 --load 1
     python benchmarks/bench_rsdp_fsdp2.py --quick                # the CI guard's short mode
+    python benchmarks/bench_rsdp_fsdp2.py --backend rsdp,gloo --variants rsdp,fsdp2
 
 A Hugging Face ``LlamaForCausalLM`` built from a config, in two settings:
 
@@ -39,6 +40,16 @@ losses of all variants are printed too: they must agree (same math, other summat
 ranks, ``rsdp`` and ``fsdp2``, 6 timed steps, no memory step, plus an all-reduce of 4 MiB over rsdp
 and gloo in the same processes; the JSON then also holds ``allreduce_speedup`` (gloo time /
 rsdp time).
+
+``--backend rsdp,gloo`` (a comma list; default ``rsdp``): every variant runs over every listed
+backend in the same processes, taking turns with the others step by step. The first backend
+is the default process group's (``init_process_group``), each other one a group of the whole
+world created with that backend (``new_group(backend=...)``); a variant over backend B gets
+B's group (``rsdp.shard(model, group)``, FSDP2's mesh ``DeviceMesh.from_group``), and the
+worker checks that the group it got runs on B. The table then has a backend column, the
+ratios are against one baseline row, FSDP2 over ``--baseline`` (default gloo where listed,
+else the first backend), and each variant's tokens/s and peak memory over rsdp are set
+against its own over each other backend: what the rsdp backend adds.
 
 Outputs in ``--out`` (default benchmarks/results/): ``rsdp_fsdp2.md`` and ``rsdp_fsdp2.json``.
 """
@@ -99,29 +110,47 @@ def build_model(cfg):
         tie_word_embeddings=False, use_cache=False, bos_token_id=0, eos_token_id=1))
 
 
-def wrap(model, variant):
+def wrap(model, variant, group=None, backend=None):
+    """``variant`` over ``group`` (None: the default group); with ``backend`` given, checks that
+    the group the variant runs on is on that backend."""
     import torch.distributed as dist
+    if backend is not None and dist.get_backend(group) != backend:
+        raise RuntimeError(f"{variant}: group on {dist.get_backend(group)!r}, not {backend!r}")
     if VARIANTS[variant] is not None:
         import torch_rsdp.rsdp as rsdp
-        return rsdp.shard(model, **VARIANTS[variant])
-    from torch.distributed.device_mesh import init_device_mesh
+        return rsdp.shard(model, group, **VARIANTS[variant])
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    if group is None:
+        mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    else:
+        mesh = DeviceMesh.from_group(group, "cpu")
+    if backend is not None and dist.get_backend(mesh.get_group()) != backend:
+        raise RuntimeError(f"fsdp2: mesh group on {dist.get_backend(mesh.get_group())!r}")
     for blk in model.model.layers:
         fully_shard(blk, mesh=mesh)
     fully_shard(model, mesh=mesh)
     return model
 
 
-def _worker(rank, world, port, cfg, variants, a, out_path):
+def _worker(rank, world, port, cfg, runs, a, out_path):
+    """``runs``: (key, variant, backend) triples; the first backend is the default group's."""
     import torch
     import torch.distributed as dist
     tm.tune_for_oversubscription(world)
     import torch_rsdp  # noqa: F401  (registers "rsdp")
     torch.set_num_threads(a.threads or tm.default_threads(world))
-    dist.init_process_group("rsdp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+    backends = a.backends
+    dist.init_process_group(backends[0], init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    models = {v: wrap(build_model(cfg), v) for v in variants}
+    groups = {backends[0]: None}
+    for b in backends[1:]:
+        groups[b] = dist.new_group(backend=b)
+    check = a.backend is not None  # --backend given: check each variant's group
+    models = {k: wrap(build_model(cfg), v, groups[b], b if check else None)
+              for k, v, b in runs}
+    kind = {k: v for k, v, _ in runs}
+    variants = [k for k, _, _ in runs]
     opts = {v: torch.optim.AdamW(m.parameters(), lr=1e-4) for v, m in models.items()}
     losses = {v: [] for v in variants}
 
@@ -130,7 +159,7 @@ def _worker(rank, world, port, cfg, variants, a, out_path):
         return torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
 
     def step(v, i):
-        use_variant(v)
+        use_variant(kind[v])
         ids = batch(i)
         loss = models[v](input_ids=ids, labels=ids).loss
         loss.backward()
@@ -175,7 +204,7 @@ def _worker(rank, world, port, cfg, variants, a, out_path):
     if not a.no_memory:
         for v in variants:
             res["memory"][v] = _memory(models[v], opts[v], lambda: step(v, 10_000), world)
-    if a.allreduce:
+    if a.allreduce and backends[0] == "rsdp":
         res["allreduce"] = _allreduce_ratio(world)
     if rank == 0:
         with open(out_path, "w") as f:
@@ -259,7 +288,7 @@ def _allreduce_ratio(world, nbytes=4 << 20, iters=10):
     return {k: statistics.median(v) for k, v in out.items()}
 
 
-def run_one(setting, world, variants, a):
+def run_one(setting, world, runs, a):
     import tempfile
 
     import torch.multiprocessing as mp
@@ -267,18 +296,19 @@ def run_one(setting, world, variants, a):
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     try:
-        mp.spawn(_worker, args=(world, tm.free_port(), cfg, variants, a, path), nprocs=world)
+        mp.spawn(_worker, args=(world, tm.free_port(), cfg, runs, a, path), nprocs=world)
         with open(path) as f:
             return json.load(f)
     finally:
         os.unlink(path)
 
 
-def summarise(setting, world, variants, raw, cfg):
+def summarise(setting, world, runs, raw, cfg, base_key="fsdp2"):
+    """``runs``: (key, variant, backend) triples; ratios are against the row ``base_key``."""
     tokens = world * cfg["batch"] * cfg["seq"]
     rows = {}
-    for v in variants:
-        r = {}
+    for v, variant, backend in runs:
+        r = dict(variant=variant, backend=backend)
         for ph in ("quiet", "loaded"):
             ts = raw[ph][v] if raw.get(ph) else None
             if ts:
@@ -289,7 +319,7 @@ def summarise(setting, world, variants, raw, cfg):
             r["memory"] = raw["memory"][v]
         r["final_loss"] = raw["final_loss"][v]
         rows[v] = r
-    base = rows.get("fsdp2")
+    base = rows.get(base_key)
     for v, r in rows.items():
         for ph in ("quiet", "loaded"):
             if base and ph in r and ph in base:
@@ -298,10 +328,30 @@ def summarise(setting, world, variants, raw, cfg):
         if base and "memory" in r and "memory" in base:
             r["memory"]["x_fsdp2"] = r["memory"]["total"] / base["memory"]["total"]
     out = dict(setting=setting, world_size=world, config=cfg, rows=rows,
-               params=None)
+               params=None, baseline=base_key if base else None)
+    gains = backend_gains(runs, rows)
+    if gains:
+        out["rsdp_backend_gain"] = gains
     if raw.get("allreduce"):
         ar = raw["allreduce"]
         out["allreduce"] = dict(ar, speedup=ar["gloo"] / ar["rsdp"])
+    return out
+
+
+def backend_gains(runs, rows):
+    """Per variant and backend B other than rsdp: tokens/s over rsdp / over B, and peak memory
+    over rsdp / over B (what the rsdp backend adds to that variant)."""
+    by = {(v, b): k for k, v, b in runs}
+    out = {}
+    for (v, b), k in by.items():
+        kr = by.get((v, "rsdp"))
+        if b == "rsdp" or kr is None or "quiet" not in rows[k] or "quiet" not in rows[kr]:
+            continue
+        g = dict(variant=v, over=b,
+                 tokens_per_s=rows[kr]["quiet"]["tokens_per_s"] / rows[k]["quiet"]["tokens_per_s"])
+        if "memory" in rows[k] and "memory" in rows[kr]:
+            g["memory"] = rows[kr]["memory"]["total"] / rows[k]["memory"]["total"]
+        out[f"{v} rsdp/{b}"] = g
     return out
 
 
@@ -311,21 +361,28 @@ def render(results, a) -> str:
              f"start {a.load_at_start}, {a.steps} timed steps after {a.warmup} warm-up, "
              f"competing processes in the loaded phase: {a.load}. Memory: torch's MemTracker "
              f"(every tensor allocated) over one step, peak per rank, max over ranks.", ""]
+    multi = a.backend is not None
+    if multi:
+        lines += [f"Backends: {', '.join(a.backends)} (default group: {a.backends[0]}); "
+                  f"ratios against FSDP2 over {a.baseline}.", ""]
+    base = f"FSDP2 over {a.baseline}" if multi else "FSDP2"
     for res in results:
         cfg = res["config"]
         lines += [f"## {res['setting']}, {res['world_size']} ranks "
                   f"(batch {cfg['batch']}x{cfg['seq']} per rank, vocab {cfg['vocab']})", ""]
-        hdr = ["variant", "step ms", "tokens/s", "x FSDP2", "spread", "spread / FSDP2's"]
+        hdr = ["variant"] + (["backend"] if multi else []) + [
+            "step ms", "tokens/s", f"x {base}", "spread", f"spread / {base}'s"]
         if a.load:
-            hdr += ["loaded ms", "loaded x FSDP2", "loaded spread", "/ FSDP2's"]
+            hdr += ["loaded ms", f"loaded x {base}", "loaded spread", f"/ {base}'s"]
         if not a.no_memory:
-            hdr += ["peak/rank", "x FSDP2 mem", "params", "grads + optim",
+            hdr += ["peak/rank (MemTracker)", f"x {base} mem", "params", "grads + optim",
                     "activations, buffers, temporaries"]
         hdr += ["final loss"]
         body = []
         for v, r in res["rows"].items():
             q = r.get("quiet", {})
-            row = [v, f"{q.get('step_s', 0) * 1e3:.1f}", f"{q.get('tokens_per_s', 0):,.0f}",
+            row = ([r["variant"], r["backend"]] if multi else [v]) + [
+                   f"{q.get('step_s', 0) * 1e3:.1f}", f"{q.get('tokens_per_s', 0):,.0f}",
                    f"{q.get('x_fsdp2', float('nan')):.2f}", f"{q.get('spread', 0):.2f}",
                    f"{q.get('spread_vs_fsdp2', float('nan')):.2f}"]
             if a.load:
@@ -343,6 +400,10 @@ def render(results, a) -> str:
             row.append(f"{r['final_loss']:.4f}")
             body.append(row)
         lines += [tm.md_table(hdr, body), ""]
+        for g in res.get("rsdp_backend_gain", {}).values():
+            mem = f", peak memory {g['memory']:.2f}x" if "memory" in g else ""
+            lines += [f"{g['variant']} over rsdp / over {g['over']}: tokens/s "
+                      f"{g['tokens_per_s']:.2f}x{mem}", ""]
         if res.get("allreduce"):
             ar = res["allreduce"]
             lines += [f"all-reduce 4 MiB: rsdp {ar['rsdp'] * 1e3:.2f} ms, gloo "
@@ -363,6 +424,12 @@ def main(argv=None) -> int:
     p.add_argument("--no-memory", action="store_true")
     p.add_argument("--allreduce", action="store_true",
                    help="also time a 4 MiB all-reduce over rsdp and gloo")
+    p.add_argument("--backend", default=None,
+                   help="comma list of backends every variant runs over (default: rsdp); the "
+                        "first is the default group's")
+    p.add_argument("--baseline", default=None,
+                   help="the backend whose FSDP2 row the ratios are against (default: gloo "
+                        "where listed, else the first backend)")
     p.add_argument("--quick", action="store_true", help="the CI guard's short mode")
     p.add_argument("--out", default=os.path.join(HERE, "results"))
     p.add_argument("--name", default="rsdp_fsdp2")
@@ -373,14 +440,26 @@ def main(argv=None) -> int:
     for v in a.variants.split(","):
         if v not in VARIANTS:
             raise SystemExit(f"unknown variant {v!r}; choose from {list(VARIANTS)}")
+    a.backends = (a.backend or "rsdp").split(",")
+    if len(set(a.backends)) != len(a.backends):
+        raise SystemExit(f"--backend lists a backend twice: {a.backend}")
+    if a.baseline is None:
+        a.baseline = "gloo" if "gloo" in a.backends else a.backends[0]
+    if a.baseline not in a.backends:
+        raise SystemExit(f"--baseline {a.baseline!r} is not among --backend {a.backend}")
+    if a.allreduce and a.backends[0] != "rsdp":
+        raise SystemExit("--allreduce times the default group against gloo: list rsdp first")
+    # row keys: the variant's name alone without --backend (as before), else "<v> over <b>"
+    runs = [(v if a.backend is None else f"{v} over {b}", v, b)
+            for v in a.variants.split(",") for b in a.backends]
+    base_key = "fsdp2" if a.backend is None else f"fsdp2 over {a.baseline}"
     a.load_at_start = tm.load_average()
     results = []
     for setting in a.settings.split(","):
         for w in (int(x) for x in a.world_sizes.split(",")):
-            variants = a.variants.split(",")
             t0 = time.time()
-            raw = run_one(setting, w, variants, a)
-            res = summarise(setting, w, variants, raw, SETTINGS[setting])
+            raw = run_one(setting, w, runs, a)
+            res = summarise(setting, w, runs, raw, SETTINGS[setting], base_key)
             res["wall_s"] = time.time() - t0
             results.append(res)
             print(render([res], a).split("\n", 3)[3], flush=True)
