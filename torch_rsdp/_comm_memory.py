@@ -38,7 +38,8 @@ def comm_empty(size: Union[int, Sequence[int]], *, dtype: torch.dtype = torch.fl
     numel = 1
     for s in shape:
         numel *= int(s)
-    flat = rsdp_backend(group, feature="communication memory (comm_empty)").allocate_tensor(numel, dtype=dtype, device=_CPU)
+    backend = rsdp_backend(group, feature="communication memory (comm_empty)")
+    flat = backend.allocate_tensor(numel, dtype=dtype, device=_CPU)
     return flat.view(shape)
 
 

@@ -41,8 +41,9 @@ def set_compression(group: Optional[dist.ProcessGroup] = None, *, all_gather: st
     Ops issued after the call use it. Every rank of the group must call it alike; a rank
     that does not makes the next compressed op raise a mismatch on every rank (never a
     wrong result). ``ValueError`` for an unknown format or block."""
-    rsdp_backend(group, feature="compression between nodes (set_compression)").set_compression(all_gather, reduce_scatter, all_reduce, int(block),
-                                        ring_shift, ring_shift_reduce)
+    backend = rsdp_backend(group, feature="compression between nodes (set_compression)")
+    backend.set_compression(all_gather, reduce_scatter, all_reduce, int(block), ring_shift,
+                            ring_shift_reduce)
 
 
 def get_compression(group: Optional[dist.ProcessGroup] = None) -> Dict[str, str]:
@@ -72,7 +73,8 @@ def quantize_seconds(numel: int, bits: str = "int8", block: int = 512) -> Tuple[
 def residual_numel(output_numel: int, group: Optional[dist.ProcessGroup] = None) -> int:
     """The size of :func:`reduce_scatter_feedback`'s residual for an output of
     ``output_numel`` elements: one region of the output's size per node of ``group``."""
-    return int(output_numel) * int(rsdp_backend(group, feature="error feedback of compressed reduce-scatters").topology()["num_nodes"])
+    backend = rsdp_backend(group, feature="error feedback of compressed reduce-scatters")
+    return int(output_numel) * int(backend.topology()["num_nodes"])
 
 
 def reduce_scatter_feedback(output: torch.Tensor, input: torch.Tensor, residual: torch.Tensor,
@@ -90,9 +92,10 @@ def reduce_scatter_feedback(output: torch.Tensor, input: torch.Tensor, residual:
     path it is a plain reduce-scatter and ``residual`` stays as it is. ``op``: SUM or AVG."""
     if op not in (dist.ReduceOp.SUM, dist.ReduceOp.AVG):
         raise ValueError(f"reduce_scatter_feedback: op must be SUM or AVG, got {op}")
-    work = rsdp_backend(group, feature="reduce_scatter_feedback (error feedback of compression between nodes)").reduce_scatter_feedback(output, input, residual,
-                                                       average=op == dist.ReduceOp.AVG,
-                                                       async_op=async_op)
+    backend = rsdp_backend(group, feature="reduce_scatter_feedback (error feedback of "
+                                          "compression between nodes)")
+    work = backend.reduce_scatter_feedback(output, input, residual,
+                                           average=op == dist.ReduceOp.AVG, async_op=async_op)
     if async_op:
         return work
     work.wait()

@@ -64,6 +64,11 @@ class RingShiftWork(dist.Work):
         self._done = False
         self._error: Optional[BaseException] = None
         self._keep: tuple = ()
+        self._waiter: Optional[threading.Thread] = None
+        self._then: list = []  # callbacks of the helper thread: (error or None) -> None
+        self._settled = False  # the helper thread has taken its callbacks
+        # the helper's bookkeeping has a lock of its own: ``_lock`` is held through a wait
+        self._bg_lock = threading.Lock()
 
     def wait(self, timeout=None) -> bool:
         with self._lock:
@@ -73,7 +78,7 @@ class RingShiftWork(dist.Work):
                 return True
             try:
                 for w in self._works:
-                    if timeout is None:
+                    if not timeout:  # None or torch's timedelta(0): the group's own deadline
                         w.wait()
                     else:
                         w.wait(timeout)
@@ -87,9 +92,46 @@ class RingShiftWork(dist.Work):
             return True
 
     def is_completed(self) -> bool:
-        if self._done:
+        """Non-blocking: once the sends and receives are done, finishes the op (the copy or
+        the add into ``out``) so a caller that polls and never waits still gets ``out``."""
+        if self._done or self._error is not None:
             return True
-        return all(w.is_completed() for w in self._works) and self._finish is None
+        if self._out.device.type == "cpu":
+            # gloo's point-to-point Works only complete inside wait(): a helper thread waits
+            self._in_background()
+            return self._done or self._error is not None
+        if all(w.is_completed() for w in self._works):
+            try:
+                self.wait()
+            except RuntimeError:  # kept: the next wait() raises it, as torch's Work does
+                pass
+            return True
+        return False
+
+    def _in_background(self, then=None) -> None:
+        """Waits on a helper thread (started once), then calls ``then(error or None)``."""
+        with self._bg_lock:
+            started = self._waiter is not None
+            if not started:
+                self._waiter = threading.Thread(target=self._wait_quietly,
+                                                name="rsdp-ring-wait", daemon=True)
+            late = then is not None and self._settled  # the thread has run its callbacks
+            if then is not None and not late:
+                self._then.append(then)
+        if late:
+            then(self._error)
+        if not started:
+            self._waiter.start()
+
+    def _wait_quietly(self) -> None:
+        try:
+            self.wait()
+        except RuntimeError:
+            pass
+        with self._bg_lock:
+            thens, self._then, self._settled = self._then, [], True
+        for then in thens:
+            then(self._error)
 
     def is_success(self) -> bool:
         return self._done and self._error is None
@@ -108,14 +150,16 @@ class RingShiftWork(dist.Work):
             return fut
         fut = torch.futures.Future()
 
-        def finish():
-            try:
-                self.wait()
+        def settle(error):
+            if error is None:
                 fut.set_result([self._out])
-            except Exception as e:  # the future carries it to whoever waits
-                fut.set_exception(e)
+            else:  # the future carries it to whoever waits
+                fut.set_exception(error)
 
-        threading.Thread(target=finish, name="rsdp-ring-future", daemon=True).start()
+        if self._done or self._error is not None:
+            settle(self._error)
+        else:
+            self._in_background(settle)
         return fut
 
 

@@ -9,6 +9,8 @@ gloo torch's batched point-to-point ops (``torch_rsdp/_p2p_ring.py``); the same
 workers check both (gloo at the odd world size and 1, where its ring differs
 most from a swap), and ranks that disagree on direction or size raise on both.
 """
+import time
+
 import pytest
 import torch
 
@@ -101,6 +103,14 @@ def _async_worker(ctx):
         assert torch.equal(o, torch.full((1000 + i,), float(((r - 1) % w) * 1000 + i)))
     fut = torch_rsdp.ring_shift(xs[0], async_op=True).get_future()
     assert torch.equal(fut.wait()[0], torch.full((1000,), float(((r - 1) % w) * 1000)))
+    # polled and never waited: is_completed() alone brings the result
+    out = torch.zeros(1000)
+    work = torch_rsdp.ring_shift(xs[0], out, async_op=True)
+    deadline = time.monotonic() + 60
+    while not work.is_completed():
+        assert time.monotonic() < deadline, "is_completed() never became true"
+        time.sleep(0.001)
+    assert torch.equal(out, torch.full((1000,), float(((r - 1) % w) * 1000)))
 
 
 def _step_worker(ctx):
@@ -190,17 +200,20 @@ BACKENDS = [("rsdp", 1), ("rsdp", 2), ("rsdp", 3), ("rsdp", 4), ("gloo", 1), ("g
 
 @pytest.mark.parametrize("backend,world", BACKENDS)
 def test_ring_shift_all_dtypes(backend, world):
-    launch(_shift_worker, world, backend=backend, deadline=240)
+    launch(_shift_worker, world, backend=backend,
+           allow_exit_abort=backend == "gloo", deadline=240)
 
 
 @pytest.mark.parametrize("backend,world", BACKENDS)
 def test_ring_shift_reduce_carries_gradients_home(backend, world):
-    launch(_reduce_worker, world, backend=backend, deadline=240)
+    launch(_reduce_worker, world, backend=backend,
+           allow_exit_abort=backend == "gloo", deadline=240)
 
 
 @pytest.mark.parametrize("backend,world", [("rsdp", 2), ("rsdp", 3), ("gloo", 3)])
 def test_ring_shift_many_in_flight(backend, world):
-    launch(_async_worker, world, backend=backend, deadline=120)
+    launch(_async_worker, world, backend=backend,
+           allow_exit_abort=backend == "gloo", deadline=120)
 
 
 @pytest.mark.parametrize("world", [1, 2, 3, 4])
@@ -210,7 +223,8 @@ def test_ring_steps_on_the_callers_thread(world):
 
 @pytest.mark.parametrize("backend", ["rsdp", "gloo"])
 def test_ring_shift_bad_input(backend):
-    res = launch(_bad_input_worker, 3, backend=backend, deadline=120)
+    res = launch(_bad_input_worker, 3, backend=backend, allow_exit_abort=backend == "gloo",
+                 deadline=120)
     disagreed = [res[r] for r in range(3)]
     # rsdp: the ranks whose neighbour disagrees; gloo: all of them (one agreement check)
     assert disagreed == [True] * 3 if backend == "gloo" else sum(disagreed) >= 2, disagreed

@@ -72,7 +72,8 @@ def _strategies_worker(ctx):
 
 
 def test_every_strategy_on_gloo():
-    res = launch(_strategies_worker, 3, backend="gloo", deadline=600, pg_timeout=120)
+    res = launch(_strategies_worker, 3, backend="gloo", allow_exit_abort=True, deadline=600,
+                 pg_timeout=120)
     for r in range(3):
         assert set(pc.ALONE + ["mix"]) <= set(res[r])
         assert res[r]["rotate"] == res[0]["rotate"], "ranks clipped with different norms"
@@ -114,7 +115,8 @@ def _load_on_rsdp(ctx, root):
 
 
 def test_checkpoint_written_on_gloo_loads_on_rsdp(tmp_path):
-    launch(_save_on_gloo, 2, (str(tmp_path),), backend="gloo", deadline=300)
+    launch(_save_on_gloo, 2, (str(tmp_path),), backend="gloo", allow_exit_abort=True,
+           deadline=300)
     res = launch(_load_on_rsdp, 2, (str(tmp_path),), backend="rsdp", deadline=300)
     for r in range(2):
         assert len(res[r]) == 2

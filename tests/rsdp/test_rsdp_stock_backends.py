@@ -47,7 +47,8 @@ def _rsdp_training(ctx):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_rsdp_on_gloo(world):
-    on_gloo = launch(_rsdp_training, world, backend="gloo", deadline=300)
+    on_gloo = launch(_rsdp_training, world, backend="gloo", allow_exit_abort=True,
+                     deadline=300)
     # [Note: bit for bit] At 2 ranks every sum has two terms, so any backend adds them alike
     # and the whole run is equal bit for bit. From 3 ranks the all-reduce of the parameters
     # RSDP leaves whole (norms) adds in each backend's own order, and on one rsdp node the
@@ -91,7 +92,8 @@ def _ring_of_nodes(ctx):
 
 def test_node_aware_ring_on_gloo():
     node_of = [0, 1, 0, 1]  # alternate: rank order would cross a boundary on every hop
-    on_gloo = launch(_ring_of_nodes, 4, backend="gloo", node_of=node_of, deadline=120)
+    on_gloo = launch(_ring_of_nodes, 4, backend="gloo", allow_exit_abort=True, node_of=node_of,
+                     deadline=120)
     on_rsdp = launch(_ring_of_nodes, 4, backend="rsdp", node_of=node_of, deadline=120)
     for r in range(4):
         g, s = on_gloo[r], on_rsdp[r]
@@ -124,7 +126,7 @@ def _refusals(ctx):
 
 
 def test_features_that_need_rsdp_refuse_on_gloo():
-    res = launch(_refusals, 2, backend="gloo", deadline=60)
+    res = launch(_refusals, 2, backend="gloo", allow_exit_abort=True, deadline=60)
     for r in range(2):
         features = ("comm_stats", "compression", "communication memory", "failure notice")
         for msg, feature in zip(res[r], features):
@@ -149,7 +151,7 @@ def _default_backend(ctx):
 
 
 def test_rsdp_after_init_with_no_backend_named():
-    res = launch(_default_backend, 2, init=False, deadline=120)
+    res = launch(_default_backend, 2, init=False, allow_exit_abort=True, deadline=120)
     ref = _make("llama_tied")
     for r in range(2):
         assert abs(res[r] - _loss(ref, r)[0].item()) < 1e-5
