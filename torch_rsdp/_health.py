@@ -10,6 +10,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Optional, Union
 
+import torch
 import torch.distributed as dist
 
 from ._ring import backend_of, rsdp_backend
@@ -20,7 +21,8 @@ __all__ = ["monitored_barrier", "group_error"]
 def monitored_barrier(group: Optional[dist.ProcessGroup] = None,
                       timeout: Optional[Union[timedelta, float]] = None,
                       wait_all_ranks: bool = False) -> None:
-    """``torch.distributed.monitored_barrier`` for a group on the rsdp backend.
+    """``torch.distributed.monitored_barrier`` for a group on the rsdp backend (or whose CPU
+    tensors gloo serves, under any group name: then gloo's own).
 
     Non-zero ranks report to rank 0 and wait for its answer; rank 0 waits up to ``timeout``
     for each and raises ``RuntimeError`` naming the first rank that did not arrive ("Rank 2
@@ -37,11 +39,21 @@ def monitored_barrier(group: Optional[dist.ProcessGroup] = None,
         timeout = timedelta(seconds=timeout)
     if timeout is not None and timeout.total_seconds() <= 0:
         raise ValueError(f"monitored_barrier: timeout must be positive, got {timeout}")
-    if backend_of(pg) is None:  # torch's own serves the backends it supports (gloo)
-        kwargs = {} if timeout is None else {"timeout": timeout}
-        dist.monitored_barrier(pg, wait_all_ranks=wait_all_ranks, **kwargs)
-        return
+    if backend_of(pg) is None and not _gloo_for_cpu(pg):
+        rsdp_backend(pg, feature="monitored_barrier (rsdp's, or gloo's for CPU tensors)")
+    if backend_of(pg) is None and timeout is None:  # torch's default for gloo's
+        timeout = dist.distributed_c10d._get_default_timeout(dist.Backend.GLOO)
+    # the group's CPU backend answers: rsdp's, or gloo's (torch's own monitored_barrier asks
+    # for a group named "gloo", so "cpu:gloo,cuda:nccl" and an unnamed default are refused
+    # there although gloo serves their CPU tensors)
     pg.monitored_barrier(timeout, wait_all_ranks=wait_all_ranks)
+
+
+def _gloo_for_cpu(pg) -> bool:
+    try:
+        return pg._get_backend(torch.device("cpu")).name() == "gloo"
+    except RuntimeError:
+        return False
 
 
 def group_error(group: Optional[dist.ProcessGroup] = None):

@@ -204,7 +204,7 @@ def test_ring_shift_all_dtypes(backend, world):
            allow_exit_abort=backend == "gloo", deadline=240)
 
 
-@pytest.mark.parametrize("backend,world", BACKENDS)
+@pytest.mark.parametrize("backend,world", BACKENDS[:-2] + [("gloo", 3)])
 def test_ring_shift_reduce_carries_gradients_home(backend, world):
     launch(_reduce_worker, world, backend=backend,
            allow_exit_abort=backend == "gloo", deadline=240)

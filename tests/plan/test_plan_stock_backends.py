@@ -5,8 +5,10 @@ its neighbours; the ring is the only part that differs, and tests/rsdp/
 test_rsdp_stock_backends.py compares it with rsdp's bit for bit):
 
 * at 3 ranks, each strategy alone and the seven-way mix train like one process under torch's
-  own ``clip_grad_norm_`` (norms and parameters), ``torch.compile`` of ``rotate`` does too, a
-  Hugging Face Llama plan does, and ``plan.auto`` plans, verifies and trains under a budget;
+  own ``clip_grad_norm_`` (norms and parameters), and ``plan.auto`` plans, verifies and
+  trains under a budget; with ``RSDP_TEST_FULL_STOCK=1`` also ``torch.compile`` of ``rotate``
+  and a Hugging Face Llama plan (they pass over gloo; CI leaves them to the rsdp runs of
+  test_plan.py, which prove the same layers, to keep its time);
 * a checkpoint written with ``torch.distributed.checkpoint`` under gloo loads under another
   plan on the rsdp backend and training goes on as if it had never stopped;
 * compression, which needs the rsdp backend, refuses on gloo naming the feature.
@@ -43,16 +45,19 @@ def _strategies_worker(ctx):
         assert worst <= 1e-5, f"{p}: norms {got_norms} vs one process {want_norms}"
         pc.assert_close_sd(plan.full_state_dict(model, rank0_only=False), want, TIGHT, p)
         out[p] = got_norms
-    # torch.compile breaks its graph at the ring steps and compiles the rest, on any backend
-    want = pc.reference(pc.make_net(), "adamw", W, 2)
-    model = plan.apply(pc.make_net(), "rotate")
-    pc.train(torch.compile(model), pc.plan_optim(model, "adamw"), r, W, 2)
-    pc.assert_close_sd(plan.full_state_dict(model, rank0_only=False), want, 1e-4, "compiled")
-    # a Hugging Face Llama under a mixed plan
-    want = pc.reference(pc.make_llama(0), "adamw", W, 3)
-    model = plan.apply(pc.make_llama(0), pc.LLAMA_PLAN)
-    pc.train(model, pc.plan_optim(model, "adamw"), r, W, 3)
-    pc.assert_close_sd(plan.full_state_dict(model, rank0_only=False), want, TIGHT, "llama")
+    if os.environ.get("RSDP_TEST_FULL_STOCK"):  # CI's time: see the module docstring
+        # torch.compile breaks its graph at the ring steps and compiles the rest
+        want = pc.reference(pc.make_net(), "adamw", W, 2)
+        model = plan.apply(pc.make_net(), "rotate")
+        pc.train(torch.compile(model), pc.plan_optim(model, "adamw"), r, W, 2)
+        pc.assert_close_sd(plan.full_state_dict(model, rank0_only=False), want, 1e-4,
+                           "compiled")
+        # a Hugging Face Llama under a mixed plan
+        want = pc.reference(pc.make_llama(0), "adamw", W, 3)
+        model = plan.apply(pc.make_llama(0), pc.LLAMA_PLAN)
+        pc.train(model, pc.plan_optim(model, "adamw"), r, W, 3)
+        pc.assert_close_sd(plan.full_state_dict(model, rank0_only=False), want, TIGHT,
+                           "llama")
     # the planner: measures, plans under a budget, verifies its prediction, trains
     model = pc.make_net()
     x, _ = pc.batch(0, W)
