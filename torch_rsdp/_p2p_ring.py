@@ -175,7 +175,7 @@ class P2PRing:
         self._globals = [dist.get_global_rank(self.group, r) for r in range(self.world)]
         self.backend_name = dist.get_backend(self.group)
 
-    def neighbours(self, direction: int = 1) -> Tuple[int, int]:
+    def ring_neighbours(self, direction: int = 1) -> Tuple[int, int]:
         """(group rank this rank sends to, group rank it receives from)."""
         n = len(self.order)
         pos = self.order.index(self.rank)
@@ -186,7 +186,7 @@ class P2PRing:
               local: Optional[torch.Tensor] = None) -> RingShiftWork:
         """Issues ``out = neighbour's tensor (+ local)``; returns its Work. Arguments are
         checked by the caller (:func:`torch_rsdp._ring.check_shift`)."""
-        to, frm = self.neighbours(direction)
+        to, frm = self.ring_neighbours(direction)
         dtype = tensor.dtype
         op = "ring_shift_reduce" if local is not None else "ring_shift"
 

@@ -102,10 +102,8 @@ def ring_transport(group: Optional[dist.ProcessGroup] = None,
 
 def ring_neighbours(group=None, direction: int = 1):
     """(group rank this rank sends to, group rank it receives from)."""
-    t = ring_transport(group)
-    if isinstance(t, P2PRing):
-        return t.neighbours(direction)
-    send_to, recv_from = t.ring_neighbours(direction)
+    # the same method on both transports (P2PRing names it as BackendRSDP does)
+    send_to, recv_from = ring_transport(group).ring_neighbours(direction)
     return send_to, recv_from
 
 
