@@ -71,3 +71,46 @@ def nodes(request):
         yield en
     left = [n for n in netns.leftovers() if netns._tag_of(n) == en.tag]
     assert not left, f"emulated nodes not removed: {left}"
+
+
+# --------------------------------------------------------------------------------------------
+# The sanitized selection (tests/sanitized_selection.txt): CI runs it under AddressSanitizer +
+# UBSan (--sanitized-selection=only, through scripts/run_sanitized.sh) and the rest of the
+# suite as usual (--sanitized-selection=exclude), so that no test runs twice.
+# --------------------------------------------------------------------------------------------
+
+SELECTION_FILE = os.path.join(HERE, "sanitized_selection.txt")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--sanitized-selection", choices=("only", "exclude"), default=None,
+                     help="run only the tests tests/sanitized_selection.txt lists, or all but "
+                          "them (scripts/run_tests.sh runs them under the sanitizers)")
+
+
+def sanitized_selection() -> list:
+    """The selection's patterns as regular expressions: node ids where only ``*`` is a
+    wildcard (``[`` and ``]`` are the parametrization's own, not character classes)."""
+    import re
+
+    out = []
+    with open(SELECTION_FILE) as f:
+        for line in f:
+            line = line.split("#", 1)[0].strip()
+            if line:
+                out.append(re.compile(".*".join(re.escape(p) for p in line.split("*")) + "$"))
+    return out
+
+
+def pytest_collection_modifyitems(config, items):
+    mode = config.getoption("--sanitized-selection")
+    if not mode:
+        return
+    patterns = sanitized_selection()
+    keep, drop = [], []
+    for item in items:
+        listed = any(p.match(item.nodeid) for p in patterns)
+        (keep if listed == (mode == "only") else drop).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+    items[:] = keep

@@ -12,10 +12,10 @@ The public API is ``__all__`` (``docs/api.md`` lists it with the packages above 
 
 Layout, bottom to top (imports point downwards only; ``tests/project/test_import_rules.py`` checks it):
 
-* the backend: the extension ``_C``, its registration, and the modules over it (``_ring``,
-  ``_topology``, ``_compression``, ``_comm_memory``, ``_cuda``, ``_health``), whose public
-  functions this package exports; the ring and the topology on groups of other backends
-  (``_p2p_ring``, ``_node_topology``) beside them;
+* the backend: the extension ``_C`` (``_extension`` loads it), its registration, and the
+  modules over it (``_ring``, ``_topology``, ``_compression``, ``_comm_memory``, ``_cuda``,
+  ``_health``), whose public functions this package exports; the ring and the topology on
+  groups of other backends (``_p2p_ring``, ``_node_topology``) beside them;
 * neutral ground that ``rsdp`` and ``plan`` share (``_utils``, ``_dtensor_params``,
   ``_grad_sync``, ``_checkpoint_hooks``, ``_apply_guard``): the backend's modules at most;
 * :mod:`torch_rsdp.rsdp`: the backend and the neutral modules;
@@ -29,6 +29,7 @@ This package's ``__init__`` imports the backend and the integrations only, so
 ``import torch_rsdp`` does not load ``rsdp`` or ``plan``; :mod:`torch_rsdp.torchft`
 (optional) builds on the backend too.
 """
+from . import _extension  # noqa: F401,I001  (first: RSDP_EXTENSION may name another _C)
 from . import _registration, _shrink_world
 from ._comm_memory import comm_empty
 from ._compression import get_compression, set_compression

@@ -20,9 +20,12 @@ from pathlib import Path
 
 import pytest
 
+from support.native import sanitizer_flags
+
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = ["tests/native/test_net_comm.cpp", "csrc/core/group.cpp", "csrc/core/op_desc.cpp",
-           "csrc/core/error.cpp", "csrc/core/options.cpp", "csrc/core/notice.cpp"] + sorted(
+           "csrc/core/error.cpp", "csrc/core/options.cpp", "csrc/core/notice.cpp",
+           "csrc/core/store_records.cpp"] + sorted(
     str(p.relative_to(ROOT)) for p in (ROOT / "csrc" / "transport" / "ucx").glob("*.cpp"))
 
 
@@ -50,7 +53,7 @@ def net_comm_exe(tmp_path_factory):
         pytest.fail("UCX not found (install libucx-dev or set UCX_HOME)")
     cflags, libs = flags
     exe = tmp_path_factory.mktemp("net_comm") / "test_net_comm"
-    cmd = ([gxx, "-O1", "-std=c++17", "-I", str(ROOT / "csrc")] + cflags +
+    cmd = ([gxx, "-O1", *sanitizer_flags(), "-std=c++17", "-I", str(ROOT / "csrc")] + cflags +
            [str(ROOT / s) for s in SOURCES] + ["-o", str(exe)] + libs + ["-lpthread"])
     build = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert build.returncode == 0, f"{' '.join(cmd)}\nfailed:\n{build.stderr[-8000:]}"

@@ -37,7 +37,8 @@ PACKAGE = "torch_rsdp"
 # torch_rsdp the module may import (a package named covers its modules).
 
 #: The backend and its public helpers (torch_rsdp's top-level modules).
-BACKEND = {"torch_rsdp._C", "torch_rsdp._registration", "torch_rsdp._shrink_world",
+BACKEND = {"torch_rsdp._C", "torch_rsdp._extension", "torch_rsdp._registration",
+           "torch_rsdp._shrink_world",
            "torch_rsdp._ring", "torch_rsdp._topology", "torch_rsdp._compression",
            "torch_rsdp._comm_memory", "torch_rsdp._cuda", "torch_rsdp._health",
            "torch_rsdp._p2p_ring", "torch_rsdp._node_topology"}

@@ -3,6 +3,7 @@ its last output line must be "N passed, 0 failed" (tests/native/check.h) and its
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -10,6 +11,22 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+#: RSDP_NATIVE_SANITIZE (scripts/run_sanitized.sh sets it) -> the sanitizers to build with.
+SANITIZERS = {"address": "address,undefined", "thread": "thread"}
+
+
+def sanitizer_flags() -> list:
+    """The compiler flags that build a native test under the sanitizer RSDP_NATIVE_SANITIZE
+    names (none when it is unset): the same sanitizers the extension is built with there."""
+    which = os.environ.get("RSDP_NATIVE_SANITIZE", "")
+    if not which:
+        return []
+    if which not in SANITIZERS:
+        pytest.fail(f"RSDP_NATIVE_SANITIZE={which!r}: expected one of {', '.join(SANITIZERS)}")
+    flags = ["-g", "-fno-omit-frame-pointer", f"-fsanitize={SANITIZERS[which]}"]
+    return flags + (["-fno-sanitize-recover=undefined"] if which == "address" else [])
 
 
 def build_and_run(name: str, tmp_path: Path, *, sources=(), flags=("-O1",),
@@ -20,7 +37,7 @@ def build_and_run(name: str, tmp_path: Path, *, sources=(), flags=("-O1",),
     if gxx is None:
         pytest.fail(f"g++ is not on PATH; cannot build tests/native/{name}.cpp")
     exe = tmp_path / name
-    cmd = [gxx, *flags, "-std=c++17", "-I", str(ROOT / "csrc"),
+    cmd = [gxx, *flags, *sanitizer_flags(), "-std=c++17", "-I", str(ROOT / "csrc"),
            str(ROOT / "tests" / "native" / f"{name}.cpp"),
            *(str(ROOT / "csrc" / s) for s in sources), "-o", str(exe)]
     build = subprocess.run(cmd, capture_output=True, text=True, timeout=build_timeout)
