@@ -47,7 +47,11 @@ if [ "${RSDP_SANITIZE_EXTENSION:-1}" != 0 ]; then
   runtime=$([ "$SAN" = address ] && echo libasan || echo libtsan)
   rt=$(ldd "$so" | awk -v r="$runtime" 'index($1, r) == 1 {print $3}')
   [ -f "$rt" ] || { say "cannot find $runtime in 'ldd $so'"; exit 1; }
-  export LD_PRELOAD=$rt${LD_PRELOAD:+:$LD_PRELOAD}
+  # libstdc++ right after it: the interpreter does not link it, and ASan looks up the real
+  # __cxa_throw when it starts; without libstdc++ loaded by then, our first C++ exception
+  # would end the process in "CHECK failed: ... real___cxa_throw".
+  cxxrt=$(ldd "$so" | awk 'index($1, "libstdc++") == 1 {print $3}')
+  export LD_PRELOAD=$rt${cxxrt:+:$cxxrt}${LD_PRELOAD:+:$LD_PRELOAD}
   # Python's own objects on the C heap: a pybind object still alive at exit then holds our
   # objects as an indirect leak of Python's, not as a direct one of ours.
   export PYTHONMALLOC=malloc

@@ -27,6 +27,8 @@ def _load(path: str) -> None:
     except BaseException:
         del sys.modules[_NAME]
         raise
+    # What the import system does for a submodule it loads: the package's attribute.
+    setattr(sys.modules[__package__], "_C", module)
 
 
 if os.environ.get("RSDP_EXTENSION") and _NAME not in sys.modules:

@@ -25,7 +25,8 @@ from pathlib import Path
 #: extension's file itself where a frame has no source line.
 OURS = re.compile(r"/csrc/|/tests/native/|/tests/fuzz/|torch_rsdp/_C[.a-z0-9_-]*\.so")
 ERROR = re.compile(r"ERROR: AddressSanitizer|runtime error:|WARNING: ThreadSanitizer|"
-                   r"ERROR: ThreadSanitizer|ERROR: UndefinedBehaviorSanitizer")
+                   r"ERROR: ThreadSanitizer|ERROR: UndefinedBehaviorSanitizer|"
+                   r"Sanitizer: CHECK failed")
 LEAK_HEAD = re.compile(r"^(Direct|Indirect) leak of \d+ byte", re.M)
 
 
