@@ -66,6 +66,12 @@ export ASAN_OPTIONS="log_path=$reports/report:detect_leaks=1:detect_container_ov
 halt_on_error=1:abort_on_error=0:malloc_context_size=30:symbolize=1"
 export LSAN_OPTIONS="exitcode=0:suppressions=$supp/lsan.supp"
 export UBSAN_OPTIONS="log_path=$reports/report:print_stacktrace=1:halt_on_error=1"
+# UCX patches malloc/mmap to watch memory (its "memory events"); under ThreadSanitizer, whose
+# interceptors own those calls, a UCX process then dies of SIGSEGV at start. CPU buffers over
+# TCP and shared memory do not need the events.
+if [ "$SAN" = thread ]; then
+  export UCX_MEM_EVENTS=no
+fi
 export TSAN_OPTIONS="log_path=$reports/report:suppressions=$supp/tsan.supp:halt_on_error=1:\
 second_deadlock_stack=1:report_signal_unsafe=0"
 

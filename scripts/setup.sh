@@ -36,6 +36,20 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     say "warning: missing Debian packages ${need_apt[*]} (need root to install)"
   fi
 fi
+# clang 14 and its runtime libraries for the fuzz targets (scripts/run_fuzz.sh): on bookworm
+# libclang-rt-14-dev is what ships libclang_rt.fuzzer, which -fsanitize=fuzzer links
+# (libfuzzer-14-dev only adds a standalone libFuzzer.a). Optional, and installed on its own so
+# that a release without these names still gets the packages above: without them
+# run_fuzz.sh falls back to g++ and a driver without coverage feedback.
+need_fuzz_apt=()
+dpkg -s clang-14 >/dev/null 2>&1 || need_fuzz_apt+=(clang-14)
+dpkg -s libclang-rt-14-dev >/dev/null 2>&1 || need_fuzz_apt+=(libclang-rt-14-dev)
+if [ ${#need_fuzz_apt[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  say "apt-get install ${need_fuzz_apt[*]} (for scripts/run_fuzz.sh)"
+  ( (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends "${need_fuzz_apt[@]}" >/dev/null) \
+    || say "warning: could not install ${need_fuzz_apt[*]} (scripts/run_fuzz.sh then uses g++)"
+fi
 
 # torch first, pinned: any other spec would download a different build. A
 # torch with CUDA that is already installed stays (GPU machines bring their

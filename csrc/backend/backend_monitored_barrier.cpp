@@ -10,6 +10,7 @@
 #include "algorithms/group_comm.h"
 #include "backend/backend_rsdp.h"
 #include "backend/store_bootstrap.h"
+#include "core/store_records.h"
 
 namespace rsdp {
 
@@ -38,9 +39,12 @@ void BackendRSDP::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_a
                       " reached monitoredBarrier, but rank 0 did not answer within ",
                       2 * timeout.count(), " ms (", timed_out_waiting(2 * timeout.count()),
                       ")");
-      std::string v = boot_->get(verdict);
-      RSDP_CHECK_KIND(ErrorKind::kTimeout, v.empty(), g.me(), ": monitored_barrier failed on rank 0: ",
-                      v);
+      records::Verdict v;
+      const std::string err = records::decode_verdict(boot_->get(verdict),
+                                                      {verdict, 0, g.who(0)}, v);
+      RSDP_CHECK_KIND(ErrorKind::kSystem, err.empty(), g.me(), ": monitored_barrier: ", err);
+      RSDP_CHECK_KIND(ErrorKind::kTimeout, v.ok, g.me(), ": monitored_barrier failed on rank 0: ",
+                      v.text);
       return;
     }
     const auto deadline = Clock::now() + timeout;
@@ -55,14 +59,14 @@ void BackendRSDP::monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_a
       if (!wait_all_ranks) break;
     }
     if (missing.empty()) {
-      boot_->set(verdict, "");
+      boot_->set(verdict, records::encode_verdict({}));
       return;
     }
     std::ostringstream msg;
     msg << (missing.size() == 1 ? "Rank " : "Ranks ");
     for (size_t i = 0; i < missing.size(); ++i) msg << (i ? ", " : "") << name(missing[i]);
     msg << " failed to pass monitoredBarrier in " << timeout.count() << " ms";
-    boot_->set(verdict, msg.str());
+    boot_->set(verdict, records::encode_verdict({false, msg.str()}));
     RSDP_FAIL(ErrorKind::kTimeout, g.me(), ": monitored_barrier: ", msg.str());
   });
 }

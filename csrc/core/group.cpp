@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "core/store_records.h"
 
 namespace rsdp {
 
@@ -48,12 +49,19 @@ Group join_group(Bootstrap& store, int rank, int size, std::vector<int> global_r
   // Every rank of one incarnation draws a ticket in [gen*size+1, (gen+1)*size].
   // Keyed by size too, so an incarnation of another size under a reused
   // store prefix (e.g. a new subgroup that got an old group's name) counts apart.
-  int64_t ticket = store.add("rsdp/joined/" + std::to_string(size), 1);
+  const std::string counter = "rsdp/joined/" + std::to_string(size);
+  int64_t ticket = store.add(counter, 1);
+  // Only ever incremented by one: anything below 1 was written by someone else.
+  RSDP_CHECK_KIND(ErrorKind::kSystem, ticket >= 1, g.me(), ": joining group '", g.name,
+                  "': the store's join counter '", counter, "' reads ", ticket,
+                  " (not written by torch_rsdp)");
   g.generation = static_cast<long>((ticket - 1) / size);
 
-  std::ostringstream mine;
-  mine << getpid() << "|" << local_node_id(opts);
-  store.set(g.key("peer/" + std::to_string(rank)), mine.str());
+  const std::string node = local_node_id(opts);
+  const std::string bad_node = records::check_node_id(node);
+  RSDP_CHECK(bad_node.empty(), g.me(), ": joining group '", g.name, "': ", bad_node,
+             opts.node_id.empty() ? " (from the host name and boot id)" : " (RSDP_NODE_ID)");
+  store.set(g.key("peer/" + std::to_string(rank)), records::encode_peer(rank, getpid(), node));
 
   std::vector<std::string> keys;
   for (int r = 0; r < size; ++r) keys.push_back(g.key("peer/" + std::to_string(r)));
@@ -68,12 +76,12 @@ Group join_group(Bootstrap& store, int rank, int size, std::vector<int> global_r
   }
   g.peers.resize(size);
   for (int r = 0; r < size; ++r) {
-    std::string v = store.get(keys[r]);
-    auto bar = v.find('|');
-    RSDP_CHECK_KIND(ErrorKind::kSystem, bar != std::string::npos, g.me(),
-                    ": malformed peer record '", v, "' from ", g.who(r));
-    g.peers[r].pid = std::stoi(v.substr(0, bar));
-    g.peers[r].node = v.substr(bar + 1);
+    records::Peer p;
+    const std::string err = records::decode_peer(store.get(keys[r]), {keys[r], r, g.who(r)}, p);
+    RSDP_CHECK_KIND(ErrorKind::kSystem, err.empty(), g.me(), ": joining group '", g.name,
+                    "': ", err);
+    g.peers[r].pid = p.pid;
+    g.peers[r].node = std::move(p.node);
   }
   return g;
 }

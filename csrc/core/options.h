@@ -53,6 +53,11 @@ struct Options {
   // prove that a stuck stream ends in an error on every rank.
   int emulate_device_stall_rank = -1;
   uint64_t emulate_device_stall_seq = 0;
+  // Test hook of the UCX transport (tests/backend/test_hostile_peer.py): this
+  // rank's collective headers lie about one field (bytes, step, dtype, op,
+  // bits or count) while the payload stays as it is, to prove that the honest
+  // peer refuses them. Empty (off) unless RSDP_TEST_WIRE_LIE is set.
+  std::string test_wire_lie;
 
   static Options from_env();
 };

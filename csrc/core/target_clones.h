@@ -9,7 +9,13 @@
 // RSDP_AI forces the helpers inline, so each clone gets its own copy.
 #pragma once
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+//
+// Not under ThreadSanitizer: an ifunc resolver runs while the program is being
+// relocated, before TSan's runtime is up, and the instrumented resolver then
+// crashes the process before main (SIGSEGV, no report). The sanitized build
+// checks memory and threads, not which ISA clone was picked.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && \
+    !defined(__SANITIZE_THREAD__)
 #define RSDP_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define RSDP_CLONES

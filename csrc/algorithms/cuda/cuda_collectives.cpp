@@ -10,6 +10,7 @@
 #include "algorithms/cuda/host_staged.h"
 #include "algorithms/cuda/nccl_node.h"
 #include "algorithms/cuda/scratch.h"
+#include "core/store_records.h"
 #include "cuda/cuda_check.h"
 #include "primitives/ring_shift.h"
 #include "transport/cuda_ipc/device_scope.h"
@@ -99,13 +100,19 @@ CudaCollectives::CudaCollectives(GroupComm& g, Bootstrap& store, int device)
   // Which GPU every rank drives: ranks of a node on one GPU cannot use NCCL.
   char bus[64] = {0};
   RSDP_CUDA_CHECK(cudaDeviceGetPCIBusId(bus, sizeof(bus), device), "(cuda:", device, ")");
-  store.set(grp.key("cuda/gpu/" + std::to_string(grp.rank)), bus);
+  store.set(grp.key("cuda/gpu/" + std::to_string(grp.rank)),
+            records::encode_gpu(grp.rank, bus));
   std::vector<std::string> keys;
   for (int r = 0; r < grp.size; ++r) keys.push_back(grp.key("cuda/gpu/" + std::to_string(r)));
   RSDP_CHECK_KIND(ErrorKind::kTimeout, store.wait(keys, grp.timeout), grp.me(),
                   ": the group's first CUDA op: not every rank reached it within the timeout");
   std::vector<std::string> gpu_of(grp.size);
-  for (int r = 0; r < grp.size; ++r) gpu_of[r] = store.get(keys[r]);
+  for (int r = 0; r < grp.size; ++r) {
+    const std::string err =
+        records::decode_gpu(store.get(keys[r]), {keys[r], r, grp.who(r)}, gpu_of[r]);
+    RSDP_CHECK_KIND(ErrorKind::kSystem, err.empty(), grp.me(), ": the group's first CUDA op: ",
+                    err);
+  }
   const std::vector<int>& mine = t.nodes[t.node()];
   std::vector<std::string> node_gpus;
   for (int r : mine) node_gpus.push_back(gpu_of[r]);

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "core/error.h"
+#include "core/store_records.h"
 #include "cuda/cuda_check.h"
 #include "cuda/device_reduce.h"
 #include "transport/cuda_ipc/device_scope.h"
@@ -16,23 +17,20 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr uint32_t kRecordMagic = 0x43504952;  // "RIPC"
-constexpr size_t kHalfAlign = 256;
+constexpr size_t kHalfAlign = records::kIpcHalfAlign;
 // Longest the destructor waits for the stream to drain and for the peers to
 // unmap this rank's buffer (bounded by the group's timeout as well).
 constexpr std::chrono::milliseconds kReleaseWait{10000};
 
-// What each rank publishes: enough for a peer to map its staging buffer and
-// open its events. Sent as raw bytes through the store.
-struct IpcRecord {
-  uint32_t magic;
-  int32_t device;  // ordinal in the publishing process (for messages only)
-  uint64_t half;
-  char bus_id[32];  // e.g. "0000:3b:00.0", NUL-terminated
-  cudaIpcMemHandle_t mem;
-  cudaIpcEventHandle_t events[2];
-};
-static_assert(std::is_trivially_copyable<IpcRecord>::value, "IpcRecord travels as bytes");
+// What each rank publishes (records::IpcRecord, core/store_records.h): enough
+// for a peer to map its staging buffer and open its events. The handles
+// travel as their bytes.
+using records::IpcRecord;
+static_assert(sizeof(cudaIpcMemHandle_t) == records::kIpcHandleBytes &&
+                  sizeof(cudaIpcEventHandle_t) == records::kIpcHandleBytes &&
+                  std::is_trivially_copyable<cudaIpcMemHandle_t>::value &&
+                  std::is_trivially_copyable<cudaIpcEventHandle_t>::value,
+              "CUDA's IPC handles fit the record's byte fields");
 
 std::string record_key(const Group& g, int r) { return g.key("cuda-ipc/" + std::to_string(r)); }
 std::string closed_key(const Group& g, int r) {
@@ -81,19 +79,26 @@ void IpcComm::setup() {
 
   IpcRecord rec;
   std::memset(&rec, 0, sizeof(rec));
-  rec.magic = kRecordMagic;
+  rec.magic = records::kIpcMagic;
+  rec.version = records::kIpcVersion;
+  rec.rank = me;
   rec.device = device_;
   rec.half = half_;
   RSDP_CUDA_CHECK(cudaDeviceGetPCIBusId(rec.bus_id, static_cast<int>(sizeof(rec.bus_id) - 1), device_),
                   where);
-  RSDP_CUDA_CHECK(cudaIpcGetMemHandle(&rec.mem, mine_), where);
-  for (int h = 0; h < 2; ++h)
-    RSDP_CUDA_CHECK(cudaIpcGetEventHandle(&rec.events[h], ready_[me * 2 + h]), where);
+  cudaIpcMemHandle_t mem;
+  RSDP_CUDA_CHECK(cudaIpcGetMemHandle(&mem, mine_), where);
+  std::memcpy(rec.mem, &mem, sizeof(mem));
+  for (int h = 0; h < 2; ++h) {
+    cudaIpcEventHandle_t ev;
+    RSDP_CUDA_CHECK(cudaIpcGetEventHandle(&ev, ready_[me * 2 + h]), where);
+    std::memcpy(rec.events[h], &ev, sizeof(ev));
+  }
   devices_[me] = device_;
   bus_ids_[me] = std::string(rec.bus_id, strnlen(rec.bus_id, sizeof(rec.bus_id)));
   if (n == 1) return;
 
-  store_.set(record_key(g, me), std::string(reinterpret_cast<const char*>(&rec), sizeof(rec)));
+  store_.set(record_key(g, me), records::encode_ipc(rec));
   published_ = true;
   std::vector<std::string> keys;
   for (int p = 0; p < n; ++p)
@@ -112,14 +117,11 @@ void IpcComm::setup() {
   std::vector<IpcRecord> recs(n);
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
-    const std::string v = store_.get(record_key(g, p));
-    RSDP_CHECK_KIND(ErrorKind::kSystem, v.size() == sizeof(IpcRecord), g.me(),
-                    ": malformed CUDA-IPC record from ", g.who(p), " (", v.size(),
-                    " bytes, expected ", sizeof(IpcRecord), ")");
-    std::memcpy(&recs[p], v.data(), sizeof(IpcRecord));
+    const std::string key = record_key(g, p);
+    const std::string err = records::decode_ipc(store_.get(key), {key, p, g.who(p)}, recs[p]);
+    RSDP_CHECK_KIND(ErrorKind::kSystem, err.empty(), g.me(), ": CUDA-IPC setup of group '",
+                    g.name, "': ", err);
     const IpcRecord& r = recs[p];
-    RSDP_CHECK_KIND(ErrorKind::kSystem, r.magic == kRecordMagic, g.me(),
-                    ": malformed CUDA-IPC record from ", g.who(p), " (bad magic)");
     RSDP_CHECK_KIND(ErrorKind::kSystem, r.half == half_, g.me(), ": ", g.who(p),
                     " has CUDA-IPC staging halves of ", r.half, " bytes, this rank ", half_,
                     " (do all ranks use the same RSDP_* settings?)");
@@ -159,13 +161,18 @@ void IpcComm::setup() {
   for (int p = 0; p < n; ++p) {
     if (p == me) continue;
     void* ptr = nullptr;
-    RSDP_CUDA_CHECK(cudaIpcOpenMemHandle(&ptr, recs[p].mem, cudaIpcMemLazyEnablePeerAccess),
+    cudaIpcMemHandle_t mem;
+    std::memcpy(&mem, recs[p].mem, sizeof(mem));
+    RSDP_CUDA_CHECK(cudaIpcOpenMemHandle(&ptr, mem, cudaIpcMemLazyEnablePeerAccess),
                     "mapping the staging buffer of ", g.who(p), " (PCI ", bus_ids_[p], ") ",
                     where);
     peers_[p] = static_cast<char*>(ptr);
-    for (int h = 0; h < 2; ++h)
-      RSDP_CUDA_CHECK(cudaIpcOpenEventHandle(&ready_[p * 2 + h], recs[p].events[h]),
+    for (int h = 0; h < 2; ++h) {
+      cudaIpcEventHandle_t ev;
+      std::memcpy(&ev, recs[p].events[h], sizeof(ev));
+      RSDP_CUDA_CHECK(cudaIpcOpenEventHandle(&ready_[p * 2 + h], ev),
                       "opening an event of ", g.who(p), " ", where);
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/reduce_kernels.h"
+#include "core/store_records.h"
 
 namespace rsdp {
 namespace {
@@ -63,24 +64,38 @@ void EmuComm::map_peers(Bootstrap& store) {
   const std::string name = ShmSegment::random_name();
   segs_[me] = ShmSegment::create(name, bytes);
   new (segs_[me].data()) Events{};
-  store.set(name_key(g, me), name);
-  std::vector<std::string> keys;
-  for (int p = 0; p < n; ++p)
-    if (p != me) keys.push_back(name_key(g, p));
-  auto fail_waiting = [&](const char* what) {
+  // Until every peer has mapped it, a failure of any kind (a timeout, the
+  // store, a peer's bad record) must not leave the name behind.
+  try {
+    store.set(name_key(g, me), records::encode_emu_name(me, name));
+    std::vector<std::string> keys;
+    for (int p = 0; p < n; ++p)
+      if (p != me) keys.push_back(name_key(g, p));
+    auto fail_waiting = [&](const char* what) {
+      RSDP_FAIL(ErrorKind::kTimeout, g.me(), ": ", timed_out_waiting(g.timeout.count()),
+                " for the other ranks to ", what, " their emulated-device staging buffers");
+    };
+    if (!store.wait(keys, g.timeout)) fail_waiting("publish");
+    // Import: map every peer's segment, as cudaIpcOpenMemHandle does.
+    for (int p = 0; p < n; ++p) {
+      if (p == me) continue;
+      const std::string key = name_key(g, p);
+      std::string peer_name;
+      const std::string err = records::decode_emu_name(store.get(key), {key, p, g.who(p)},
+                                                       peer_name);
+      RSDP_CHECK_KIND(ErrorKind::kSystem, err.empty(), g.me(),
+                      ": mapping the emulated-device staging buffers: ", err);
+      segs_[p] = ShmSegment::open(peer_name, bytes);
+    }
+    store.set(mapped_key(g, me), "1");
+    keys.clear();
+    for (int p = 0; p < n; ++p)
+      if (p != me) keys.push_back(mapped_key(g, p));
+    if (!store.wait(keys, g.timeout)) fail_waiting("map");
+  } catch (...) {
     ShmSegment::unlink(name);
-    RSDP_FAIL(ErrorKind::kTimeout, g.me(), ": ", timed_out_waiting(g.timeout.count()),
-              " for the other ranks to ", what, " their emulated-device staging buffers");
-  };
-  if (!store.wait(keys, g.timeout)) fail_waiting("publish");
-  // Import: map every peer's segment, as cudaIpcOpenMemHandle does.
-  for (int p = 0; p < n; ++p)
-    if (p != me) segs_[p] = ShmSegment::open(store.get(name_key(g, p)), bytes);
-  store.set(mapped_key(g, me), "1");
-  keys.clear();
-  for (int p = 0; p < n; ++p)
-    if (p != me) keys.push_back(mapped_key(g, p));
-  if (!store.wait(keys, g.timeout)) fail_waiting("map");
+    throw;
+  }
   ShmSegment::unlink(name);  // every peer holds a mapping: the name is no longer needed
 }
 

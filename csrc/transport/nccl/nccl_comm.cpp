@@ -27,9 +27,13 @@
 
 #include "core/deadline.h"
 #include "core/error.h"
+#include "core/store_records.h"
 #include "transport/nccl/nccl_redop_rule.h"
 
 namespace rsdp {
+
+static_assert(NCCL_UNIQUE_ID_BYTES == records::kNcclIdBytes,
+              "the NCCL id record (core/store_records.h) carries a whole ncclUniqueId");
 
 namespace {
 
@@ -216,18 +220,23 @@ NcclComm::NcclComm(const Group& g, Bootstrap& store, const std::vector<int>& ran
     ncclResult_t r = ncclGetUniqueId(&id);
     if (r != ncclSuccess)
       RSDP_FAIL(kind_of(r), who(), ": ncclGetUniqueId failed: ", describe(r, nullptr));
-    if (size() > 1) store.set(key, std::string(id.internal, sizeof(id.internal)));
+    if (size() > 1) {
+      records::NcclId bytes;
+      std::memcpy(bytes.data(), id.internal, bytes.size());
+      store.set(key, records::encode_nccl_id(ranks_[0], bytes));
+    }
   } else {
     auto wait_for = timeout.count() > 0 ? left_until(start + timeout) : timeout;
     RSDP_CHECK_KIND(ErrorKind::kTimeout, store.wait({key}, wait_for), who(),
                     ": ", timed_out_waiting(timeout.count()), " for ",
                     g.who(ranks_[0]), " to publish the unique id of NCCL communicator '",
                     tag_, "'");
-    std::string v = store.get(key);
-    RSDP_CHECK_KIND(ErrorKind::kSystem, v.size() == sizeof(id.internal), who(),
-                    ": the NCCL unique id of communicator '", tag_, "' in the store has ",
-                    v.size(), " bytes, not ", sizeof(id.internal));
-    std::memcpy(id.internal, v.data(), v.size());
+    records::NcclId bytes;
+    const std::string err =
+        records::decode_nccl_id(store.get(key), {key, ranks_[0], g.who(ranks_[0])}, bytes);
+    RSDP_CHECK_KIND(ErrorKind::kSystem, err.empty(), who(), ": creating NCCL communicator '",
+                    tag_, "': ", err);
+    std::memcpy(id.internal, bytes.data(), bytes.size());
   }
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;

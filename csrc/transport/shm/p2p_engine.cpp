@@ -5,32 +5,17 @@
 
 #include "core/error.h"
 #include "core/futex.h"
+#include "transport/shm/p2p_wire.h"
 
 namespace rsdp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-struct MsgHeader {
-  uint32_t magic;  // catches a stream that lost its framing
-  uint32_t seq;    // per-channel message number, likewise
-  int64_t tag;
-  uint64_t bytes;
-};
-constexpr uint32_t kMsgMagic = 0x52534450;  // "RSDP"
-constexpr size_t kHdr = sizeof(MsgHeader);
-
-void ring_write(const RingView& v, uint64_t pos, const void* src, size_t n) {
-  size_t off = pos % v.cap, first = std::min(n, v.cap - off);
-  std::memcpy(v.data + off, src, first);
-  std::memcpy(v.data, static_cast<const char*>(src) + first, n - first);
-}
-
-void ring_read(const RingView& v, uint64_t pos, void* dst, size_t n) {
-  size_t off = pos % v.cap, first = std::min(n, v.cap - off);
-  std::memcpy(dst, v.data + off, first);
-  std::memcpy(static_cast<char*>(dst) + first, v.data, n - first);
-}
+using p2p_wire::kHdr;
+using p2p_wire::MsgHeader;
+using p2p_wire::ring_read;
+using p2p_wire::ring_write;
 
 }  // namespace
 
@@ -226,11 +211,25 @@ bool P2PEngine::progress_send(int dst) {
   RingView v = comm_.ring(comm_.rank(), dst);
   uint64_t head = v.ctl->head.load(std::memory_order_relaxed);
   uint64_t tail = v.ctl->tail.load(std::memory_order_acquire);
-  size_t room = v.cap - static_cast<size_t>(head - tail);
+  size_t fill = 0;
+  if (!p2p_wire::ring_fill(head, tail, v.cap, &fill)) {
+    // The receiver's counter (or ours, in shared memory) was overwritten:
+    // writing by it would run past the ring.
+    broken_dst_[dst] = true;
+    auto err = std::make_exception_ptr(Error(
+        ErrorKind::kPeer,
+        detail::cat(comm_.group().me(), ": ", r.what(comm_.group()), " failed: the ring to ",
+                    comm_.group().who(dst), " is corrupt (written up to byte ", head,
+                    ", read up to byte ", tail, " of a ", v.cap, "-byte ring)")));
+    for (auto& qr : q) finish(qr, err, -1);
+    q.clear();
+    return true;
+  }
+  size_t room = v.cap - fill;
   bool moved = false;
   if (!r.header_done) {
     if (room < kHdr) return false;
-    MsgHeader h{kMsgMagic, send_seq_[dst]++, r.tag, r.bytes};
+    MsgHeader h{p2p_wire::kMsgMagic, send_seq_[dst]++, r.tag, r.bytes};
     ring_write(v, head, &h, kHdr);
     head += kHdr;
     room -= kHdr;
@@ -260,13 +259,22 @@ bool P2PEngine::progress_incoming(int src) {
   RingView v = comm_.ring(src, comm_.rank());
   uint64_t tail = v.ctl->tail.load(std::memory_order_relaxed);
   uint64_t head = v.ctl->head.load(std::memory_order_acquire);
-  size_t avail = static_cast<size_t>(head - tail);
+  size_t avail = 0;
+  if (!p2p_wire::ring_fill(head, tail, v.cap, &avail)) {
+    // Counters no sender could have left: reading by them would run past the ring.
+    broken_src_[src] = true;
+    fail_recvs_from(src, detail::cat(comm_.group().me(), ": the ring from ",
+                                     comm_.group().who(src), " is corrupt (written up to byte ",
+                                     head, ", read up to byte ", tail, " of a ", v.cap,
+                                     "-byte ring)"));
+    return false;
+  }
   bool moved = false;
   if (!in.active) {
-    if (avail < kHdr) return false;
     MsgHeader h;
-    ring_read(v, tail, &h, kHdr);
-    if (h.magic != kMsgMagic || h.seq != recv_seq_[src]) {
+    const p2p_wire::Next next = p2p_wire::read_header(v, tail, avail, recv_seq_[src], &h);
+    if (next == p2p_wire::Next::kWait) return false;
+    if (next == p2p_wire::Next::kCorrupt) {
       // Only a sender that died or gave up half-way leaves a torn stream.
       broken_src_[src] = true;
       fail_recvs_from(src, detail::cat(comm_.group().me(), ": the byte stream from ",
@@ -306,7 +314,21 @@ bool P2PEngine::progress_incoming(int src) {
     if (!in.req) {
       // Nobody waits for it yet (or the waiting recv had the wrong size):
       // keep it for a later recv.
-      stash_.push_back(std::make_unique<Stashed>(Stashed{src, h.tag, std::vector<char>(h.bytes)}));
+      // Its size is the sender's word: one no memory can hold fails the
+      // receives from that sender, naming it, not every pending operation.
+      std::unique_ptr<Stashed> kept;
+      try {
+        kept = std::make_unique<Stashed>(Stashed{src, h.tag, std::vector<char>(h.bytes)});
+      } catch (const std::exception& e) {
+        broken_src_[src] = true;
+        in.active = false;
+        fail_recvs_from(src, detail::cat(comm_.group().me(), ": a message of ", h.bytes,
+                                         " bytes (tag ", h.tag, ") from ", comm_.group().who(src),
+                                         " arrived before its receive and cannot be held (",
+                                         e.what(), ")"));
+        return true;
+      }
+      stash_.push_back(std::move(kept));
       in.stash = stash_.back().get();
     }
   }

@@ -1,8 +1,8 @@
 // Point-to-point send/recv over the per-pair shared-memory rings.
 //
 // Each ordered pair (src, dst) has a single-producer/single-consumer byte ring.
-// A message is a 16-byte header {tag, bytes} followed by its payload; payloads
-// larger than the ring stream through it. One progress thread per group moves
+// A message is a header (p2p_wire.h) followed by its payload; payloads larger
+// than the ring stream through it. One progress thread per group moves
 // every pending send and receive a little at a time, so a rank can have sends
 // and receives to many peers outstanding at once without deadlocking on a full
 // ring. Messages that arrive before a matching recv is posted are drained into

@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/futex.h"
 #include "core/reduce_kernels.h"
+#include "core/store_records.h"
 
 namespace rsdp {
 namespace {
@@ -29,6 +30,13 @@ size_t auto_ring_bytes(int size) {
 }
 
 constexpr int kSleepSliceUs = 20000;  // futex slice between deadline/liveness checks
+
+// ShmSegment's errors start with "rsdp: "; inside a sentence that already
+// names this rank, the prefix goes.
+std::string strip_prefix(const char* what) {
+  const std::string s(what);
+  return s.rfind("rsdp: ", 0) == 0 ? s.substr(6) : s;
+}
 
 }  // namespace
 
@@ -78,7 +86,7 @@ void ShmComm::attach(Bootstrap& store) {
     for (int r = 1; r < n; ++r) keys.push_back(group_.key("shm/attached/" + std::to_string(r)));
     bool all = false;
     try {
-      store.set(group_.key("shm/name"), name);
+      store.set(group_.key("shm/name"), records::encode_shm_name(name));
       all = store.wait(keys, group_.timeout);
     } catch (...) {
       ShmSegment::unlink(name);  // a store failure must not leave the name behind
@@ -100,16 +108,27 @@ void ShmComm::attach(Bootstrap& store) {
     RSDP_CHECK_KIND(ErrorKind::kTimeout, store.wait({key}, group_.timeout), group_.me(),
                     ": ", timed_out_waiting(group_.timeout.count()), " for ", group_.who(0),
                     " to create the shared memory of group '", group_.name, "'");
-    std::string name = store.get(key);
-    seg_ = std::make_shared<ShmSegment>(ShmSegment::open(name, bytes));
-    auto* h = reinterpret_cast<SegmentHeader*>(seg_->data());
-    RSDP_CHECK_KIND(ErrorKind::kSystem,
-                    h->magic == kShmMagic && h->size == static_cast<uint64_t>(n) &&
-                        h->half_bytes == layout_.half && h->ring_bytes == layout_.ring &&
-                        h->pool_bytes == layout_.pool,
-                    group_.me(), ": shared memory ", name,
-                    " was laid out differently by rank 0 (do all ranks use the same "
-                    "RSDP_SHM_BYTES, RSDP_P2P_BYTES and RSDP_POOL_BYTES?)");
+    const std::string doing = detail::cat(group_.me(), ": attaching the shared memory of group '",
+                                          group_.name, "': ");
+    std::string name;
+    std::string err = records::decode_shm_name(store.get(key), {key, 0, group_.who(0)}, name);
+    RSDP_CHECK_KIND(ErrorKind::kSystem, err.empty(), doing, err);
+    try {
+      seg_ = std::make_shared<ShmSegment>(ShmSegment::open(name, bytes));
+    } catch (const Error& e) {
+      // A name that is not there (its creator died, or it was never made), or
+      // a segment of another size: say whose it was.
+      RSDP_FAIL(e.kind(), doing, "the segment ", name, " that ", group_.who(0),
+                " published: ", strip_prefix(e.what()));
+    }
+    const SegmentHeader want{kShmMagic, static_cast<uint64_t>(n), layout_.half, layout_.ring,
+                             layout_.pool};
+    err = records::check_segment_header(seg_->data(), seg_->size(), want,
+                                        {name, 0, group_.who(0)});
+    if (!err.empty()) {
+      seg_.reset();  // unmap now: the group is not made
+      RSDP_FAIL(ErrorKind::kSystem, doing, err);
+    }
     store.set(group_.key("shm/attached/" + std::to_string(group_.rank)), "1");
   }
   ctl(group_.rank).pid = group_.peers[group_.rank].pid;

@@ -44,6 +44,7 @@
 #include "core/op_desc.h"
 #include "core/options.h"
 #include "core/traffic.h"
+#include "transport/shm/p2p_wire.h"  // RingView
 #include "transport/shm/peer_watch.h"
 #include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_pool.h"
@@ -51,12 +52,6 @@
 #include "transport/staging.h"
 
 namespace rsdp {
-
-struct RingView {
-  ChannelCtl* ctl;
-  char* data;
-  size_t cap;
-};
 
 // The staging interface (transport/staging.h) over host shared memory: copies
 // are memcpy and reductions the CPU kernels, on the calling thread.

@@ -23,18 +23,13 @@
 
 #include "core/notice.h"
 #include "core/op_desc.h"
+#include "core/store_records.h"
 
 namespace rsdp {
 
-constexpr uint64_t kShmMagic = 0x3150445352ull;  // "RSDP1"
-
-struct SegmentHeader {
-  uint64_t magic;
-  uint64_t size;
-  uint64_t half_bytes;
-  uint64_t ring_bytes;
-  uint64_t pool_bytes;
-};
+// The header is a record a peer reads: defined and checked with the others.
+using records::kShmMagic;
+using records::SegmentHeader;
 
 struct alignas(128) RankCtl {
   std::atomic<uint32_t> step;            // last step this rank posted (futex word)

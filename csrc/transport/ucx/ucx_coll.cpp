@@ -7,6 +7,7 @@
 #include <iostream>
 
 #include "transport/ucx/ucx_wire.h"
+#include "transport/ucx/wire_lie.h"
 
 namespace rsdp {
 
@@ -57,16 +58,11 @@ struct UcxCollectives::Op {
 
 // A notice on the wire (ucx_wire.h's notice tag), and the receive's state.
 struct UcxCollectives::NoticeWire {
-  struct Msg {
-    uint32_t magic;
-    int32_t origin;  // global rank that reported the failure
-    uint32_t kind;   // its ErrorKind
-    uint32_t len;
-    char text[kNoticeTextBytes];
-  } msg{};
+  ucx_wire::NoticeMsg msg{};
   bool done = false;
   ucs_status_t status = UCS_OK;
   size_t length = 0;
+  uint64_t sender_tag = 0;  // names the sender's group rank
 };
 
 struct UcxCollectives::Peer {
@@ -103,7 +99,10 @@ void notice_cb(void*, ucs_status_t s, const ucp_tag_recv_info_t* info, void* use
   auto* w = static_cast<UcxCollectives::NoticeWire*>(user);
   w->done = true;
   w->status = s;
-  if (s == UCS_OK) w->length = info->length;
+  if (s == UCS_OK) {
+    w->length = info->length;
+    w->sender_tag = info->sender_tag;
+  }
 }
 
 void ep_error(void* arg, ucp_ep_h, ucs_status_t s) {
@@ -200,6 +199,8 @@ UcxCollectives::Op& UcxCollectives::new_op(bool is_send, int peer, const void* b
 void UcxCollectives::isend(int peer, const void* buf, size_t bytes, uint32_t step) {
   Op& op = new_op(true, peer, buf, bytes, step);
   op.hdr = ucx_wire::make_header(desc_, step, bytes);
+  // Test hook for the hostile-peer test only (wire_lie.h); empty otherwise.
+  if (!opts_.test_wire_lie.empty()) ucx_wire::apply_wire_lie(opts_.test_wire_lie, op.hdr);
   const uint64_t tag = ucx_wire::coll_tag(group_.rank, desc_.seq, step, false);
   if (bytes <= ucx_wire::kInlineMax) {
     op.iov[0] = {&op.hdr, kHdr};
@@ -311,31 +312,12 @@ void UcxCollectives::handle(Slot& s) {
 
 void UcxCollectives::on_header(Op& op) {
   const std::string me_op = group_.me() + ": " + op_name(op.desc.kind) + ": ";
-  const std::string who = group_.who(op.peer);
-  const size_t len = op.head.length;
-  std::memcpy(&op.hdr, op.bounce.data(), std::min(len, kHdr));
-  if (len < kHdr || op.hdr.magic != ucx_wire::kMagic)
-    return finish(op, ErrorKind::kMismatch,
-                  detail::cat(me_op, "malformed message of ", len, " bytes from ", who, " (step ",
-                              op.step, "; is it running a different version of torch_rsdp?)"));
-  const OpDesc theirs = ucx_wire::header_desc(op.hdr);
-  std::string err;
-  if (!(theirs == op.desc) || op.hdr.step != op.step || op.hdr.bytes != op.bytes) {
-    err = detail::cat(me_op, who, " is running ", theirs.describe(), " but this rank is running ",
-                      op.desc.describe());
-    if (op.hdr.bytes != op.bytes || op.hdr.step != op.step)
-      err += detail::cat("; it sent ", op.hdr.bytes, " bytes for step ", op.hdr.step,
-                         " where this rank expects ", op.bytes, " bytes for step ", op.step);
-    err += ". All ranks must issue the same collectives, in the same order, with the same sizes "
-           "and dtypes";
-  }
-  if (op.hdr.bytes <= ucx_wire::kInlineMax) {
-    if (err.empty() && len != kHdr + op.bytes)
-      err = detail::cat(me_op, "the message from ", who, " has ", len - kHdr,
-                        " payload bytes, though its header announced ", op.hdr.bytes);
-    if (err.empty() && op.bytes) std::memcpy(op.buf, op.bounce.data() + kHdr, op.bytes);
-    return finish(op, ErrorKind::kMismatch, err);
-  }
+  ucx_wire::HeaderVerdict v =
+      ucx_wire::check_header(op.bounce.data(), op.head.length, op.desc, op.step, op.bytes,
+                             op.buf, me_op, group_.who(op.peer));
+  op.hdr = v.hdr;
+  const std::string& err = v.error;
+  if (!v.payload_follows) return finish(op, ErrorKind::kMismatch, err);
   // The payload follows as its own message. After a mismatch it is drained
   // into nothing, so that the sender is not left waiting for it.
   if (!err.empty()) {
@@ -433,17 +415,11 @@ void UcxCollectives::abort(const std::string& why) {
 void UcxCollectives::check_notice() {
   if (!heard_remote_ && notice_in_ && notice_in_->done && notice_in_->status == UCS_OK) {
     heard_remote_ = true;
-    const auto& m = notice_in_->msg;
-    const size_t head = offsetof(NoticeWire::Msg, text);
-    Failure f;
-    f.origin = m.origin;
-    if (notice_in_->length >= head && m.magic == ucx_wire::kNoticeMagic &&
-        m.kind <= static_cast<uint32_t>(ErrorKind::kSystem)) {
-      f.kind = static_cast<ErrorKind>(m.kind);
-      f.text.assign(m.text, std::min<size_t>({m.len, kNoticeTextBytes, notice_in_->length - head}));
-    } else {
-      f.text = "a malformed failure notice arrived (is every rank running the same torch_rsdp?)";
-    }
+    const int src = static_cast<int>(notice_in_->sender_tag & ucx_wire::kNoticeSrcMask);
+    const bool known = src < group_.size;
+    Failure f = ucx_wire::decode_notice(&notice_in_->msg, notice_in_->length,
+                                        group_.global_ranks, known ? group_.global(src) : -1,
+                                        known ? group_.who(src) : "an unknown rank");
     if (notice_) notice_->post(f);  // this node's members learn it too
     fail(f.kind, Notice::heard(group_.me(), desc_.describe(), f));
   }
@@ -504,7 +480,7 @@ void UcxCollectives::tell_others(const Failure& f) {
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
     p.datatype = ucp_dt_make_contig(1);
-    ucs_status_ptr_t s = ucp_tag_send_nbx(peers_[r]->ep, &m, offsetof(NoticeWire::Msg, text) + m.len,
+    ucs_status_ptr_t s = ucp_tag_send_nbx(peers_[r]->ep, &m, ucx_wire::kNoticeHead + m.len,
                                           ucx_wire::notice_tag(group_.rank), &p);
     if (UCS_PTR_IS_PTR(s)) sent.push_back(s);
   }

@@ -145,7 +145,12 @@ void UcxP2P::finish(Op& op, std::exception_ptr err, int src) {
 ucp_ep_h UcxP2P::endpoint(int p) {
   Peer& peer = *peers_[p];
   if (!peer.ep) {
-    peer.ep = worker_.connect(addresses_[p], ep_error, &peer);
+    try {
+      peer.ep = worker_.connect(addresses_[p], ep_error, &peer);
+    } catch (const Error& e) {
+      RSDP_FAIL(e.kind(), e.what(), " (UCX refused the point-to-point address that ",
+                group_.who(p), " published)");
+    }
     if (debug_)
       std::cerr << group_.me() << ": ucx: group '" << group_.name << "': point-to-point endpoint to "
                 << group_.who(p)

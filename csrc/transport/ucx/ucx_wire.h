@@ -26,9 +26,13 @@
 // size or op it did not agree to.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
 
+#include "core/notice.h"
 #include "core/op_desc.h"
 
 namespace rsdp {
@@ -111,6 +115,43 @@ inline OpDesc header_desc(const WireHeader& h) {
                 .direction = h.direction,
                 .wire_bits = h.wire_bits};
 }
+
+// What a receiver makes of a header message (the decoder the fuzz target
+// tests/fuzz/fuzz_ucx_header.cpp feeds with lying headers).
+struct HeaderVerdict {
+  std::string error;             // empty: the header agrees with this rank's op
+  bool payload_follows = false;  // a separate payload message comes (to receive, or drain)
+  WireHeader hdr{};              // as received; zero past the end of a short message
+};
+
+// Checks the header message `msg` of `len` bytes from `who` against this rank's op
+// (`expected`, `step`, and the `bytes` it posted to receive) and, when it agrees and carries
+// its payload inline, copies that payload to `dst` (`bytes` long). Never reads past msg + len
+// nor writes past dst + bytes, whatever the message says. `me_op` prefixes every error
+// ("rsdp rank 0: allreduce: "), so that each names this rank, the op and the peer.
+HeaderVerdict check_header(const void* msg, size_t len, const OpDesc& expected, uint32_t step,
+                           uint64_t bytes, void* dst, const std::string& me_op,
+                           const std::string& who);
+
+// A failure notice on the wire (the notice tag; ucx_coll.h's note on the notice
+// across nodes): its first offsetof(text) bytes, then `len` bytes of text.
+struct NoticeMsg {
+  uint32_t magic;
+  int32_t origin;  // global rank that reported the failure
+  uint32_t kind;   // its ErrorKind
+  uint32_t len;
+  char text[kNoticeTextBytes];
+};
+constexpr size_t kNoticeHead = offsetof(NoticeMsg, text);
+
+// The failure a notice message of `len` bytes reports, as its receiver raises it. `from` names
+// the sender (its tag says which group rank; `from_global` is that rank's global rank, or -1
+// when the tag names no member) and `members` are the group's global ranks. A notice that is
+// short, of another kind, or from an origin outside the group becomes a failure reported by
+// its sender that says so; the text is cut to what arrived and made printable UTF-8 (it ends
+// up in a Python exception).
+Failure decode_notice(const void* msg, size_t len, const std::vector<int>& members,
+                      int from_global, const std::string& from);
 
 }  // namespace ucx_wire
 }  // namespace rsdp

@@ -18,30 +18,6 @@ std::string ucx_status_text(ucs_status_t s) {
   return detail::cat(ucs_status_string(s), " (UCX status ", static_cast<int>(s), ")");
 }
 
-std::string hex_encode(const std::string& bin) {
-  static const char digits[] = "0123456789abcdef";
-  std::string out;
-  out.reserve(bin.size() * 2);
-  for (unsigned char c : bin) {
-    out.push_back(digits[c >> 4]);
-    out.push_back(digits[c & 15]);
-  }
-  return out;
-}
-
-std::string hex_decode(const std::string& hex) {
-  auto nibble = [](char c) -> int {
-    if (c >= '0' && c <= '9') return c - '0';
-    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-    throw std::invalid_argument("not a hex digit");
-  };
-  if (hex.size() % 2) throw std::invalid_argument("odd length");
-  std::string out(hex.size() / 2, '\0');
-  for (size_t i = 0; i < out.size(); ++i)
-    out[i] = static_cast<char>(nibble(hex[2 * i]) << 4 | nibble(hex[2 * i + 1]));
-  return out;
-}
-
 namespace {
 
 // True when UCX_TLS allows only TCP besides same-host transports.

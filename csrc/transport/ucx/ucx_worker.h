@@ -19,11 +19,6 @@ namespace rsdp {
 // "Connection reset by remote peer" etc.
 std::string ucx_status_text(ucs_status_t s);
 
-// Worker addresses are binary; the store holds strings.
-std::string hex_encode(const std::string& bin);
-// Throws std::invalid_argument on malformed input.
-std::string hex_decode(const std::string& hex);
-
 class UcxContext {
  public:
   // `who` prefixes error messages (group.me()). Reads UCX_* from the
