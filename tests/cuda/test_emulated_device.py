@@ -70,7 +70,9 @@ MIN_WORLD = device_min_world()
 BATCHES = {
     "ws2": (2, {"RSDP_CUDA_STAGING_BYTES": STAGING_SMALL}, 600),
     "ws3": (3, {"RSDP_CUDA_STAGING_BYTES": STAGING_SMALL}, 600),
-    "ws4": (4, {"RSDP_CUDA_STAGING_BYTES": STAGING_SMALL}, 600),
+    # No 4-rank batch: the CUDA-IPC algorithms have no power-of-two path (2 ranks are the even
+    # case, 3 the uneven one), and 4 ranks time-slicing 2 cores cost CI ~2 minutes for no new
+    # proof; tests/cuda/test_cuda.py runs 4 ranks on a real GPU.
     "ws2-staging-default": (2, {}, 600),
 }
 PARAMS = [pytest.param(batch, fam, id=f"{fam}-{batch}")
