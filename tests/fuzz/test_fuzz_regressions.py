@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_fuzz_regressions():
     if shutil.which("clang++") is None and shutil.which("clang++-14") is None \
             and shutil.which("g++") is None:
-        pytest.skip("neither clang++ nor g++ is on PATH")
+        pytest.fail("neither clang++ nor g++ is on PATH: scripts/setup.sh installs g++ and clang-14")
     run = subprocess.run(["bash", str(ROOT / "scripts" / "run_fuzz.sh"), "--regress"],
                          cwd=ROOT, capture_output=True, text=True, timeout=900)
     out = run.stdout + run.stderr
