@@ -3,6 +3,8 @@
     python examples/torchft_train.py               # torchft DDP, 3 replica groups x 1 rank
     python examples/torchft_train.py --mode hsdp   # FSDP2 inside, 2 replica groups x 2 ranks
     python examples/torchft_train.py --bench       # step time: vs torchft+gloo, vs plain DDP
+    python examples/torchft_train.py --mode hsdp --groups 4 --ranks-per-group 4 \
+        --kill-node --netns                        # a whole node lost and healed (root)
 
 One command runs it all on this machine: torchft's lighthouse (in this process), one store per
 replica group attempt (hosted here, as torchrun's agent would), and every rank of every replica
@@ -15,7 +17,15 @@ lighthouse forms a quorum without the lost group and they go on; the restarted g
 later quorum, torchft's Manager heals it from a live replica (model and optimizer state over
 HTTP), and it continues with the step the others are at. The run ends once ``--steps`` steps
 are committed with every replica group in the quorum; then the final weights of every replica
-group are compared (max abs difference, must be 0) and the loss curve of each is printed.
+group are compared (max abs difference, must be 0) and the loss curve of each is printed. The
+healed group's model and optimizer state right after the heal are compared with the live
+groups' at that step (bit for bit), and every group's committed steps must be contiguous.
+
+``--kill-node``: replica groups are nodes. Each group is one emulated node (its ranks share
+``RSDP_NODE_ID``: shared memory inside, UCX between groups; ``--netns``: a network namespace per
+group, joined by a bridge, each link limited to ``--rate``), and every rank of the victim group
+is SIGKILLed at the same instant mid-step, as when a machine goes down. The other groups go on
+without a restart; the launcher starts the node's ranks again and they heal as above.
 
 ``--bench`` times three setups in one run on the same ranks, a step of each in turn (so that
 other load on the machine hits all three alike): plain ``torch.nn.parallel.
@@ -26,6 +36,7 @@ then runs the kill and heal and times the restarted replica from the kill to its
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import queue
@@ -63,14 +74,18 @@ class Proc:
 class Job:
     """The lighthouse, the stores and the ranks of one run; events from every rank on a queue."""
 
-    def __init__(self, args, role: str, pg: str, kill: bool, out: str):
+    def __init__(self, args, role: str, pg: str, kill: bool, out: str, nodes=None):
         import torch.distributed as dist
 
         self.args, self.role, self.pg, self.kill, self.out = args, role, pg, kill, out
+        # nodes: an open EmulatedNodes (--netns), replica group g in namespace g; the stores
+        # and the lighthouse stay here, reached at the address the namespaces route to us
+        self.nodes = nodes
+        self.host = nodes.store_addr if nodes is not None else "127.0.0.1"
         self.events: "queue.Queue" = queue.Queue()
         self.procs: List[Proc] = []
         self.stores = []  # every store stays alive until the end (a quorum may name one)
-        self.control = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+        self.control = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False,
                                      timeout=timedelta(seconds=120))
         self.lighthouses = {}
         if role == "ft":
@@ -91,9 +106,30 @@ class Job:
     def _store(self):
         import torch.distributed as dist
 
-        store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        store = dist.TCPStore(self.host, 0, is_master=True, wait_for_workers=False)
         self.stores.append(store)
         return store
+
+    def _lighthouse_addr(self, lh) -> str:
+        # address() names this host, which a node's namespace cannot resolve to us
+        return f"http://{self.host}:{lh.address().rsplit(':', 1)[1]}"
+
+    def _node_env(self, g: int) -> Dict[str, str]:
+        """Replica group g as emulated node g: its ranks share RSDP_NODE_ID (shared memory
+        among them, UCX to the other groups), and with --netns they run in namespace g."""
+        if not self.args.nodes:
+            return {}
+        env = {"RSDP_NODE_ID": f"node{g}", "LOCAL_WORLD_SIZE": str(self.args.ranks_per_group)}
+        env["UCX_TLS"] = os.environ.get("UCX_TLS", "tcp")  # not UCX's shared memory
+        if self.nodes is not None:
+            env["TORCHFT_TRAIN_NETNS"] = self.nodes.netns_name(g)
+            env["GLOO_SOCKET_IFNAME"] = self.nodes.ifname(g)
+            env["UCX_NET_DEVICES"] = os.environ.get("UCX_NET_DEVICES", self.nodes.ifname(g))
+        else:
+            # the loopback only: UCX would also use other runs' emulated-node bridges, which
+            # can vanish under it
+            env["UCX_NET_DEVICES"] = os.environ.get("UCX_NET_DEVICES", "lo")
+        return env
 
     def worker_argv(self) -> List[str]:
         a = self.args
@@ -110,23 +146,27 @@ class Job:
         attempt = self.attempts.get(g, -1) + 1
         self.attempts[g] = attempt
         ranks = self.args.ranks_per_group
-        env0 = dict(os.environ, WORLD_SIZE=str(ranks), MASTER_ADDR="127.0.0.1",
+        env0 = dict(os.environ, WORLD_SIZE=str(ranks), MASTER_ADDR=self.host,
                     REPLICA_GROUP_ID=str(g), NUM_REPLICA_GROUPS=str(self.args.groups),
-                    TORCHFT_TRAIN_CONTROL=f"127.0.0.1:{self.control.port}",
-                    TORCHFT_TRAIN_ATTEMPT=str(attempt), PYTHONUNBUFFERED="1")
+                    TORCHFT_TRAIN_CONTROL=f"{self.host}:{self.control.port}",
+                    TORCHFT_TRAIN_ATTEMPT=str(attempt), PYTHONUNBUFFERED="1",
+                    **self._node_env(g))
         if self.role == "ft":
             env0["MASTER_PORT"] = str(self._store().port)
-            env0["TORCHFT_LIGHTHOUSE"] = self.lighthouses[self.pg].address()
+            env0["TORCHFT_LIGHTHOUSE"] = self._lighthouse_addr(self.lighthouses[self.pg])
         else:  # bench: a store and a lighthouse per torchft setup, the plain group on ours
             env0["MASTER_PORT"] = str(self.control.port)
             env0["TORCHFT_TRAIN_BENCH"] = json.dumps(
                 {"plain_port": self.control.port,
-                 **{k: {"lighthouse": lh.address(), "port": self._store().port}
+                 **{k: {"lighthouse": self._lighthouse_addr(lh), "port": self._store().port}
                     for k, lh in self.lighthouses.items()}})
+        pgid = 0  # the group's ranks share a process group: --kill-node kills it in one call
         for r in range(ranks):
             env = dict(env0, RANK=str(r), LOCAL_RANK=str(r))
             p = subprocess.Popen(self.worker_argv(), env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, bufsize=1)
+                                 stderr=subprocess.STDOUT, text=True, bufsize=1,
+                                 process_group=pgid)
+            pgid = pgid or p.pid
             proc = Proc(g, r, attempt, p)
             self.procs.append(proc)
             self.events.put({"ev": "spawned", "group": g, "rank": r, "attempt": attempt,
@@ -185,13 +225,20 @@ class Job:
                     kill_at = time.time() + a.kill_delay * ev["dt"]
                     kill_step = ev["step"] + 1
             if kill_at is not None and time.time() >= kill_at:
-                victim = self.group_procs(a.kill_group, self.attempts[a.kill_group])
-                victim = [p for p in victim if p.rank == a.kill_rank][0]
+                group = self.group_procs(a.kill_group, self.attempts[a.kill_group])
+                victim = [p for p in group if p.rank == a.kill_rank][0]
                 t = time.time()
-                os.kill(victim.popen.pid, signal.SIGKILL)
+                if a.kill_node:
+                    # every rank at the same instant, as a node losing power: one signal to
+                    # the process group its ranks were started in
+                    os.killpg(group[0].popen.pid, signal.SIGKILL)
+                    ranks = [p.rank for p in group]
+                else:
+                    os.kill(victim.popen.pid, signal.SIGKILL)
+                    ranks = [a.kill_rank]
                 killed, kill_at, kill_attempt = True, None, victim.attempt
                 kev = {"ev": "killed", "group": a.kill_group, "rank": a.kill_rank,
-                       "attempt": victim.attempt, "step": kill_step, "t": t}
+                       "ranks": ranks, "attempt": victim.attempt, "step": kill_step, "t": t}
                 self.log.append(kev)
                 if on_event:
                     on_event(kev)
@@ -301,8 +348,13 @@ def recovery_report(log: List[dict], args) -> dict:
     # the survivors: their step in which the kill happened, and their longest step
     surv = [e for e in log if e["ev"] == "step" and e["group"] != g and e["t"] >= t0]
     failed = [e for e in surv if not e["committed"]]
+    # their first step committed after the kill, done when its slowest rank is done
+    after = [e for e in surv if e["committed"]]
+    nxt = min((e["step"] for e in after), default=None)
     rep = {
-        "killed_group": g, "killed_rank": kill["rank"], "kill_at_step": kill["step"],
+        "killed_group": g, "killed_rank": None if args.kill_node else kill["rank"],
+        "killed_ranks": kill["ranks"], "kill_node": bool(args.kill_node),
+        "kill_at_step": kill["step"], "attempt": kill["attempt"],
         "group_stopped_s": stopped["t"] - t0,
         "respawned_s": spawned - t0,
         "imported_s": max(e["t_imported"] for e in ready) - t0,
@@ -314,8 +366,105 @@ def recovery_report(log: List[dict], args) -> dict:
         "survivor_failed_steps": len({(e["group"], e["step"]) for e in failed}),
         "survivor_first_failure_s": (min(e["t"] for e in failed) - t0) if failed else None,
         "survivor_longest_step_s": max((e["dt"] for e in surv), default=0.0),
+        "survivor_next_commit_step": nxt,
+        "survivor_next_commit_s": (max(e["t"] for e in after if e["step"] == nxt) - t0
+                                   if nxt is not None else None),
+        # the healed replica's quorum: waiting for it, receiving the live replica's state
+        # and loading it (the first zero_grad; the slowest rank's)
+        "heal_s": max(e["quorum_s"] for e in quorum),
     }
+    rep["relaunch_to_healed_step_s"] = rep["first_step_s"] - rep["respawned_s"]
     return rep
+
+
+def committed_steps(log: List[dict], groups: int) -> Dict[int, List[int]]:
+    """group -> the steps it committed, in order (every rank of a group votes on a commit, so
+    rank 0's record stands for the group)."""
+    out: Dict[int, List[int]] = {g: [] for g in range(groups)}
+    for e in sorted((e for e in log if e["ev"] == "step" and e["committed"] and e["rank"] == 0),
+                    key=lambda e: e["t"]):
+        out[e["group"]].append(e["step"])
+    return out
+
+
+def runs(steps: List[int]) -> List[List[int]]:
+    """[0, 1, 2, 7, 8] -> [[0, 2], [7, 8]]: the contiguous runs of a step sequence."""
+    out: List[List[int]] = []
+    for s in steps:
+        if out and s == out[-1][1] + 1:
+            out[-1][1] = s
+        else:
+            out.append([s, s])
+    return out
+
+
+def continuity(log: List[dict], groups: int, final_step: int, rec: Optional[dict]) -> dict:
+    """No committed step lost: every group that was never killed committed each of the steps
+    0 .. final-1 once, in order; the killed group did so up to the kill and from its healed
+    step on."""
+    steps = committed_steps(log, groups)
+    killed = rec["killed_group"] if rec else None
+    survivors_ok = all(steps[g] == list(range(final_step)) for g in steps if g != killed)
+    killed_ok = killed is None or steps[killed] == (
+        list(range(rec["kill_at_step"])) + list(range(rec["first_step"], final_step)))
+    return {"committed_runs": {str(g): runs(v) for g, v in steps.items()},
+            "survivors_contiguous": survivors_ok, "killed_group_contiguous": killed_ok,
+            "no_step_lost": survivors_ok and killed_ok}
+
+
+def _tensors(obj, prefix=""):
+    """(path, tensor) of every tensor in a nested state dict, and the non-tensor leaves."""
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        yield prefix, obj
+    elif isinstance(obj, dict):
+        for k in sorted(obj, key=str):
+            yield from _tensors(obj[k], f"{prefix}/{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            yield from _tensors(v, f"{prefix}/{i}")
+    else:
+        yield prefix, obj
+
+
+def heal_check(out: str, rec: dict, groups: int, ranks: int) -> dict:
+    """The healed replica's model and optimizer state right after the heal against every live
+    replica's at the same step, rank by rank (under FSDP2 shard by shard): bit for bit."""
+    import torch
+
+    g, s, a = rec["killed_group"], rec["healed_at_step"], rec["attempt"] + 1
+    res = {"step": s, "against_groups": [], "model_tensors": 0, "optim_tensors": 0,
+           "model_equal": True, "optim_equal": True, "max_abs_diff": 0.0}
+    for o in range(groups):
+        if o == g:
+            continue
+        for r in range(ranks):
+            healed = torch.load(os.path.join(out, f"heal_g{g}_r{r}_a{a}_s{s}.pt"))
+            path = os.path.join(out, f"heal_g{o}_r{r}_a0_s{s}.pt")
+            if not os.path.exists(path):  # this group was not in the healing quorum
+                break
+            live = torch.load(path)
+            for part in ("model", "optim"):
+                x, y = list(_tensors(healed[part])), list(_tensors(live[part]))
+                same = [k for k, _ in x] == [k for k, _ in y]
+                for (_, u), (_, v) in zip(x, y):
+                    if isinstance(u, torch.Tensor):
+                        res[f"{part}_tensors"] += 1
+                        eq = (isinstance(v, torch.Tensor) and u.dtype == v.dtype
+                              and u.shape == v.shape and torch.equal(u, v))
+                        if isinstance(v, torch.Tensor) and u.shape == v.shape and u.numel():
+                            res["max_abs_diff"] = max(res["max_abs_diff"], (
+                                u.double() - v.double()).abs().max().item())
+                    else:
+                        eq = u == v
+                    same = same and eq
+                res[f"{part}_equal"] = res[f"{part}_equal"] and same
+        else:
+            res["against_groups"].append(o)
+    res["bitwise_equal"] = bool(res["against_groups"]) and res["model_equal"] \
+        and res["optim_equal"]
+    return res
 
 
 def print_curves(curves, groups: int, every: int, kill: Optional[dict]) -> None:
@@ -338,14 +487,15 @@ def command_line() -> str:
                                 + sys.argv[1:])
 
 
-def fault_run(args, out: str, quiet: bool = False) -> dict:
+def fault_run(args, out: str, quiet: bool = False, nodes=None) -> dict:
     def show(ev):
         if quiet:
             return
         k = ev["ev"]
         if k == "killed":
-            print(f"SIGKILL replica group {ev['group']} rank {ev['rank']} during step {ev['step']}",
-                  flush=True)
+            who = (f"every rank ({len(ev['ranks'])}) of replica group {ev['group']} (its node)"
+                   if args.kill_node else f"replica group {ev['group']} rank {ev['rank']}")
+            print(f"SIGKILL {who} during step {ev['step']}", flush=True)
         elif k == "quorum" and ev["attempt"] > 0 and ev["rank"] == 0:
             print(f"replica group {ev['group']} (restarted) joined the quorum at step "
                   f"{ev['step']} with {ev['participants']} replica groups, healed from a live "
@@ -357,7 +507,7 @@ def fault_run(args, out: str, quiet: bool = False) -> dict:
                   + ("" if ev["committed"] else "  (not committed: a replica was lost)"),
                   flush=True)
 
-    job = Job(args, "ft", args.pg, kill=args.kill_at_step >= 0, out=out)
+    job = Job(args, "ft", args.pg, kill=args.kill_at_step >= 0, out=out, nodes=nodes)
     try:
         log = job.run(show)
     finally:
@@ -365,15 +515,22 @@ def fault_run(args, out: str, quiet: bool = False) -> dict:
     res = {"log": log, "curves": loss_curves(log), "attempts": dict(job.attempts)}
     if args.kill_at_step >= 0:
         res["recovery"] = recovery_report(log, args)
+        res["heal_check"] = heal_check(out, res["recovery"], args.groups,
+                                       args.ranks_per_group)
     res["max_abs_diff"] = compare_weights(out, args.groups, args.ranks_per_group)
     res["final_step"] = max(e["step"] for e in log if e["ev"] == "done")
+    res["continuity"] = continuity(log, args.groups, res["final_step"], res.get("recovery"))
     return res
 
 
 def print_recovery(rec: dict) -> None:
-    print(f"\nrecovery of replica group {rec['killed_group']} (rank {rec['killed_rank']} "
-          f"SIGKILLed during step {rec['kill_at_step']}), seconds after the kill:")
+    who = (f"all {len(rec['killed_ranks'])} ranks, the whole node" if rec["kill_node"]
+           else f"rank {rec['killed_rank']}")
+    print(f"\nrecovery of replica group {rec['killed_group']} ({who} SIGKILLed during step "
+          f"{rec['kill_at_step']}), seconds after the kill:")
     rows = [("the survivors' step ended, not committed", rec["survivor_first_failure_s"]),
+            (f"the survivors' next step committed (step {rec['survivor_next_commit_step']})",
+             rec["survivor_next_commit_s"]),
             ("the group stopped and started again", rec["respawned_s"]),
             ("its new ranks have imported torch", rec["imported_s"]),
             ("model, Manager and groups built", rec["ready_s"]),
@@ -383,6 +540,21 @@ def print_recovery(rec: dict) -> None:
         print(f"  {label:44s} " + ("-" if v is None else f"{v:7.3f}"))
     print(f"  the survivors' longest step: {rec['survivor_longest_step_s']:.3f} s (the lost "
           f"group is left out of the quorum once its heartbeat times out)")
+    print(f"  relaunch to the healed step done: {rec['relaunch_to_healed_step_s']:.3f} s; "
+          f"the healing quorum (wait, receive and load the state): {rec['heal_s']:.3f} s")
+
+
+def print_checks(res: dict) -> None:
+    hc, co = res.get("heal_check"), res["continuity"]
+    if hc:
+        print(f"\nright after healing (step {hc['step']}), against live replica groups "
+              f"{hc['against_groups']}: model {hc['model_tensors']} tensors "
+              f"{'equal' if hc['model_equal'] else 'DIFFER'}, optimizer {hc['optim_tensors']} "
+              f"tensors {'equal' if hc['optim_equal'] else 'DIFFER'} (bit for bit; max abs "
+              f"difference {hc['max_abs_diff']:.3g})")
+    print("committed steps per replica group: " + "; ".join(
+        f"{g}: " + ", ".join(f"{a}-{b}" for a, b in r) for g, r in co["committed_runs"].items())
+          + (" (no committed step lost)" if co["no_step_lost"] else " (STEPS LOST)"))
 
 
 BENCH_NAMES = {"plain": "plain DDP over rsdp (no fault tolerance)",
@@ -450,6 +622,17 @@ def main(argv=None) -> int:
     p.add_argument("--kill-group", type=int, default=1)
     p.add_argument("--kill-rank", type=int, default=0)
     p.add_argument("--kill-at-step", type=int, default=15, help="-1: no kill")
+    p.add_argument("--kill-node", action="store_true",
+                   help="SIGKILL every rank of --kill-group at the same instant, not one "
+                        "rank (implies --nodes)")
+    p.add_argument("--nodes", action="store_true",
+                   help="each replica group is one emulated node: its ranks share "
+                        "RSDP_NODE_ID, so they talk through shared memory and to the other "
+                        "groups through UCX (over the loopback)")
+    p.add_argument("--netns", action="store_true",
+                   help="--nodes in network namespaces, one per replica group, joined by a "
+                        "bridge, each link limited to --rate (root only)")
+    p.add_argument("--rate", default="1gbit", help="--netns: tc rate per link direction")
     p.add_argument("--kill-delay", type=float, default=0.5,
                    help="SIGKILL this many step times after the victim's step --kill-at-step "
                         "ended (0.5: mid-way through the next step)")
@@ -479,15 +662,34 @@ def main(argv=None) -> int:
         p.error("--mode ddp: one rank per replica group")
     if args.bench and args.mode != "ddp":
         p.error("--bench compares DDP setups: --mode ddp")
+    args.nodes = args.nodes or args.netns or args.kill_node
+    if args.bench and args.nodes:
+        p.error("--bench runs on one node (no --nodes, --netns, --kill-node)")
     out = args.out or tempfile.mkdtemp(prefix="torchft_train_")
     os.makedirs(out, exist_ok=True)
 
     summary = {"command": command_line()}
+    t_start = time.time()
     if args.bench:
         summary["bench"] = bench(args, tempfile.mkdtemp(dir=out))
         print(f"\nkill and heal ({args.groups} replica groups, torchft + ProcessGroupRSDP):",
               flush=True)
-    res = fault_run(args, out, quiet=args.bench)
+    with contextlib.ExitStack() as stack:
+        nodes = None
+        if args.netns:
+            from torch_rsdp.testing import netns
+
+            netns.cleanup_stale()  # what a SIGKILLed earlier run left behind
+            if not netns.namespaces_available():
+                p.error("--netns needs root and network namespaces (without it, --nodes "
+                        "emulates the nodes by RSDP_NODE_ID on the loopback)")
+            nodes = stack.enter_context(netns.EmulatedNodes(args.groups, rate=args.rate))
+        summary["nodes"] = (nodes.describe() if nodes is not None else
+                            "RSDP_NODE_ID per replica group, UCX over the loopback"
+                            if args.nodes else None)
+        if summary["nodes"]:
+            print(f"replica groups = emulated nodes: {summary['nodes']}", flush=True)
+        res = fault_run(args, out, quiet=args.bench, nodes=nodes)
     curves = res["curves"]
     rec = res.get("recovery")
     print_curves(curves, args.groups, args.log_every, rec)
@@ -499,18 +701,23 @@ def main(argv=None) -> int:
         rec["restarted_first_loss"] = curves[g][s]
         rec["survivors_loss_at_first_step"] = sum(others) / max(len(others), 1)
         rec["initial_loss"] = curves[0][min(curves[0])]
+    print_checks(res)
     print(f"\nfinal step {res['final_step']}; weights of the {args.groups} replica groups: "
           f"max abs difference {res['max_abs_diff']:.3g}")
     summary.update({"recovery": rec, "max_abs_diff": res["max_abs_diff"],
-                    "attempts": res["attempts"],
+                    "heal_check": res.get("heal_check"), "continuity": res["continuity"],
+                    "mode": args.mode, "groups": args.groups,
+                    "ranks_per_group": args.ranks_per_group,
+                    "attempts": res["attempts"], "wall_s": time.time() - t_start,
                     "final_step": res["final_step"],
                     "curves": {str(g): {str(s): v for s, v in d.items()}
                                for g, d in curves.items()}})
     with open(os.path.join(out, "summary.json"), "w") as f:
         json.dump(summary, f, indent=1)
     print(f"summary: {os.path.join(out, 'summary.json')}")
-    ok = res["max_abs_diff"] == 0.0 and all(
+    ok = res["max_abs_diff"] == 0.0 and res["continuity"]["no_step_lost"] and all(
         v == v and v < float("inf") for d in curves.values() for v in d.values())
+    ok = ok and (not rec or res["heal_check"]["bitwise_equal"])
     return 0 if ok else 1
 
 

@@ -31,14 +31,43 @@ healed replica continues with the batches the run would have given it.
 
 Environment (torchrun's, plus torchft's): RANK, WORLD_SIZE (ranks of this replica group),
 MASTER_ADDR, MASTER_PORT (this replica group's store), TORCHFT_LIGHTHOUSE, REPLICA_GROUP_ID,
-NUM_REPLICA_GROUPS. Set by the launcher only: TORCHFT_TRAIN_CONTROL (host:port of its store,
-for the start barrier), TORCHFT_TRAIN_ATTEMPT.
+NUM_REPLICA_GROUPS; RSDP_NODE_ID where the launcher makes each replica group an emulated node.
+Set by the launcher only: TORCHFT_TRAIN_CONTROL (host:port of its store, for the start
+barrier), TORCHFT_TRAIN_ATTEMPT, TORCHFT_TRAIN_NETNS (``--netns``: the network namespace of
+this replica group's node, entered before torch is imported).
+
+With ``--out``, a healed replica and the live ones write their state right after the heal
+(``heal_g<group>_r<rank>_a<attempt>_s<step>.pt``), which the launcher compares.
 """
 from __future__ import annotations
 
 import time
 
 T_START = time.time()
+
+
+def _enter_node_namespace() -> None:
+    """With the launcher's ``--netns``, move into this replica group's emulated node first,
+    while the process has one thread: setns() moves only the calling thread, and torch
+    starts threads on import. netns.py is loaded from its file for the same reason (the
+    torch_rsdp package imports torch)."""
+    import importlib.util
+    import os
+
+    name = os.environ.get("TORCHFT_TRAIN_NETNS")
+    if not name:
+        return
+    spec = importlib.util.find_spec("torch_rsdp")  # finds, does not import
+    path = os.path.join(os.path.dirname(spec.origin), "testing", "netns.py")
+    mod_spec = importlib.util.spec_from_file_location("_torchft_train_netns", path)
+    mod = importlib.util.module_from_spec(mod_spec)
+    mod_spec.loader.exec_module(mod)
+    # the namespace's name is also the host name: torchft's Manager and checkpoint server
+    # publish their addresses by host name, which the node's /etc/hosts resolves
+    mod.enter(name, hostname=name)
+
+
+_enter_node_namespace()
 
 import argparse  # noqa: E402
 import json  # noqa: E402
@@ -332,18 +361,31 @@ class FTReplica:
 
             model = TimedDDP(manager, model)
         self.model = model
+        self.optim = optim
         self.optimizer = OptimizerWrapper(manager, optim)
         self.lang = Language(args.vocab)
         self.first = True
+        self.participants = None  # the previous step's quorum size
 
     def step(self):
         a, manager, t = self.args, self.manager, [time.perf_counter()]
         self.optimizer.zero_grad()  # starts the quorum (sync mode: waits for it, heals here)
         step = manager.current_step()
+        participants = manager.num_participants()
+        healed = self.first and a.attempt > 0
         if self.first:
             emit(a, "quorum", step=step, healed=step > 0 or a.attempt > 0,
-                 participants=manager.num_participants(), t=time.time())
+                 participants=participants, t=time.time(),
+                 quorum_s=time.perf_counter() - t[0])
             self.first = False
+        # The state right after a heal, on the healed replica and on the live ones (whose
+        # quorum grew at this step: the one the newcomer joined), for the launcher to compare
+        # bit for bit: what the newcomer starts from must be what the survivors hold.
+        if a.out and (healed or (self.participants is not None
+                                 and participants > self.participants)):
+            self.save_state(os.path.join(
+                a.out, f"heal_g{a.group}_r{a.rank}_a{a.attempt}_s{step}.pt"))
+        self.participants = participants
         x, y = self.lang.batch(step, a.group, a.rank, a.batch, a.seq, a.seed)
         t.append(time.perf_counter())
         loss = F.cross_entropy(self.model(x).flatten(0, 1), y.flatten())
@@ -358,6 +400,12 @@ class FTReplica:
 
     def save(self, path: str) -> None:
         torch.save(_local(dict(self.model.state_dict())), path)
+
+    def save_state(self, path: str) -> None:
+        """This rank's model and optimizer state as they are now (local shards)."""
+        torch.save({"model": _local(dict(self.model.state_dict())),
+                    "optim": _local(self.optim.state_dict())}, path + ".tmp")
+        os.replace(path + ".tmp", path)  # never a half-written file, were this rank killed
 
     def close(self):
         self.manager.shutdown(wait=False)

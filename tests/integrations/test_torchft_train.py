@@ -1,15 +1,18 @@
 """examples/torchft_train.py end to end: torchft's Manager and lighthouse over rsdp, a replica
-group SIGKILLed mid-run and restarted, healed from a live replica.
+group (one rank of it, or its whole node) SIGKILLed mid-run and restarted, healed from a live
+replica.
 
 Each case runs the example's one command (lighthouse, stores and every rank of every replica
 group started by it; ports chosen by the OS) with a small model, and reads the summary it
 writes: the killed group was restarted and the others never were (a survivor that crashed on
 the failed all-reduce would have been), the restarted group joined at the step the survivors
-had reached (healed from one of them, not from its fresh initialisation), its first loss is
-the survivors' (not the initial loss), every loss is finite, and every replica group ends with
-the same weights (exactly: they apply the same averaged gradients to the same state). No
-timing is asserted. Plus the comm hook of ``torch_rsdp.torchft.DistributedDataParallel`` on a
-failed all-reduce, without processes.
+had reached (healed from one of them, not from its fresh initialisation), right after the heal
+its model and optimizer state equal a live replica's bit for bit, its first loss is the
+survivors' (not the initial loss), every loss is finite, every group's committed steps are
+contiguous (the survivors' from 0 to the end: no committed step lost), and every replica group
+ends with the same weights (exactly: they apply the same averaged gradients to the same state).
+No timing is asserted. Plus the comm hook of ``torch_rsdp.torchft.DistributedDataParallel`` on
+a failed all-reduce, without processes.
 
 Skipped without torchft.
 """
@@ -57,6 +60,14 @@ def _check_healed(summary, stdout, groups: int, killed: int):
     assert all(math.isfinite(v) for d in curves.values() for v in d.values()), curves
     gap = [s for s in curves[killed] if rec["kill_at_step"] <= s < rec["first_step"]]
     assert gap == [], f"the killed group committed steps {gap} while it was away"
+    # what it healed to is what the live replicas hold, weights and optimizer state alike
+    heal = summary["heal_check"]
+    assert heal["step"] == rec["healed_at_step"], heal
+    assert heal["against_groups"] == [g for g in range(groups) if g != killed], heal
+    assert heal["model_tensors"] > 0 and heal["optim_tensors"] > 0, heal
+    assert heal["bitwise_equal"] and heal["max_abs_diff"] == 0.0, heal
+    # no committed step lost: the survivors committed every step once, in order
+    assert summary["continuity"]["no_step_lost"], summary["continuity"]
     # the loss curve continues: the restarted group's first loss is the survivors' level,
     # well below where training started
     first, surv, init = (rec["restarted_first_loss"], rec["survivors_loss_at_first_step"],
@@ -79,13 +90,17 @@ def test_ddp_replica_killed_heals(tmp_path):
     _check_healed(summary, stdout, groups=3, killed=1)
 
 
-def test_hsdp_replica_killed_heals(tmp_path):
-    """FSDP2 inside 2 replica groups x 2 ranks over rsdp, ProcessGroupRSDP across them: rank 1
-    of replica group 0 SIGKILLed; its group is stopped and restarted, and heals shard by shard
-    (rank r from rank r of the live group)."""
-    summary, stdout = _run(tmp_path, "--mode", "hsdp", "--kill-group", "0", "--kill-rank", "1")
+def test_hsdp_node_killed_heals(tmp_path):
+    """Replica groups = nodes: FSDP2 inside 2 replica groups x 2 ranks, each group an emulated
+    node (RSDP_NODE_ID: shared memory inside, UCX between groups), ProcessGroupRSDP across
+    them. Every rank of replica group 0 SIGKILLed at once mid-step; the other group goes on
+    without a restart, the node is started again and heals shard by shard (rank r from rank r
+    of the live group)."""
+    summary, stdout = _run(tmp_path, "--mode", "hsdp", "--kill-group", "0", "--kill-node")
     _check_healed(summary, stdout, groups=2, killed=0)
-    assert summary["recovery"]["killed_rank"] == 1
+    rec = summary["recovery"]
+    assert rec["kill_node"] and rec["killed_ranks"] == [0, 1], rec
+    assert summary["nodes"].startswith("RSDP_NODE_ID"), summary["nodes"]
 
 
 class _FailingWork(torch.distributed._Work):
