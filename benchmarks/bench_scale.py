@@ -1,0 +1,533 @@
+#!/usr/bin/env python3
+"""What scale costs: set-up, memory, threads, fds, all-reduce time and failure notice by ranks.
+
+For each world size (default 2, 4, 8, 16, 32 ranks, at most --per-node ranks per emulated
+node: 1, 1, 2, 4, 8 nodes) one launch measures, on every rank:
+
+- set-up: wall time of ``init_process_group("rsdp")`` + the first barrier, after every rank
+  connected to the store and met the others there (so a slow interpreter start is not
+  counted); then ``new_group`` of the same ranks + a barrier on it. Max over ranks.
+- the backend's memory: the shared-memory layout the backend prints with ``RSDP_DEBUG=1``
+  (staging halves, p2p ring per ordered pair, pool), checked against the rank's mappings in
+  /proc/self/smaps; the resident-set growth across the set-up (VmRSS after - before: UCX's
+  buffers and endpoints, the touched shared pages, torch's own group objects too).
+- threads (/proc/self/task) and open fds (/proc/self/fd, by kind) the set-up added, and the
+  UCX endpoints the backend opened (its ``RSDP_DEBUG`` lines).
+- all-reduce of 8 B (back-to-back batches) and 1 MiB float32: per iteration the slowest
+  rank's time, median over iterations (as bench_collectives.py).
+- failure notice: every rank but the last enters a 1 MiB all-reduce, the last rank SIGKILLs
+  itself; the time from the kill until the last survivor's all-reduce raised. The group's
+  timeout is long (--pg-timeout), so only the notice can make the survivors raise.
+
+Nodes are emulated on the loopback: ``RSDP_NODE_ID=node<i>`` per rank, ``UCX_TLS=tcp``,
+``UCX_NET_DEVICES=lo`` (as the multi-node tests do without network namespaces), so ranks of a
+node share memory and nodes talk through UCX over TCP.
+
+    python benchmarks/bench_scale.py                       # 2..32 ranks, 4 per node
+    python benchmarks/bench_scale.py --sizes 16,32 --append  # add/replace rows in the results
+    python benchmarks/bench_scale.py --quick               # 2 and 4 ranks, 2 per node
+
+Writes <out>/scale.json and <out>/scale.md (default benchmarks/results/). With more ranks than
+cores, ranks are time-sliced: times then measure oversubscription as much as the backend.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MiB = 1 << 20
+
+# The backend's own description of each group's segment (csrc/transport/shm/shm_comm.cpp).
+SHM_LINE = re.compile(r"group '([^']*)' size (\d+), shared memory (\d+) bytes \(staging 2x(\d+),"
+                      r" p2p ring (\d+), pool (\d+) per rank\)")
+EP_LINE = re.compile(r"ucx: group '([^']*)': collective endpoint to "
+                     r".*\(node \d+, (same|other) node\)")
+
+
+# ---------------------------------------------------------------------------------------------
+# What a process holds (Linux /proc)
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def fd_kinds() -> dict:
+    """Open fds of this process by kind (socket, pidfd, eventfd, epoll, shm, other)."""
+    kinds: dict = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the fd of the listing itself, closed meanwhile
+        if target.startswith("socket:"):
+            k = "socket"
+        elif target.startswith("anon_inode:"):
+            k = target[len("anon_inode:"):].strip("[]")
+        elif target.startswith("/dev/shm/"):
+            k = "shm"
+        else:
+            k = "other"
+        kinds[k] = kinds.get(k, 0) + 1
+    return kinds
+
+
+def shm_mappings() -> dict:
+    """Virtual size and resident bytes of this process's mappings of rsdp segments."""
+    size = rss = n = 0
+    current = False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+                current = "/rsdp-" in line
+                n += current
+            elif current and line.startswith("Size:"):
+                size += int(line.split()[1]) * 1024
+            elif current and line.startswith("Rss:"):
+                rss += int(line.split()[1]) * 1024
+    return {"mappings": n, "virtual_bytes": size, "resident_bytes": rss}
+
+
+def snapshot() -> dict:
+    kinds = fd_kinds()
+    return {"threads": len(os.listdir("/proc/self/task")), "fds": sum(kinds.values()),
+            "fd_kinds": kinds, "rss_kib": _status_kib("VmRSS"),
+            "rss_shmem_kib": _status_kib("RssShmem"), "shm": shm_mappings()}
+
+
+def delta(after: dict, before: dict) -> dict:
+    kinds = {k: after["fd_kinds"].get(k, 0) - before["fd_kinds"].get(k, 0)
+             for k in set(after["fd_kinds"]) | set(before["fd_kinds"])}
+    return {"threads": after["threads"] - before["threads"], "fds": after["fds"] - before["fds"],
+            "fd_kinds": {k: v for k, v in sorted(kinds.items()) if v},
+            "rss_mib": (after["rss_kib"] - before["rss_kib"]) / 1024,
+            "rss_shmem_mib": (after["rss_shmem_kib"] - before["rss_shmem_kib"]) / 1024,
+            "shm_virtual_mib": (after["shm"]["virtual_bytes"]
+                                - before["shm"]["virtual_bytes"]) / MiB,
+            "shm_resident_mib": (after["shm"]["resident_bytes"]
+                                 - before["shm"]["resident_bytes"]) / MiB}
+
+
+# ---------------------------------------------------------------------------------------------
+# The shared-memory layout on paper (csrc/transport/shm/shm_layout.h), for the model
+
+def auto_ring_bytes(local: int) -> int:
+    """shm_comm.cpp's default p2p ring per ordered pair: 64 MiB / local^2 in [16 KiB, 1 MiB]."""
+    return min(max((64 * MiB) // max(local * local, 1), 16 << 10), 1 * MiB)
+
+
+def round_up(v: int, a: int) -> int:
+    return (v + a - 1) // a * a
+
+
+def segment_head_bytes(local: int, shm_bytes: int = 2 * MiB, ring: int = 0) -> int:
+    """Bytes a node's segment reserves up front (fallocate): header, per-rank control, two
+    staging halves per rank, a ring per ordered pair; the pool after it stays sparse."""
+    half = round_up(max(shm_bytes // 2, 64 * local), 4096)
+    ring = round_up(ring or auto_ring_bytes(local), 4096)
+    stage_base = round_up(4096 + 256 * local, 4096)
+    return stage_base + 2 * local * half + local * local * (128 + ring)
+
+
+# ---------------------------------------------------------------------------------------------
+# One rank
+
+def _time_allreduce(dist, torch, numel: int, reps: int, iters: int, warmup: int) -> list:
+    t = torch.zeros(numel)  # zeros: sums stay finite however often they are repeated
+    for _ in range(warmup):
+        dist.all_reduce(t)
+    samples = []
+    for _ in range(iters):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            dist.all_reduce(t)
+        samples.append((time.perf_counter() - t0) / reps)
+    # The slowest rank's time is the iteration's time.
+    s = torch.tensor(samples, dtype=torch.float64)
+    dist.all_reduce(s, op=dist.ReduceOp.MAX)
+    return s.tolist()
+
+
+def worker(rank: int, cfg: dict, port: int, workdir: str) -> None:
+    W, L = cfg["world_size"], cfg["per_node"]
+    os.environ.update(cfg["env"][rank])
+    # The backend's set-up lines (RSDP_DEBUG) and UCX's log (stdout) go to this rank's file.
+    err = os.open(os.path.join(workdir, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT, 0o600)
+    os.dup2(err, 1)
+    os.dup2(err, 2)
+    import torch
+    import torch.distributed as dist
+    import torch_rsdp  # noqa: F401  (registers the backend; loaded before the baseline)
+
+    torch.set_num_threads(1)
+    out = {"rank": rank}
+    timeout = datetime.timedelta(seconds=cfg["pg_timeout"])
+    store = dist.TCPStore("127.0.0.1", port, W, is_master=False, timeout=timeout)
+    everyone = list(range(W))
+
+    def meet(name):  # a barrier through the store, before the group exists
+        store.set(f"{name}/{rank}", "1")
+        store.wait([f"{name}/{r}" for r in everyone], timeout)
+
+    meet("ready")
+    before = snapshot()
+    t0 = time.time()
+    dist.init_process_group("rsdp", store=store, rank=rank, world_size=W, timeout=timeout)
+    dist.barrier()
+    out["setup_s"] = time.time() - t0
+    after = snapshot()
+    out["init"] = delta(after, before)
+    out["topology"] = {k: v for k, v in torch_rsdp.topology().items()
+                       if k in ("node", "num_nodes", "local_rank", "local_size")}
+
+    # A second group of the same ranks: what each further group costs to make.
+    t0 = time.time()
+    g = dist.new_group(everyone)
+    dist.barrier(group=g)
+    out["new_group_s"] = time.time() - t0
+    out["new_group"] = delta(snapshot(), after)
+    dist.destroy_process_group(g)
+
+    # Only the all-reduces (the node stages, the network ring, its helper thread) now.
+    mid = snapshot()
+    out["allreduce_8B_s"] = _time_allreduce(dist, torch, 2, cfg["reps_small"], cfg["iters"],
+                                            cfg["warmup"])
+    out["allreduce_1MiB_s"] = _time_allreduce(dist, torch, MiB // 4, 1, cfg["iters"],
+                                              cfg["warmup"])
+    out["after_ops"] = delta(snapshot(), before)
+    out["ops_added"] = delta(snapshot(), mid)
+    with open(os.path.join(workdir, f"rank{rank}.json"), "w") as f:
+        json.dump(out, f)
+
+    if not cfg["notice"]:
+        dist.destroy_process_group()
+        return
+    victim = W - 1
+    survivors = everyone[:victim]
+    if rank == victim:
+        # Kill once every survivor is about to wait, and a moment later (then it waits).
+        store.wait([f"armed/{r}" for r in survivors], timeout)
+        time.sleep(cfg["settle_s"])
+        store.set("killed_at", repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    t = torch.zeros(MiB // 4)
+    store.set(f"armed/{rank}", "1")
+    res = {"rank": rank}
+    try:
+        dist.all_reduce(t)
+        res["outcome"] = "completed"
+    except RuntimeError as e:
+        res["raised_at"] = time.time()
+        res["outcome"] = "raised"
+        res["msg"] = str(e)[:400]
+    with open(os.path.join(workdir, f"notice{rank}.json"), "w") as f:
+        json.dump(res, f)
+    # Alive until every survivor raised: one exiting early would tell the others by its death.
+    store.set(f"raised/{rank}", "1")
+    try:
+        store.wait([f"raised/{r}" for r in survivors], datetime.timedelta(seconds=30))
+        dist.destroy_process_group()
+    except Exception:  # a broken group's teardown: what counted is measured
+        pass
+    sys.stderr.flush()
+    os._exit(0)  # nothing else to tear down; a broken group's atexit work is not measured
+
+
+# ---------------------------------------------------------------------------------------------
+# One world size
+
+def rank_env(W: int, L: int, base_env: dict) -> list:
+    envs = []
+    nodes = (W + L - 1) // L
+    for r in range(W):
+        e = dict(base_env)
+        e["RSDP_DEBUG"] = "1"  # the backend states its layout and endpoints at set-up
+        e["LOCAL_RANK"], e["LOCAL_WORLD_SIZE"] = str(r % L), str(min(L, W - r // L * L))
+        if nodes > 1:
+            e["RSDP_NODE_ID"] = f"scale-node{r // L}"
+            e.setdefault("UCX_TLS", "tcp")  # not UCX's shared memory: traffic crosses TCP
+            # Every interface would include other jobs' short-lived bridges.
+            e.setdefault("UCX_NET_DEVICES", "lo")
+        envs.append({k: str(v) for k, v in e.items()})
+    return envs
+
+
+def parse_err(text: str) -> dict:
+    shm = [m.groups() for m in SHM_LINE.finditer(text)]
+    found = [m.groups() for m in EP_LINE.finditer(text)]
+    # The first group named is WORLD; new_group's endpoints come after it.
+    eps = [where for group, where in found if group == found[0][0]] if found else []
+    d = {"endpoints": len(eps), "endpoints_other_node": eps.count("other")}
+    if shm:
+        name, size, total, half, ring, pool = shm[0]  # the first group: WORLD (or its node)
+        d.update(shm_group=name, shm_size=int(size), shm_total=int(total), shm_half=int(half),
+                 shm_ring=int(ring), shm_pool=int(pool))
+    return d
+
+
+def run_size(W: int, args, base_env: dict) -> dict:
+    import multiprocessing as mp
+
+    import torch.distributed as dist
+
+    L = min(args.per_node, W)
+    cfg = {"world_size": W, "per_node": L, "env": rank_env(W, L, base_env),
+           "pg_timeout": args.pg_timeout, "iters": args.iters, "warmup": args.warmup,
+           "reps_small": args.reps, "notice": not args.no_notice,
+           "settle_s": 0.2 + 0.02 * W}
+    workdir = tempfile.mkdtemp(prefix="rsdp_scale_")
+    # The store lives here, so that the killed rank cannot take it down.
+    store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=args.pg_timeout))
+    ctx = mp.get_context("spawn")
+    start = time.monotonic()
+    procs = [ctx.Process(target=worker, args=(r, cfg, store.port, workdir), daemon=False)
+             for r in range(W)]
+    for p in procs:
+        p.start()
+    deadline = start + args.deadline + 8 * W
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+    hung = [r for r, p in enumerate(procs) if p.is_alive()]
+    for r in hung:
+        procs[r].kill()
+        procs[r].join()
+    elapsed = time.monotonic() - start
+    row = {"world_size": W, "per_node": L, "nodes": (W + L - 1) // L, "launch_s": elapsed,
+           "exitcodes": [p.exitcode for p in procs], "hung": hung}
+    killed_at = None
+    if cfg["notice"] and store.check(["killed_at"]):
+        killed_at = float(store.get("killed_at"))
+    try:
+        row.update(aggregate(W, cfg, workdir, killed_at))
+    finally:
+        if args.keep:
+            row["workdir"] = workdir
+        else:
+            shutil.rmtree(workdir, ignore_errors=True)
+    return row
+
+
+def _load(path: str):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def aggregate(W: int, cfg: dict, workdir: str, killed_at) -> dict:
+    ranks = [_load(os.path.join(workdir, f"rank{r}.json")) for r in range(W)]
+    missing = [r for r, v in enumerate(ranks) if v is None]
+    if missing:
+        tails = {}
+        for r in missing[:2]:
+            try:
+                with open(os.path.join(workdir, f"rank{r}.err")) as f:
+                    tails[r] = f.read()[-1500:]
+            except OSError:
+                tails[r] = ""
+        return {"error": f"ranks {missing} wrote no result", "log_tails": tails}
+    errs = []
+    for r in range(W):
+        with open(os.path.join(workdir, f"rank{r}.err")) as f:
+            errs.append(parse_err(f.read()))
+    iters = len(ranks[0]["allreduce_1MiB_s"])
+    d = {"setup_s": max(v["setup_s"] for v in ranks),
+         "setup_s_min": min(v["setup_s"] for v in ranks),
+         "new_group_s": max(v["new_group_s"] for v in ranks),
+         # every rank holds the same all-reduced (max over ranks) samples
+         "allreduce_8B_us": statistics.median(ranks[0]["allreduce_8B_s"]) * 1e6,
+         "allreduce_1MiB_us": statistics.median(ranks[0]["allreduce_1MiB_s"]) * 1e6,
+         "iters": iters}
+    for key in ("init", "after_ops", "ops_added", "new_group"):
+        per = [v[key] for v in ranks]
+        d[key] = {"threads": [p["threads"] for p in per], "fds": [p["fds"] for p in per],
+                  "sockets": [p["fd_kinds"].get("socket", 0) for p in per],
+                  "pidfds": [p["fd_kinds"].get("pidfd", 0) for p in per],
+                  "fd_kinds_rank0": per[0]["fd_kinds"],
+                  "rss_mib": [round(p["rss_mib"], 2) for p in per],
+                  "shm_virtual_mib": [round(p["shm_virtual_mib"], 3) for p in per],
+                  "shm_resident_mib": [round(p["shm_resident_mib"], 3) for p in per]}
+    d["topology_rank0"] = ranks[0]["topology"]
+    d["endpoints"] = [e["endpoints"] for e in errs]
+    d["endpoints_other_node"] = [e["endpoints_other_node"] for e in errs]
+    e0 = errs[0]
+    if "shm_total" in e0:
+        L = e0["shm_size"]
+        head = segment_head_bytes(L, 2 * e0["shm_half"], e0["shm_ring"])
+        d["shm"] = {"group": e0["shm_group"], "local_size": L, "segment_bytes": e0["shm_total"],
+                    "staging_half_bytes": e0["shm_half"], "ring_bytes": e0["shm_ring"],
+                    "pool_bytes_per_rank": e0["shm_pool"], "reserved_bytes": head,
+                    "reserved_per_rank_bytes": head / L}
+    if cfg["notice"]:
+        notes = [_load(os.path.join(workdir, f"notice{r}.json")) for r in range(W - 1)]
+        d["notice"] = notice_summary(notes, killed_at)
+    return d
+
+
+def notice_summary(notes: list, killed_at) -> dict:
+    got = [n for n in notes if n]
+    raised = [n["raised_at"] for n in got if n.get("outcome") == "raised"]
+    d = {"survivors": len(notes), "raised": len(raised),
+         "msg_rank0": (got[0].get("msg", "") if got else "")}
+    if killed_at is not None and raised and len(raised) == len(notes):
+        d["after_kill_s"] = [round(t - killed_at, 4) for t in raised]
+        d["last_s"] = max(raised) - killed_at
+        d["first_s"] = min(raised) - killed_at
+    return d
+
+
+# ---------------------------------------------------------------------------------------------
+# Report
+
+COLUMNS = ["ranks", "nodes x local", "set-up s", "new_group s", "shm/node MiB",
+           "shm/rank MiB", "RSS +MiB", "threads +", "fds +", "sockets +", "UCX eps",
+           "8 B µs", "1 MiB µs", "notice ms"]
+
+
+def _rng(values) -> str:
+    """min-max over ranks, one value when they agree (as printed)."""
+    integral = all(float(v).is_integer() for v in values)
+    lo, hi = (f"{v:.0f}" if integral else f"{v:.1f}" for v in (min(values), max(values)))
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def table_row(row: dict) -> list:
+    W, nodes, L = row["world_size"], row["nodes"], row["per_node"]
+    if "error" in row:
+        return [str(W), f"{nodes} x {L}", row["error"]] + [""] * (len(COLUMNS) - 3)
+    shm = row.get("shm", {})
+    notice = row.get("notice", {})
+    init, ops = row["init"], row["after_ops"]
+    return [str(W), f"{nodes} x {L}", f"{row['setup_s']:.2f}", f"{row['new_group_s']:.2f}",
+            f"{shm.get('reserved_bytes', 0) / MiB:.1f}",
+            f"{shm.get('reserved_per_rank_bytes', 0) / MiB:.2f}",
+            _rng(init["rss_mib"]), _rng(ops["threads"]),
+            f"{_rng(ops['fds'])} ({max(init['fds'])})",
+            f"{_rng(ops['sockets'])} ({max(init['sockets'])})", _rng(row["endpoints"]),
+            f"{row['allreduce_8B_us']:.0f}", f"{row['allreduce_1MiB_us']:.0f}",
+            f"{notice['last_s'] * 1e3:.0f}" if "last_s" in notice else "-"]
+
+
+def markdown(rows: list, meta: dict) -> str:
+    lines = ["# bench_scale.py", "", f"`{meta['command']}`", "",
+             f"{meta['machine']}; torch {meta['torch']}; load average at start "
+             f"{meta['loadavg']}.", "",
+             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(table_row(r)) + " |" for r in rows]
+    lines += ["", "set-up: init_process_group + first barrier, max over ranks; shm/node: the "
+              "node's segment reserved up front (staging, p2p rings; the pool is virtual); "
+              "RSS: added per rank by the set-up; threads, fds, sockets: added per rank, "
+              "held after the all-reduces (min-max over ranks; in brackets the most any rank "
+              "held right after set-up); UCX eps: collective endpoints per rank; 8 B / "
+              "1 MiB: all-reduce median of the slowest rank; notice: SIGKILL of the last "
+              "rank to the last survivor's all-reduce raising.", ""]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    model = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
+    return (f"{os.cpu_count()} cores ({platform.machine()}, {model}), {mem:.0f} GiB, "
+            f"Linux {platform.release()}")
+
+
+def store_get_us(n: int = 2000) -> float:
+    """One client's round trip for a store get, µs: the unit of the set-up model, where every
+    rank reads every other rank's records from the one store."""
+    import torch.distributed as dist
+
+    server = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False)
+    client = dist.TCPStore("127.0.0.1", server.port, None, is_master=False)
+    client.set("k", "x" * 300)  # about a UCX worker address record
+    for _ in range(100):
+        client.get("k")
+    t0 = time.perf_counter()
+    for _ in range(n):
+        client.get("k")
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sizes", default="2,4,8,16,32", help="world sizes, comma-separated")
+    ap.add_argument("--per-node", type=int, default=4, help="ranks per emulated node")
+    ap.add_argument("--iters", type=int, default=20, help="timed all-reduce iterations")
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--reps", type=int, default=20, help="back-to-back 8 B all-reduces timed "
+                    "together (ranks leave a barrier up to a message latency apart)")
+    ap.add_argument("--pg-timeout", type=float, default=120.0,
+                    help="the group's timeout, seconds: long, so only the notice ends a wait")
+    ap.add_argument("--deadline", type=float, default=150.0,
+                    help="seconds a launch may take, plus 8 per rank")
+    ap.add_argument("--no-notice", action="store_true", help="skip the SIGKILL measurement")
+    ap.add_argument("--quick", action="store_true",
+                    help="2 and 4 ranks, 2 per node (one node, then two), few iterations")
+    ap.add_argument("--append", action="store_true",
+                    help="keep the other world sizes' rows already in <out>/scale.json")
+    ap.add_argument("--keep", action="store_true", help="keep the ranks' files")
+    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.sizes, args.per_node, args.iters, args.warmup, args.reps = "2,4", 2, 5, 2, 5
+    sizes = [int(s) for s in args.sizes.split(",") if s]
+    base_env = {k: os.environ[k] for k in ("UCX_TLS", "UCX_NET_DEVICES") if k in os.environ}
+    import torch
+
+    meta = {"command": "python benchmarks/bench_scale.py " + " ".join(sys.argv[1:] if argv is
+                                                                     None else argv),
+            "machine": machine(), "torch": torch.__version__,
+            "loadavg": " ".join(f"{x:.1f}" for x in os.getloadavg()),
+            "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
+            "store_get_us": round(store_get_us(), 1)}
+    os.makedirs(args.out, exist_ok=True)
+    path = os.path.join(args.out, "scale.json")
+    rows = {}
+    if args.append and os.path.exists(path):
+        rows = {r["world_size"]: r for r in json.load(open(path))["rows"]}
+    print("| " + " | ".join(COLUMNS) + " |", flush=True)
+    failed = False
+    for W in sizes:
+        row = run_size(W, args, base_env)
+        row["meta"] = meta
+        rows[W] = row
+        failed |= "error" in row
+        print("| " + " | ".join(table_row(row)) + " |", flush=True)
+        if W > (os.cpu_count() or 1):
+            print(f"  ({W} ranks on {os.cpu_count()} cores: time-sliced)", flush=True)
+    ordered = [rows[w] for w in sorted(rows)]
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": ordered}, f, indent=1)
+    with open(os.path.join(args.out, "scale.md"), "w") as f:
+        f.write(markdown(ordered, meta))
+    print(f"wrote {path} and scale.md", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
