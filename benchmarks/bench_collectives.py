@@ -41,12 +41,18 @@ an `X/mpi` time ratio; the targets section checks that, from 8 B to 64 KiB, rsdp
 its rsdp@1 time is at most Open MPI's (allreduce, allgather, broadcast, reduce_scatter). A
 missing mpirun or mpi4py is reported and the peer left out. See bench_peers.py.
 
+--peers oneccl (CPU only): the same points with Intel oneCCL (oneccl_peer.cpp, compiled on
+first use into build/oneccl/ against the oneccl-cpu wheels, ranks bootstrapped through
+oneCCL's own key-value store, libfabric's shared-memory transport; every dtype). The table gets
+an `oneccl` backend and an `X/oneccl` ratio; `--peers mpi,oneccl` measures both.
+
 Examples:
     python benchmarks/bench_collectives.py                       # rsdp vs gloo (gloo alone if rsdp is missing)
     python benchmarks/bench_collectives.py --backends gloo,gloo  # dry run: gloo against itself
     python benchmarks/bench_collectives.py --backends rsdp,gloo --ops allreduce --max-bytes 1M
     python benchmarks/bench_collectives.py --device cuda --world-size 4   # rsdp (+ nccl if 4 GPUs)
     python benchmarks/bench_collectives.py --peers mpi --max-bytes 64K   # + Open MPI, rsdp@1
+    python benchmarks/bench_collectives.py --peers mpi,oneccl    # + Open MPI and oneCCL
     python benchmarks/bench_collectives.py --backends rsdp,rsdp:pool,gloo  # + communication memory
 """
 
@@ -72,7 +78,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # Let an uninstalled checkout work: torch_rsdp is found in the repository root as a fallback
 # (appended, so an installed torch_rsdp takes precedence).
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import bench_peers  # noqa: E402  (sibling module: Open MPI and rsdp@1 references)
+import bench_peers  # noqa: E402  (sibling module: Open MPI, oneCCL and rsdp@1 references)
 import bench_report  # noqa: E402  (sibling module: tables, targets, plots)
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall")
@@ -198,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "triples a small op's time, at random")
     p.add_argument("--peers", type=csv_list(bench_peers.PEERS), default=None,
                    help="also measure these libraries outside torch.distributed at the same "
-                        "points (mpi: Open MPI via mpirun + mpi4py), and rsdp on 1 rank")
+                        "points (mpi: Open MPI via mpirun + mpi4py; oneccl: Intel oneCCL, "
+                        "built on first use), and rsdp on 1 rank")
     p.add_argument("--out", default=os.path.join(here, "results"), help="output directory")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
     p.add_argument("--memcpy-bytes", type=parse_size, default=parse_size("256M"),
@@ -610,6 +617,19 @@ def time_cuda(coll, iters: int, reps: int, side, times) -> None:
         times[it] = start.elapsed_time(end) / 1e3 / reps
 
 
+def record_handoff(label: str, raw_path: str) -> None:
+    """What a hand-off between the ranks cost when this group was made (the backend's own
+    probe, torch_rsdp.topology()["handoff"]): the launch's mode, "near" or "far", decides
+    how fast any library's collectives can be in it (docs/benchmarks.md, "Launch modes")."""
+    import torch_rsdp
+
+    path = raw_path + ".handoff.json"
+    seen = json.load(open(path)) if os.path.exists(path) else {}
+    seen[label] = torch_rsdp.topology()["handoff"]
+    with open(path, "w") as f:
+        json.dump(seen, f)
+
+
 def worker(rank: int, args, port: int, raw_path: str) -> None:
     if args.device == "cuda":  # before any CUDA call and before init_process_group
         torch.cuda.set_device(rank % torch.cuda.device_count())
@@ -630,6 +650,8 @@ def worker(rank: int, args, port: int, raw_path: str) -> None:
                                     store=dist.PrefixStore(f"bench/{rnd}/{idx}", store),
                                     rank=rank, world_size=n, timeout=timeout)
             side = dist.new_group(backend="gloo")  # barriers and timing reductions
+            if rank == 0 and base_backend(name) == "rsdp":
+                record_handoff(label, raw_path)
             try:
                 sweep_backend(label, name, args, rank, side, rows.append, rnd)
                 dist.barrier(group=side)
@@ -696,6 +718,12 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - report, keep partial results, exit non-zero
             crashed = exc
         raw = json.load(open(raw_path)) if os.path.exists(raw_path) else []
+        if os.path.exists(raw_path + ".handoff.json"):
+            info["handoff"] = json.load(open(raw_path + ".handoff.json"))
+            for label, h in info["handoff"].items():
+                print(f"# {label}: hand-off between ranks {h['mode']} (step {h['step_ns']:.0f} "
+                      f"ns, pull {h['pull_gbps']:.1f} GB/s), staging stores {h['stores']}",
+                      flush=True)
     peer_errors = []
     if args.peers and crashed is None:
         peer_raw, peer_info, peer_errors = bench_peers.run(args, sys.modules[__name__],

@@ -1,8 +1,8 @@
-"""Peers for bench_collectives.py (`--peers mpi`): communication libraries measured outside
-torch.distributed, at the same points and with the same timing method, plus rsdp on a
+"""Peers for bench_collectives.py (`--peers mpi,oneccl`): communication libraries measured
+outside torch.distributed, at the same points and with the same timing method, plus rsdp on a
 world-size-1 group as the reference for the per-call overhead.
 
-After the torch backends are swept, run() does, for the peer "mpi":
+After the torch backends are swept, run() does, for the peers asked for:
 
 1. "rsdp@1": spawns ONE rank running bench_collectives.worker with the rsdp backend, the same
    ops, dtypes, sizes and iteration counts (rows labelled "rsdp@1", world_size 1). A 1-rank
@@ -12,9 +12,18 @@ After the torch backends are swept, run() does, for the peer "mpi":
    count and iteration counts, for the dtypes MPI has a datatype for) and runs
    bench_mpi_peer.py under Open MPI's mpirun with the same number of ranks; it reads the rows
    back from a JSON file and records the library version in the machine info.
+3. "oneccl": Intel oneCCL (the `oneccl-cpu` and `oneccl-cpu-devel` wheels). oneccl_peer.cpp is
+   compiled on first use into build/oneccl/ (again whenever the source, the compiler command
+   or the wheel's files change); the plan goes to it as a text file, the same points for
+   every dtype oneCCL has (all of bench_collectives'); the ranks are started directly, one
+   process each, pinned like the torch ranks, and find each other through oneCCL's own
+   key-value store, whose address rank 0 publishes in a file (no MPI launcher). The
+   transport is OFI (libfabric, Debian's libfabric1) with its shared-memory provider; see
+   ONECCL_ENV.
 
-A peer that cannot run here (no mpirun, no mpi4py, an mpirun that is not Open MPI's) is
-announced at the start and left out; the run goes on and its exit status is not affected.
+A peer that cannot run here (no mpirun, no mpi4py, an mpirun that is not Open MPI's; no
+oneCCL wheel, no libfabric, no C++ compiler, a build that fails) is announced at the start
+and left out; the run goes on and its exit status is not affected.
 A peer that starts and then fails is reported as an error (exit status 1), like a crash of
 the torch side.
 """
@@ -22,22 +31,43 @@ the torch side.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import torch.multiprocessing as mp
 
-PEERS = ("mpi",)
+PEERS = ("mpi", "oneccl")
 WORLD1_LABEL = "rsdp@1"
 # numpy dtypes with an MPI datatype (bench_mpi_peer.MPI_TYPES). MPI has no bfloat16, and Open
 # MPI 4.1 no float16 either (MPIX_C_FLOAT16 came with 5.0).
 MPI_DTYPES = ("float32", "float64", "int32", "int64")
+# oneCCL has a datatype for every dtype bench_collectives measures.
+ONECCL_DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")
+ONECCL_VERSION = "2022.2.0"  # the wheels scripts/setup.sh installs
+# The oneCCL environment of the run (a variable already set in the environment wins). OFI is
+# the transport that needs no MPI library; CCL_ATL_SHM=1 with FI_PROVIDER=shm makes it
+# libfabric's shared-memory provider (the default would be tcp;ofi_rxm over the loopback,
+# 5-10x slower here), the counterpart of Open MPI's vader. CCL_WORKER_OFFLOAD=0 runs the
+# collective on the calling thread: by default a worker thread per rank progresses it while
+# the caller spins in wait(), two busy threads per rank, which on a core per rank made small
+# ops take milliseconds instead of microseconds. The key-value store listens on the loopback
+# only; no process manager is there to ask for the local rank and size, so they are given.
+# Errors only: oneCCL warns about every variable set here, on every rank.
+ONECCL_ENV = {"CCL_ATL_TRANSPORT": "ofi", "CCL_ATL_SHM": "1", "FI_PROVIDER": "shm",
+              "CCL_WORKER_OFFLOAD": "0", "CCL_KVS_IFACE": "lo", "CCL_PROCESS_LAUNCHER": "none",
+              "CCL_LOG_LEVEL": "error"}
 HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+ONECCL_SOURCE = os.path.join(HERE, "oneccl_peer.cpp")
+ONECCL_BUILD = os.path.join(ROOT, "build", "oneccl")
 
 
 def mpirun_command(n: int, plan: str, out: str, bind: bool = False) -> list[str]:
@@ -57,6 +87,8 @@ def mpirun_command(n: int, plan: str, out: str, bind: bool = False) -> list[str]
 
 def unavailable(peer: str) -> str | None:
     """Why `peer` cannot run here, or None when it can."""
+    if peer == "oneccl":
+        return oneccl_unavailable()
     if peer != "mpi":
         return f"unknown peer {peer!r}"
     if shutil.which("mpirun") is None:
@@ -70,6 +102,106 @@ def unavailable(peer: str) -> str | None:
         return f"mpirun --version failed ({exc})"
     if "Open MPI" not in version:  # the command line above uses Open MPI's options
         return f"mpirun is not Open MPI's ({version.strip().splitlines()[:1]})"
+    return None
+
+
+def oneccl_paths() -> tuple[str, str]:
+    """(the directory of libccl.so.1, the include directory) of the installed oneccl-cpu and
+    oneccl-cpu-devel wheels, found through their file lists: the wheels put them under the
+    Python prefix (or the user base), not where a compiler or pkg-config looks, and the
+    wheel's ccl.pc names packages (impi, sycl) that a CPU build does not have. LookupError
+    says what is missing."""
+    found = []
+    for dist_name, suffix in (("oneccl-cpu", "libccl.so.1"),
+                              ("oneccl-cpu-devel", "oneapi/ccl.hpp")):
+        try:
+            files = importlib.metadata.distribution(dist_name).files or []
+        except importlib.metadata.PackageNotFoundError:
+            raise LookupError(f"the {dist_name} wheel is not installed for {sys.executable} "
+                              f"(bash scripts/setup.sh, or pip install "
+                              f"{dist_name}=={ONECCL_VERSION})") from None
+        paths = [os.path.normpath(str(f.locate())) for f in files
+                 if str(f).replace(os.sep, "/").endswith(suffix)]
+        paths = [q for q in paths if os.path.exists(q)]
+        if not paths:
+            raise LookupError(f"the {dist_name} wheel has no {suffix}")
+        found.append(paths[0][:-len(suffix)].rstrip(os.sep) or os.sep)
+    return found[0], found[1]
+
+
+def oneccl_build(libdir: str, incdir: str) -> str:
+    """Compiles oneccl_peer.cpp into build/oneccl/ unless the build there was made from the
+    same source, command and library; returns the program. RuntimeError with the compiler's
+    output when it fails.
+
+    The CPU wheel's libccl.so.1 needs a libccl.so.2 that only the full (SYCL) wheel ships (see
+    oneccl_peer.cpp); where it is missing, the same source built with -DONECCL_RUNTIME_SHIM
+    stands in for it, and the program links it first by name: libccl.so.1 looks for its
+    dependencies only through its own RUNPATH, so the program's search path would not reach
+    build/oneccl/, but a library already loaded under that name is taken as it."""
+    cxx = shutil.which("g++")
+    if cxx is None:
+        raise RuntimeError("g++ not found (apt-get install g++)")
+    os.makedirs(ONECCL_BUILD, exist_ok=True)
+    exe = os.path.join(ONECCL_BUILD, "oneccl_peer")
+    shim = os.path.join(ONECCL_BUILD, "libccl.so.2")
+    need_shim = not os.path.exists(os.path.join(libdir, "libccl.so.2"))
+    tmp = f".tmp{os.getpid()}"
+    steps = []
+    if need_shim:
+        steps.append(([cxx, "-O2", "-shared", "-fPIC", "-DONECCL_RUNTIME_SHIM",
+                       "-Wl,-soname,libccl.so.2", ONECCL_SOURCE, "-o", shim + tmp], shim))
+    libs = (["-L", ONECCL_BUILD, "-Wl,--no-as-needed", "-l:libccl.so.2"] if need_shim else [])
+    rpath = f"{ONECCL_BUILD}:{libdir}" if need_shim else libdir
+    steps.append(([cxx, "-O2", "-std=c++17", ONECCL_SOURCE, "-I", incdir, *libs, "-L", libdir,
+                   "-lccl", f"-Wl,-rpath,{rpath}", "-o", exe + tmp], exe))
+    lib = os.stat(os.path.join(libdir, "libccl.so.1"))
+    stamp = "\n".join([shlex.join(cmd).replace(tmp, "") for cmd, _ in steps]
+                      + [f"source mtime {os.stat(ONECCL_SOURCE).st_mtime_ns}",
+                         f"libccl.so.1 {lib.st_size} {lib.st_mtime_ns}"]) + "\n"
+    stamp_path = os.path.join(ONECCL_BUILD, "stamp")
+    try:
+        with open(stamp_path) as f:
+            if f.read() == stamp and all(os.path.exists(out) for _, out in steps):
+                return exe
+    except OSError:
+        pass
+    print(f"# oneccl: compiling {os.path.relpath(ONECCL_SOURCE, ROOT)} into "
+          f"{os.path.relpath(ONECCL_BUILD, ROOT)}/", flush=True)
+    for cmd, out in steps:  # each to a temporary name, then renamed: no half-written file
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{shlex.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
+        os.replace(out + tmp, out)
+    with open(stamp_path, "w") as f:
+        f.write(stamp)
+    return exe
+
+
+def libfabric_missing() -> str | None:
+    """oneCCL's OFI transport loads libfabric.so.1 at run time (dlopen)."""
+    import ctypes
+    try:
+        ctypes.CDLL("libfabric.so.1")
+    except OSError:
+        return ("libfabric.so.1 not found, oneCCL's OFI transport needs it (apt-get install "
+                "libfabric1)")
+    return None
+
+
+def oneccl_unavailable() -> str | None:
+    try:
+        libdir, incdir = oneccl_paths()
+    except LookupError as exc:
+        return str(exc)
+    why = libfabric_missing()
+    if why:
+        return why
+    try:
+        oneccl_build(libdir, incdir)
+    except (RuntimeError, OSError) as exc:
+        lines = str(exc).strip().splitlines()
+        return "cannot build benchmarks/oneccl_peer.cpp: " + " / ".join(lines[-6:])
     return None
 
 
@@ -91,6 +223,9 @@ def check(args) -> list[str]:
     skipped = [d for d in args.dtypes if d not in MPI_DTYPES]
     if "mpi" in args.peers and skipped:
         notes.append(f"mpi: {', '.join(skipped)} not measured (no MPI datatype)")
+    skipped = [d for d in args.dtypes if d not in ONECCL_DTYPES]
+    if "oneccl" in args.peers and skipped:
+        notes.append(f"oneccl: {', '.join(skipped)} not measured (no oneCCL datatype)")
     for note in notes:
         print(f"# NOTE: {note}", flush=True)
     return notes
@@ -161,6 +296,72 @@ def run_mpi(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
     return result.get("rows", []), info, error
 
 
+def run_oneccl(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
+    """(raw rows, machine-info additions, error or None), as run_mpi: one oneccl_peer process
+    per rank, pinned as bench_collectives pins the torch ranks."""
+    libdir, incdir = oneccl_paths()
+    exe = oneccl_build(libdir, incdir)
+    n = args.world_size
+    plan, kvs, out = (os.path.join(tmp, name) for name in
+                      ("oneccl_plan.txt", "oneccl_kvs", "oneccl_result.json"))
+    dtypes = [d for d in args.dtypes if d in ONECCL_DTYPES]
+    with open(plan, "w") as f:
+        f.write(f"{n} {args.rounds} {bc.WARMUP_SECONDS} {bc.WARMUP_MAX_OPS} {args.timeout}\n")
+        for p in plan_points(args, bc, dtypes):
+            f.write(f"{p['op']} {p['dtype']} {p['count']} {p['bytes']} {p['iters']} "
+                    f"{p['reps']} {p['warmup']}\n")
+    cores = sorted(os.sched_getaffinity(0))
+    bind = getattr(args, "bind", False) and n <= len(cores)
+    env = dict(os.environ)
+    for key, value in ONECCL_ENV.items():
+        env.setdefault(key, value)
+    if bind:  # oneCCL's own threads stay on their rank's core
+        env.setdefault("CCL_WORKER_AFFINITY", ",".join(str(c) for c in cores[:n]))
+    shown = [k for k in (*ONECCL_ENV, "CCL_WORKER_AFFINITY") if k in env]
+    launcher = " ".join(f"{k}={env[k]}" for k in shown)
+    print(f"# oneccl: {launcher} build/oneccl/oneccl_peer x {n}"
+          f"{' (one core each)' if bind else ''}", flush=True)
+    procs = []
+    try:
+        for r in range(n):
+            pin = (lambda c=cores[r]: os.sched_setaffinity(0, {c})) if bind else None
+            procs.append(subprocess.Popen(
+                [exe, plan, kvs, out, str(r)], preexec_fn=pin,
+                env=dict(env, CCL_LOCAL_RANK=str(r), CCL_LOCAL_SIZE=str(n))))
+        error = wait_ranks(procs, 2 * args.timeout)
+    finally:
+        for proc in procs:  # whatever happened, no rank outlives the run
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    result = json.load(open(out)) if os.path.exists(out) else {}
+    info = {"oneccl_library_version": result.get("library_version", "unknown"),
+            "oneccl_wheel_version": importlib.metadata.version("oneccl-cpu"),
+            "oneccl_command": f"{launcher} oneccl_peer x {n}"}
+    return result.get("rows", []), info, error
+
+
+def wait_ranks(procs: list, timeout: float) -> str | None:
+    """Waits for every rank; None when all exit 0. A rank that fails leaves the others waiting
+    for it in a collective: they get a few seconds to report their own error, then are
+    stopped. A job that runs past `timeout` (twice the process-group timeout) is stopped."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if all(c is not None for c in codes) or failed:
+            break
+        if time.monotonic() > deadline:
+            return f"the ranks did not finish in {timeout} s (2 x --timeout)"
+        time.sleep(0.1)
+    if failed:
+        grace = time.monotonic() + 5
+        while any(p.poll() is None for p in procs) and time.monotonic() < grace:
+            time.sleep(0.1)
+        return "; ".join(f"rank {r} exited with status {c}" for r, c in failed)
+    return None
+
+
 def run(args, bc, notes: list[str]) -> tuple[list[dict], dict, list[str]]:
     """Runs the peers still in args.peers after check(). Returns (raw rows, machine-info
     additions, errors); a failing part adds an error and the others still run."""
@@ -181,5 +382,14 @@ def run(args, bc, notes: list[str]) -> tuple[list[dict], dict, list[str]]:
                     errors.append(f"mpi: {error}")
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"mpi: {type(exc).__name__}: {exc}")
+        if "oneccl" in args.peers:
+            try:
+                ccl_rows, ccl_info, error = run_oneccl(args, bc, tmp)
+                rows += ccl_rows
+                info.update(ccl_info)
+                if error:
+                    errors.append(f"oneccl: {error}")
+            except Exception as exc:  # noqa: BLE001
+                errors.append(f"oneccl: {type(exc).__name__}: {exc}")
     info["peer_notes"] = notes + [f"ERROR {e}" for e in errors]
     return rows, info, errors

@@ -5,9 +5,9 @@ A row is one measured point: {"backend", "op", "dtype", "bytes", "count", "time_
 backend label), renders the markdown report, evaluates the performance targets and draws one
 PNG per op. For a CUDA run (machine info "device" == "cuda") it also relates every point to the
 GPU's device-to-device copy bandwidth ("busbw/copy") and replaces the CPU targets with a
-"Physical limit" section. With peers (config "peers", e.g. ["mpi"]; see bench_peers.py) the
-peer is shown as one more backend with an `X/mpi` time ratio, and the targets section checks
-rsdp's 2-rank time minus its 1-rank ("rsdp@1") time against the peer's.
+"Physical limit" section. With peers (config "peers", e.g. ["mpi", "oneccl"]; see
+bench_peers.py) each peer is shown as one more backend with an `X/<peer>` time ratio, and the
+targets section checks rsdp's 2-rank time minus its 1-rank ("rsdp@1") time against mpi's.
 """
 
 from __future__ import annotations
@@ -205,16 +205,23 @@ class Report:
 
     def _peers_header(self) -> list[str]:
         info, out = self.info, []
-        if self.peers:
-            vs = ", ".join(f"`{lb}/{p}`" for lb in self.vs_peer for p in self.peers)
-            out += ["", f"Peer `mpi`: {info.get('mpi_library_version', '?').split(',')[0]} "
+        world1 = (f" `{WORLD1}` = rsdp on a 1-rank group, same points (in results.json and "
+                  "the targets section)." if any(r["backend"] == WORLD1 for r in self.rows)
+                  else "")
+        for peer in self.peers:
+            vs = ", ".join(f"`{lb}/{peer}`" for lb in self.vs_peer)
+            if peer == "mpi":
+                what = (f"{info.get('mpi_library_version', '?').split(',')[0]} "
                         f"(MPI {info.get('mpi_standard_version', '?')}, mpi4py "
                         f"{info.get('mpi4py_version', '?')}), `{info.get('mpi_command', '')}`, "
-                        "numpy buffers, the same points, iteration counts and timing; "
-                        f"{vs} = time / mpi time (lower is better)."
-                        + (f" `{WORLD1}` = rsdp on a 1-rank group, same points (in "
-                           "results.json and the targets section)."
-                           if any(r["backend"] == WORLD1 for r in self.rows) else "")]
+                        "numpy buffers")
+            else:  # oneccl
+                what = (f"oneCCL {info.get('oneccl_library_version', '?').split(' ')[0]} "
+                        f"(wheel oneccl-cpu {info.get('oneccl_wheel_version', '?')}), "
+                        f"`{info.get('oneccl_command', '')}`, C++ on page-aligned buffers")
+            out += ["", f"Peer `{peer}`: {what}, the same points, iteration counts and timing; "
+                        f"{vs} = time / {peer} time (lower is better).{world1}"]
+            world1 = ""  # said once
         out += [f"\nNote: {n}." for n in info.get("peer_notes", [])]
         return out
 

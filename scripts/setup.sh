@@ -51,6 +51,21 @@ if [ ${#need_fuzz_apt[@]} -gt 0 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/
     || say "warning: could not install ${need_fuzz_apt[*]} (scripts/run_fuzz.sh then uses g++)"
 fi
 
+# libfabric for the benchmark's `--peers oneccl` (nothing else needs it): oneCCL's OFI
+# transport loads libfabric.so.1 at run time. Optional and installed on its own, as above;
+# without it the benchmark names it and leaves the peer out.
+if ! dpkg -s libfabric1 >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    say "apt-get install libfabric1 (for bench_collectives.py --peers oneccl)"
+    ( (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+        --no-install-recommends libfabric1 >/dev/null) \
+      || say "warning: could not install libfabric1 (bench_collectives --peers oneccl needs it)"
+  else
+    say "warning: missing Debian package libfabric1 (need root to install; only" \
+        "bench_collectives --peers oneccl needs it)"
+  fi
+fi
+
 # torch first, pinned: any other spec would download a different build. A
 # torch with CUDA that is already installed stays (GPU machines bring their
 # own); the build then compiles the CUDA parts too.
@@ -93,6 +108,23 @@ PY
 if [ -n "$wanted" ]; then
   say "pip install $wanted"
   $PY -m pip install -q $wanted
+fi
+
+# Intel oneCCL for the benchmark's `--peers oneccl` (nothing else needs it): the CPU runtime
+# and its headers, at the version benchmarks/bench_peers.py names (ONECCL_VERSION), which
+# compiles its peer program against them on first use. --no-deps: the runtime wheel asks for
+# a `libfabric` distribution that PyPI does not have; the libfabric it loads is Debian's
+# (above). A failure is a warning: the benchmark then says what is missing and runs without
+# the peer.
+ONECCL_VERSION=$(sed -n 's/^ONECCL_VERSION = "\([^"]*\)".*/\1/p' benchmarks/bench_peers.py)
+oneccl_ok="import importlib.metadata as m, sys; sys.exit(0 if all(m.version(n) == sys.argv[1]
+    for n in ('oneccl-cpu', 'oneccl-cpu-devel')) else 1)"
+if ! $PY -c "$oneccl_ok" "$ONECCL_VERSION" 2>/dev/null; then
+  say "pip install --no-deps oneccl-cpu==$ONECCL_VERSION oneccl-cpu-devel==$ONECCL_VERSION"
+  $PY -m pip install -q --no-deps "oneccl-cpu==$ONECCL_VERSION" \
+      "oneccl-cpu-devel==$ONECCL_VERSION" \
+    || say "warning: could not install oneCCL $ONECCL_VERSION (bench_collectives --peers oneccl" \
+           "will be left out)"
 fi
 
 # The extension, built in place with ninja against the installed torch. The

@@ -38,6 +38,10 @@ BackendRSDP::~BackendRSDP() { shutdown(); }
 
 const Topology& BackendRSDP::topology() const { return comm_->topo; }
 
+const Handoff& BackendRSDP::handoff() const { return comm_->shm->handoff(); }
+
+bool BackendRSDP::streaming_stores() const { return comm_->shm->streaming(); }
+
 Traffic& BackendRSDP::traffic() const { return comm_->traffic; }
 
 std::string BackendRSDP::cuda_paths() const {

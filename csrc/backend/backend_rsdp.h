@@ -27,6 +27,7 @@
 namespace rsdp {
 
 struct GroupComm;
+struct Handoff;
 struct Topology;
 struct Traffic;
 class OpQueue;
@@ -188,6 +189,11 @@ class BackendRSDP : public c10d::Backend {
   const std::vector<int>& ring_order() const { return ring_order_; }
   // Where the group's ranks live (core/topology.h), and its traffic counters.
   const Topology& topology() const;
+  // What a hand-off between the ranks of this rank's node costs, measured when
+  // the group was made (transport/shm/handoff_probe.h).
+  const Handoff& handoff() const;
+  // Whether copies into this node's staging use streaming stores (RSDP_SHM_STORES).
+  bool streaming_stores() const;
   Traffic& traffic() const;
   // Which transports serve the group's CUDA ops ("" before the first one).
   std::string cuda_paths() const;

@@ -14,6 +14,7 @@
 #include "core/quantize.h"
 #include "core/topology.h"
 #include "core/traffic.h"
+#include "transport/shm/handoff_probe.h"
 #ifdef RSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -159,6 +160,13 @@ PYBIND11_MODULE(_C, m) {
             d["leaders"] = t.leaders();
             d["uniform"] = t.uniform();
             d["describe"] = t.describe();
+            const rsdp::Handoff& h = b.handoff();
+            py::dict handoff;
+            handoff["mode"] = h.mode();
+            handoff["step_ns"] = h.step_ns;
+            handoff["pull_gbps"] = h.pull_gbps;
+            handoff["stores"] = b.streaming_stores() ? "streaming" : "cached";
+            d["handoff"] = handoff;
             return d;
           },
           "Where the group's ranks live: nodes, local rank/size, rail, leaders.")

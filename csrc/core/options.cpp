@@ -147,6 +147,10 @@ Options Options::from_env() {
     check_choice("RSDP_CUDA_INTRA", v, "auto ipc nccl");
     o.cuda_intra = v;
   }
+  if (const char* v = env("RSDP_SHM_STORES")) {
+    check_choice("RSDP_SHM_STORES", v, "auto cached streaming");
+    o.shm_stores = v;
+  }
   if (const char* v = env("RSDP_TEST_WIRE_LIE")) {
     RSDP_CHECK(std::strchr(v, ' ') == nullptr &&
                    std::strstr(" bytes step dtype op bits count ",

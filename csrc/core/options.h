@@ -24,6 +24,10 @@ struct Options {
   size_t pool_bytes = 4ull << 30;
   // How long a waiter spins before sleeping on a futex (microseconds).
   int spin_us = 50;
+  // How copies into the staging halves store: "cached", "streaming"
+  // (non-temporal, core/stream_copy.h) or "auto" (streaming when the group's
+  // ranks do not share a cache, transport/shm/handoff_probe.h).
+  std::string shm_stores = "auto";
   // Print init and per-op traces to stderr.
   bool debug = false;
   // Explicit node identity (empty: host name + boot id).

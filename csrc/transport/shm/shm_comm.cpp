@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/futex.h"
 #include "core/reduce_kernels.h"
+#include "core/stream_copy.h"
 #include "core/store_records.h"
 
 namespace rsdp {
@@ -28,6 +29,10 @@ size_t auto_ring_bytes(int size) {
   size_t v = (64u << 20) / std::max<size_t>(pairs, 1);
   return std::clamp<size_t>(v, 16u << 10, 1u << 20);
 }
+
+// Below this a copy is a few lines: latency, not bandwidth, and the next
+// reader may well be this core.
+constexpr size_t kStreamMinBytes = 4096;
 
 constexpr int kSleepSliceUs = 20000;  // futex slice between deadline/liveness checks
 
@@ -60,11 +65,14 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   for (const auto& p : group_.peers) pids.push_back(p.pid);
   watch_ = std::make_unique<PeerWatch>(pids, group_.rank);
   notice_ = std::make_unique<Notice>(reinterpret_cast<NoticeBlock*>(seg_->data() + kNoticeOffset));
+  handoff_ = probe_handoff(*this, group_.timeout);
+  streaming_ = opts_.shm_stores == "streaming" || (opts_.shm_stores == "auto" && handoff_.far);
   if (opts_.debug)
     std::cerr << group_.me() << ": group '" << group_.name << "' size " << group_.size
               << ", shared memory " << layout_.total() << " bytes (staging 2x" << layout_.half
               << ", p2p ring " << layout_.ring << ", pool " << layout_.pool << " per rank)"
-              << std::endl;
+              << "; hand-off " << handoff_.mode() << " (step " << handoff_.step_ns
+              << " ns, pull " << handoff_.pull_gbps << " GB/s)" << std::endl;
 }
 
 ShmComm::~ShmComm() = default;
@@ -152,7 +160,16 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
 }
 
 void ShmComm::copy(void* dst, const void* src, size_t bytes) {
-  if (bytes && dst != src) std::memcpy(dst, src, bytes);
+  if (!bytes || dst == src) return;
+  // Only what a peer reads next streams: a copy into this rank's own buffer
+  // is read by this core (the caller), so it stays in its cache.
+  char* d = static_cast<char*>(dst);
+  const char* stage_begin = seg_->data() + layout_.stage_offset(group_.rank, 0);
+  if (streaming_ && bytes >= kStreamMinBytes && d >= stage_begin &&
+      d + bytes <= stage_begin + 2 * layout_.half)
+    stream_copy(dst, src, bytes);
+  else
+    std::memcpy(dst, src, bytes);
 }
 
 void ShmComm::reduce_pass(void* dst, const void* const* srcs, int nsrc, size_t count, DType dt,

@@ -44,6 +44,7 @@
 #include "core/op_desc.h"
 #include "core/options.h"
 #include "core/traffic.h"
+#include "transport/shm/handoff_probe.h"
 #include "transport/shm/p2p_wire.h"  // RingView
 #include "transport/shm/peer_watch.h"
 #include "transport/shm/shm_layout.h"
@@ -120,6 +121,10 @@ class ShmComm final : public Staging {
   // other members (the notice).
   void abort(const std::string& why);
   bool broken() const { return !broken_.empty(); }
+  // What a hand-off between this node's ranks costs (handoff_probe.h).
+  const Handoff& handoff() const { return handoff_; }
+  // Whether copies into the staging halves use streaming stores.
+  bool streaming() const { return streaming_; }
   // The group's notice on this node: the first failure that broke it.
   Notice& notice() const { return *notice_; }
 
@@ -145,6 +150,8 @@ class ShmComm final : public Staging {
   std::shared_ptr<ShmPool> pool_;
   std::unique_ptr<PeerWatch> watch_;
   std::unique_ptr<Notice> notice_;
+  Handoff handoff_;
+  bool streaming_ = false;  // copies into the staging halves stream (RSDP_SHM_STORES)
   uint32_t step_ = 0;
   uint64_t seq_ = 0;
   // Who read this rank's half of the last step of each parity: a group rank,

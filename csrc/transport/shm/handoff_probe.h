@@ -1,0 +1,40 @@
+// What a hand-off between the ranks of a node costs, measured when a group's
+// shared memory is set up.
+//
+// On a virtual machine the host decides where the guest's CPUs run. Two vCPUs
+// that share a last-level cache hand a written cache line to each other in
+// tens of nanoseconds; two that do not (other CCX/CCD or socket of the host)
+// pay a trip across the chip's fabric for every line, and a collective whose
+// staging lines bounce between the two caches runs several times slower for as
+// long as the placement lasts (a whole launch, in practice). Neither the guest
+// kernel nor the process can see the placement: only timing shows it.
+//
+// The probe (all ranks of the group, once, before the group is handed out):
+//   1. kRounds exchange() steps: the round-trip cost of a step, measured by
+//      rank 0 (the fastest round: preemption only adds);
+//   2. rank 1 writes kPullBytes into its staging half and rank 0 copies them
+//      out, kPulls times: the bandwidth of pulling lines another core just
+//      wrote, the pattern every staged collective has.
+// Rank 0 decides the mode and publishes the result with one more step, so
+// every rank of the group chooses the same way. About 0.1 ms on two cores.
+#pragma once
+
+#include <chrono>
+#include <string>
+
+namespace rsdp {
+
+class ShmComm;
+
+struct Handoff {
+  bool measured = false;  // false: one rank, or more ranks than CPUs (time-sliced)
+  double step_ns = 0;     // fastest round trip of one exchange() step
+  double pull_gbps = 0;   // GB/s of copying a half another core just wrote
+  bool far = false;       // the ranks do not share a cache: see handoff_probe.cpp
+  std::string mode() const { return !measured ? "unmeasured" : far ? "far" : "near"; }
+};
+
+// Runs the probe over `c` (collective: every rank of the group calls it).
+Handoff probe_handoff(ShmComm& c, std::chrono::milliseconds timeout);
+
+}  // namespace rsdp
