@@ -25,7 +25,7 @@ step() {
   echo "[run_tests] took $((SECONDS - t0)) s"
 }
 step "1/4 the suite, less the sanitized selection" \
-  python3 -m pytest -q tests --sanitized-selection=exclude
+  python3 -m pytest -q tests --sanitized-selection=exclude --durations=40
 step "2/4 the sanitized selection under ASan + UBSan" \
   bash scripts/run_sanitized.sh -q tests --sanitized-selection=only
 step "3/4 the native tests under TSan" \

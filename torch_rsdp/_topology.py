@@ -24,6 +24,14 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
     ranks of every node), ``rail`` (the ranks sharing this rank's local rank),
     ``leaders``, ``uniform`` (all nodes have as many ranks) and ``describe``.
 
+    On rsdp, ``handoff``: what handing data between the ranks of this node cost when the
+    group was made (``csrc/transport/shm/handoff_probe.h``): ``step_ns`` (the fastest round
+    trip of one shared-memory step), ``pull_gbps`` (copying 256 KiB another core just wrote),
+    ``mode`` (``"near"``: the ranks' CPUs share a cache; ``"far"``: they do not, as when a
+    virtual machine's CPUs sit on different chiplets of the host; ``"unmeasured"``: one rank,
+    or more ranks than CPUs) and ``stores`` (``"streaming"`` or ``"cached"``, how copies into
+    the staging memory store: ``RSDP_SHM_STORES``).
+
     Any backend: a group on another backend than rsdp gets the same answer derived from
     ``RSDP_NODE_ID``, torchrun's variables or the host names (:mod:`._node_topology`; the
     first call on such a group is collective).

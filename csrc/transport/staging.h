@@ -82,6 +82,11 @@ class Staging {
   void reduce(void* dst, const void* const* srcs, int nsrc, size_t count, DType dt, RedOp op,
               int divisor, void* scratch);
 
+  // Whether copy() into the staging halves streams past this core's cache
+  // (RSDP_SHM_STORES): an algorithm then stages what peers read with copy()
+  // rather than writing it there with a kernel.
+  virtual bool streams_stage() const { return false; }
+
   // The host shared-memory comm behind this transport when its staging is
   // host shared memory with a pool (the one-copy paths of direct.cpp), else
   // null.

@@ -66,6 +66,9 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   watch_ = std::make_unique<PeerWatch>(pids, group_.rank);
   notice_ = std::make_unique<Notice>(reinterpret_cast<NoticeBlock*>(seg_->data() + kNoticeOffset));
   handoff_ = probe_handoff(*this, group_.timeout);
+  // The probe is no collective of the user's: their first one is collective #1 (errors and
+  // test hooks name collectives by number). Every rank resets alike.
+  seq_ = 0;
   streaming_ = opts_.shm_stores == "streaming" || (opts_.shm_stores == "auto" && handoff_.far);
   if (opts_.debug)
     std::cerr << group_.me() << ": group '" << group_.name << "' size " << group_.size

@@ -86,6 +86,7 @@ class ShmComm final : public Staging {
   size_t host_half_bytes() const override { return half_bytes(); }
   void copy(void* dst, const void* src, size_t bytes) override;
   ShmComm* shared_memory() override { return this; }
+  bool streams_stage() const override { return streaming_; }
 
   // --- ring steps ([Note: ring steps wait for neighbours only]) ---
   // This rank's half for the next step, once whoever read its previous use
