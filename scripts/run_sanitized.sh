@@ -15,6 +15,8 @@
 # theirs and are ignored). Suppressions for third-party code only: scripts/sanitizers/*.supp.
 #
 # RSDP_SANITIZE_EXTENSION=0 skips the extension (a selection of tests/native only needs g++).
+# SANITIZE_BUILD_ONLY=1 builds the extension and stops (scripts/run_tests.sh builds it so
+# beside the plain suite).
 # ThreadSanitizer sees the races between the threads of one process (the native tests, and a
 # rank's op queue, watchdog and progress threads); it cannot see shared memory written by
 # another process, nor synchronisation inside the uninstrumented interpreter and torch.
@@ -40,6 +42,10 @@ if [ "${RSDP_SANITIZE_EXTENSION:-1}" != 0 ]; then
     tail -n 60 "$dir/build.log"
     say "the sanitized build failed (log above: $dir/build.log)"
     exit 1
+  fi
+  if [ "${SANITIZE_BUILD_ONLY:-0}" = 1 ]; then
+    say "built $(ls "$dir"/lib/torch_rsdp/_C*.so)"
+    exit 0
   fi
   so=$(ls "$dir"/lib/torch_rsdp/_C*.so)
   export RSDP_EXTENSION=$so

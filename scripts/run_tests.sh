@@ -24,8 +24,17 @@ step() {
   "$@" || { local r=$?; [ $rc != 0 ] || rc=$r; echo "[run_tests] FAILED (exit $r)"; }
   echo "[run_tests] took $((SECONDS - t0)) s"
 }
+# Step 2's ASan build compiles during step 1, at the lowest priority: step 1 leaves about
+# half of the machine idle (ranks wait on each other, on timeouts and deadlines), and a
+# nice-19 build takes what the tests leave. Step 2 then finds it up to date.
+mkdir -p build
+nice -n 19 env SANITIZE_BUILD_ONLY=1 bash scripts/run_sanitized.sh \
+  > build/sanitize-prebuild.log 2>&1 &
+prebuild=$!
 step "1/4 the suite, less the sanitized selection" \
   python3 -m pytest -q tests --sanitized-selection=exclude --durations=40
+wait $prebuild || echo "[run_tests] the ASan build beside step 1 failed" \
+  "(build/sanitize-prebuild.log); step 2 builds again"
 step "2/4 the sanitized selection under ASan + UBSan" \
   bash scripts/run_sanitized.sh -q tests --sanitized-selection=only
 step "3/4 the native tests under TSan" \

@@ -9,12 +9,11 @@ the nodes apart; a warning says so (the mode is also printed at the top of the m
 Topologies: 2 nodes x 2 ranks, 3 x 1, and uneven 1 + 2 / 2 + 1 ranks (hierarchical
 algorithms fall back to flat ones there). One launch per (topology, algorithm setting) runs
 all selected families of collective_families.py, as test_collectives.py does:
-  auto  every family, full dtype x op x count matrix on 2x2, a reduced dtype set elsewhere;
+  auto  every family (the reduced dtype x op matrix of collective_families.REDUCED);
   hier  RSDP_ALGO_*=hier for every op that has it;
   flat  ring / tree / flat;
   rd    recursive doubling over all ranks for all_reduce (its families only);
-the forced settings run the families whose algorithm they change, with a reduced dtype and
-op set. The 2x2 hier/flat launches also compare torch_rsdp.comm_stats() with
+the forced settings run the families whose algorithm they change. The 2x2 hier/flat launches also compare torch_rsdp.comm_stats() with
 traffic_theory.py. Against gloo (RSDP_TEST_BACKEND=gloo) only the auto setting runs, without
 the rsdp-specific topology and traffic checks.
 """
@@ -33,7 +32,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from support.collective_families import FAMILIES, MIN_WORLD
+from support.collective_families import FAMILIES, MIN_WORLD, use_reduced_matrix
 from support.harness import (assert_family, backend_under_test, launch, launch_families,
                      run_families)
 from torch_rsdp.testing import netns
@@ -59,19 +58,9 @@ SETTING_FAMILIES = {"rd": ("all_reduce", "all_reduce_coalesced")}
 FORCED_FAMILIES = ("broadcast", "all_reduce", "all_reduce_coalesced", "reduce", "all_gather",
                    "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                    "barrier", "noncontiguous")
-# Reduced matrix: one dtype per kernel family (float, half float, integer, bool -- also an
-# odd byte count --, complex) and the ops that take different code paths (plain sum, AVG's
-# division, a comparison, a bitwise op). Counts stay complete: 0, 1, 7 (fewer elements than
-# ranks: empty chunks) and one above the staging size.
-REDUCED = {"dtypes": ("float32", "bfloat16", "int64", "bool", "complex64"),
-           "ops": ("SUM", "AVG", "MAX", "BXOR")}
-FULL_MATRIX_TOPOLOGY = "2x2"
 DEADLINE = 300
 PG_TIMEOUT = 30
 
-
-def _subset(topo: str, setting: str):
-    return None if (setting == "auto" and topo == FULL_MATRIX_TOPOLOGY) else REDUCED
 
 
 def _families(topo: str, setting: str) -> list[str]:
@@ -169,11 +158,9 @@ def fam_traffic(ctx, rec):
 LOCAL_FAMILIES = {"topology": fam_topology, "traffic": fam_traffic}
 
 
-def matrix_worker(ctx, names, node_of, setting, subset):
+def matrix_worker(ctx, names, node_of, setting):
     ctx.node_of, ctx.setting = list(node_of), setting
-    if subset:
-        ctx.dtypes = tuple(getattr(torch, d) for d in subset["dtypes"])
-        ctx.ops = set(subset["ops"])
+    use_reduced_matrix(ctx)
     return run_families(ctx, {**FAMILIES, **LOCAL_FAMILIES}, names)
 
 
@@ -206,7 +193,7 @@ def _batch(topo: str, setting: str, nodes, session):
     names = [f for f in _families(topo, setting) if f in _selected(session, topo, setting)]
     results, errors, mode = launch_families(
         lambda batch: launch(matrix_worker, len(node_of),
-                            (batch, list(node_of), setting, _subset(topo, setting)),
+                            (batch, list(node_of), setting),
                             env=SETTINGS[setting], node_of=node_of, netns=nodes,
                             deadline=DEADLINE, pg_timeout=PG_TIMEOUT), names, len(node_of), 4)
     _BATCH[key] = (results, errors, mode)
