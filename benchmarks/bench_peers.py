@@ -373,23 +373,16 @@ def run(args, bc, notes: list[str]) -> tuple[list[dict], dict, list[str]]:
                 rows += run_world1(args, bc, tmp)
             except Exception as exc:  # noqa: BLE001 - reported, the peers still run
                 errors.append(f"{WORLD1_LABEL}: {type(exc).__name__}: {exc}")
-        if "mpi" in args.peers:
+        for peer, runner in (("mpi", run_mpi), ("oneccl", run_oneccl)):
+            if peer not in args.peers:
+                continue
             try:
-                mpi_rows, mpi_info, error = run_mpi(args, bc, tmp)
-                rows += mpi_rows
-                info.update(mpi_info)
+                peer_rows, peer_info, error = runner(args, bc, tmp)
+                rows += peer_rows
+                info.update(peer_info)
                 if error:
-                    errors.append(f"mpi: {error}")
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"mpi: {type(exc).__name__}: {exc}")
-        if "oneccl" in args.peers:
-            try:
-                ccl_rows, ccl_info, error = run_oneccl(args, bc, tmp)
-                rows += ccl_rows
-                info.update(ccl_info)
-                if error:
-                    errors.append(f"oneccl: {error}")
-            except Exception as exc:  # noqa: BLE001
-                errors.append(f"oneccl: {type(exc).__name__}: {exc}")
+                    errors.append(f"{peer}: {error}")
+            except Exception as exc:  # noqa: BLE001 - reported, the other peers still run
+                errors.append(f"{peer}: {type(exc).__name__}: {exc}")
     info["peer_notes"] = notes + [f"ERROR {e}" for e in errors]
     return rows, info, errors
