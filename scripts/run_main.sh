@@ -11,7 +11,8 @@
 #      Llama, 15.7 M parameters, 2 games per rank) with RSDP, FSDP2 and DDP: RSDP's peak
 #      memory per rank is well below both; table, JSON and plots in examples/results/weights/;
 #   3. the collective benchmark, 2 ranks, rsdp (plain and communication-memory buffers) vs
-#      gloo, with Open MPI as a reference, one round (table, JSON, PNG in benchmarks/results/;
+#      gloo, with Open MPI and Intel oneCCL as references (each left out with a note where it
+#      cannot run), one round (table, JSON, PNG in benchmarks/results/;
 #      --rounds 2-3 in benchmarks/bench_collectives.py when the machine is busy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,6 +33,6 @@ start=$(date +%s)
 python3 examples/finetune_chess.py --compare --nproc "$NPROC" --out examples/results
 python3 examples/finetune_chess.py --compare --preset weights --nproc "$NPROC" \
   --out examples/results/weights
-python3 benchmarks/bench_collectives.py --backends rsdp,rsdp:pool,gloo --peers mpi --world-size 2 \
+python3 benchmarks/bench_collectives.py --backends rsdp,rsdp:pool,gloo --peers mpi,oneccl --world-size 2 \
   --dtypes float32 --max-bytes 16M
 echo "main job: $(( $(date +%s) - start )) s after set-up"
