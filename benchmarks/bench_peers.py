@@ -352,7 +352,7 @@ def wait_ranks(procs: list, timeout: float) -> str | None:
         if all(c is not None for c in codes) or failed:
             break
         if time.monotonic() > deadline:
-            return f"the ranks did not finish in {timeout} s (2 x --timeout)"
+            return f"the ranks did not finish in {timeout:.0f} s"
         time.sleep(0.1)
     if failed:
         grace = time.monotonic() + 5

@@ -302,11 +302,13 @@ def test_no_ucx_warnings(nodes):
 
 
 def test_bench_multinode_quick(tmp_path, nodes):
-    """bench_multinode.py --quick runs every variant and writes a complete JSON report."""
-    backends = "rsdp,gloo" if RSDP else "gloo"
+    """bench_multinode.py --quick runs every variant and writes a complete JSON report: rsdp
+    as it chooses, the flat ring, gloo, Open MPI on the same emulated nodes (its daemons
+    started through netns.py as a remote shell) and rsdp without a link; a peer that cannot
+    run across nodes (oneCCL) is left out with its reason in the report."""
+    variants = "auto,ring,gloo,mpi,oneccl,nolink" if RSDP else "gloo"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_multinode.py"), "--quick",
-           "--variants", {"rsdp,gloo": "hier,ring,gloo", "gloo": "gloo"}[backends],
-           "--out", str(tmp_path)] + (["--loopback"] if nodes is None else [])
+           "--variants", variants, "--out", str(tmp_path)] + (["--loopback"] if nodes is None else [])
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n" \
                               f"{p.stderr[-3000:]}"
@@ -315,16 +317,47 @@ def test_bench_multinode_quick(tmp_path, nodes):
     print(f"bench mode: {report['config']['mode']}")
     rows = report["rows"]
     ops = {"all_reduce", "all_gather", "reduce_scatter"}
-    variants = set(report["config"]["variants"])
-    for v in variants:
+    ran = set(report["config"]["variants"])
+    if RSDP:
+        # Open MPI runs wherever the nodes are namespaces (setup.sh installs it); oneCCL never
+        # across them, and says why
+        expected = {"auto", "ring", "gloo", "nolink"} | ({"mpi"} if nodes is not None else set())
+        assert ran == expected, (ran, report["machine"].get("peer_notes"))
+        assert "oneccl" in report["machine"]["peer_notes"], report["machine"]
+        assert "oneCCL not measured" in (tmp_path / "bench_multinode.md").read_text()
+    for v in ran:
         for op in ops:
             got = [row for row in rows if row["variant"] == v and row["op"] == op]
             assert got, f"no rows for {v} {op}"
             for row in got:
                 assert row["correct"], f"wrong result: {row}"
                 assert row["time_s"] > 0 and row["link_bytes"] > 0, row
+                # no link, no efficiency; every linked variant has one behind a rate limit
+                has_eff = row["link_efficiency"] is not None
+                assert has_eff == (v != "nolink" and nodes is not None), row
     assert (tmp_path / "bench_multinode.md").exists()
     assert (tmp_path / "bench_multinode.png").exists()
+
+
+@pytest.mark.skipif(not netns.namespaces_available(), reason="network namespaces not permitted")
+def test_netns_command_runs_inside_the_node_and_refuses_other_names(nodes):
+    """`python netns.py NODE COMMAND...` (mpirun's remote shell in bench_multinode.py) runs the
+    command in the node's namespace under the node's host name, with ssh's leading options
+    ignored; a name that is no live node's namespace gets ssh's status 255 and a message."""
+    if nodes is None:
+        pytest.skip("loopback mode: no emulated nodes")
+    script = os.path.join(ROOT, "torch_rsdp", "testing", "netns.py")
+    node = nodes.netns_name(1)
+    p = subprocess.run([sys.executable, script, "-x", node, "hostname;", "ip", "-br", "addr"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.splitlines()[0] == node, p.stdout
+    assert nodes.node_addr(1) in p.stdout and nodes.node_addr(0) not in p.stdout, p.stdout
+    for bad in ("rsdp-0000-n9", "/etc"):
+        p = subprocess.run([sys.executable, script, bad, "true"], capture_output=True,
+                           text=True, timeout=60)
+        assert p.returncode == 255 and "not the namespace of a live emulated node" in p.stderr, \
+            (bad, p.returncode, p.stderr)
 
 
 # --------------------------------------------------------------------------------------------

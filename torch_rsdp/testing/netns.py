@@ -533,3 +533,34 @@ class EmulatedNodes:
         self._open = False
         _LIVE.pop(self.tag, None)
         _destroy(self.tag)
+
+
+# ------------------------------------------------------------------------------ as a command
+
+
+def main(argv: list[str]) -> int:
+    """`python netns.py NODE COMMAND...`: runs COMMAND inside emulated node NODE (a namespace
+    name of a live EmulatedNodes, also the node's host name), through `sh -c` as ssh runs a
+    remote command. This is the remote shell of programs that start their own processes per
+    host, where the host names are the namespace names: Open MPI's mpirun
+    (`--mca plm_rsh_agent "python .../netns.py"`, `-H <node name>:<ranks>,...`) and
+    benchmarks/multinode_peers.py's oneCCL ranks. Leading options (ssh's `-x` and the like)
+    are ignored. Run as a file, this module imports nothing outside the standard library."""
+    args = list(argv)
+    while args and args[0].startswith("-"):
+        args.pop(0)
+    if len(args) < 2:
+        print("usage: netns.py NODE COMMAND...", file=sys.stderr)
+        return 2
+    node, command = args[0], " ".join(args[1:])
+    if _tag_of(node) is None or not os.path.exists(os.path.join(NETNS_DIR, node)):
+        print(f"netns.py: {node!r} is not the namespace of a live emulated node",
+              file=sys.stderr)
+        return 255  # ssh's status for a connection that could not be made
+    enter(node, hostname=node)
+    os.execv("/bin/sh", ["sh", "-c", command])
+    return 127  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
