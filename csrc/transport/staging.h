@@ -87,6 +87,11 @@ class Staging {
   // rather than writing it there with a kernel.
   virtual bool streams_stage() const { return false; }
 
+  // Whether every rank has a core of its own (no more ranks than the
+  // machine's CPUs): a waiter then finds its peer running, and an extra
+  // exchange costs a hand-off, not a switch of the scheduler.
+  virtual bool rank_per_core() const { return false; }
+
   // The host shared-memory comm behind this transport when its staging is
   // host shared memory with a pool (the one-copy paths of direct.cpp), else
   // null.

@@ -56,7 +56,8 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   // With more ranks than cores a spinning waiter steals the core its peer
   // needs to make progress: sleep almost at once instead.
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  if (cpus > 0 && group_.size > cpus) opts_.spin_us = std::min(opts_.spin_us, 2);
+  rank_per_core_ = cpus > 0 && group_.size <= cpus;
+  if (!rank_per_core_) opts_.spin_us = std::min(opts_.spin_us, 2);
   attach(store);
   if (layout_.pool)
     pool_ = std::make_shared<ShmPool>(seg_, seg_->data() + layout_.pool_offset(group_.rank),

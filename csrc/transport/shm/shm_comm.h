@@ -87,6 +87,7 @@ class ShmComm final : public Staging {
   void copy(void* dst, const void* src, size_t bytes) override;
   ShmComm* shared_memory() override { return this; }
   bool streams_stage() const override { return streaming_; }
+  bool rank_per_core() const override { return rank_per_core_; }
 
   // --- ring steps ([Note: ring steps wait for neighbours only]) ---
   // This rank's half for the next step, once whoever read its previous use
@@ -153,6 +154,7 @@ class ShmComm final : public Staging {
   std::unique_ptr<Notice> notice_;
   Handoff handoff_;
   bool streaming_ = false;  // copies into the staging halves stream (RSDP_SHM_STORES)
+  bool rank_per_core_ = false;  // no more ranks than CPUs
   uint32_t step_ = 0;
   uint64_t seq_ = 0;
   // Who read this rank's half of the last step of each parity: a group rank,
