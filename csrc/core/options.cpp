@@ -134,8 +134,7 @@ Options Options::from_env() {
   auto check_choice = [](const char* var, const char* v, const std::string& names) {
     RSDP_CHECK(std::strchr(v, ' ') == nullptr &&
                    (" " + names + " ").find(std::string(" ") + v + " ") != std::string::npos,
-               "environment variable ", var, "='", v, "' names no algorithm; choose one of: ",
-               names);
+               "environment variable ", var, "='", v, "' is none of its choices: ", names);
   };
   // RSDP_ALGO_<OP>, as given ("auto" is unset): the names each op accepts are the algorithm
   // table's, which checks them (check_forced_algorithms, algorithms/select.cpp).
