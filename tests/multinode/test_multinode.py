@@ -308,7 +308,8 @@ def test_bench_multinode_quick(tmp_path, nodes):
     run across nodes (oneCCL) is left out with its reason in the report."""
     variants = "auto,ring,gloo,mpi,oneccl,nolink" if RSDP else "gloo"
     cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_multinode.py"), "--quick",
-           "--variants", variants, "--out", str(tmp_path)] + (["--loopback"] if nodes is None else [])
+           "--variants", variants, "--out", str(tmp_path)]
+    cmd += ["--loopback"] if nodes is None else []
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n" \
                               f"{p.stderr[-3000:]}"
