@@ -274,26 +274,36 @@ def run_mpi(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
     cmd = mpirun_command(args.world_size, plan, out, getattr(args, "bind", False))
     launcher = " ".join(cmd[:cmd.index(sys.executable)])
     print(f"# mpi: {launcher} python benchmarks/bench_mpi_peer.py ...", flush=True)
-    error = None
-    proc = subprocess.Popen(cmd)
-    try:
-        # A hung job must not hang the benchmark: it gets twice the process-group timeout.
-        if proc.wait(timeout=2 * args.timeout) != 0:
-            error = f"mpirun exited with status {proc.returncode}"
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # SIGTERM: mpirun then stops its ranks itself
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        error = f"mpirun did not finish in {2 * args.timeout} s (2 x --timeout)"
+    # A hung job must not hang the benchmark: it gets twice the process-group timeout.
+    error = run_mpirun(cmd, 2 * args.timeout)
     result = json.load(open(out)) if os.path.exists(out) else {}
     info = {"mpi_library_version": result.get("library_version", "unknown"),
             "mpi_standard_version": result.get("mpi_version"),
             "mpi4py_version": result.get("mpi4py_version"),
             "mpi_command": launcher}
     return result.get("rows", []), info, error
+
+
+def run_mpirun(cmd: list[str], timeout: float, capture: bool = False) -> str | None:
+    """Runs an mpirun command line; None when it exits 0, else why not. Past `timeout` it is
+    sent SIGTERM (mpirun then stops its daemons and ranks itself), SIGKILL 30 s later. With
+    `capture`, the end of its output goes into the error."""
+    out = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if capture else None,
+                            text=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        return f"mpirun did not finish in {timeout:.0f} s"
+    if proc.returncode != 0:
+        return f"mpirun exited with status {proc.returncode}" + (f": {log[-2000:]}" if log else "")
+    return None
 
 
 def run_oneccl(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 
@@ -108,19 +107,6 @@ def run_mpi(nodes, node_of, points, timeout, tmp):
             "--out", out]
     shown = " ".join(cmd[:cmd.index(sys.executable)])
     print(f"# mpi: {shown} python benchmarks/bench_mpi_peer.py ...", flush=True)
-    error = None
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        log, _ = proc.communicate(timeout=timeout)
-        if proc.returncode != 0:
-            error = f"mpirun exited with status {proc.returncode}: {log[-2000:]}"
-    except subprocess.TimeoutExpired:
-        proc.terminate()  # mpirun stops its daemons and ranks itself
-        try:
-            proc.communicate(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-        error = f"mpirun did not finish in {timeout:.0f} s"
+    error = bench_peers.run_mpirun(cmd, timeout, capture=True)
     raw = json.load(open(out)).get("rows", []) if os.path.exists(out) else []
     return raw, error, shown
