@@ -270,6 +270,27 @@ def _write_result(path: str, payload) -> None:
     os.replace(tmp, path)
 
 
+def _die_with_launcher(launcher_pid: int) -> None:
+    """Ends this rank (SIGKILL) within half a second of its launcher's exit.
+
+    A rank forked by the fork server is not the launcher's child, and the server outlives a
+    launcher killed from outside (a SIGKILLed pytest, a benchmark stopped by hand): its ranks
+    used to run on until their process-group timeout. A daemon thread polls the launcher."""
+    import threading
+
+    def watch():
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(launcher_pid, 0)
+            except ProcessLookupError:
+                os.kill(os.getpid(), signal.SIGKILL)
+            except PermissionError:
+                pass  # alive, owned by another user
+
+    threading.Thread(target=watch, name="rsdp-test-launcher-watch", daemon=True).start()
+
+
 def _worker_main(fn, args, rank, world_size, backend, workdir, store_port, env, pg_timeout,
                  init, deadline_s, destroy, store_host="127.0.0.1"):
     log_path = os.path.join(workdir, f"rank{rank}.log")
@@ -290,6 +311,8 @@ def _worker_main(fn, args, rank, world_size, backend, workdir, store_port, env, 
         except BaseException as e:  # noqa: BLE001 - reported as this rank's error below
             netns_error = e
 
+    if env.get("RSDP_TEST_LAUNCHER_PID"):  # a thread: only after the namespace is entered
+        _die_with_launcher(int(env["RSDP_TEST_LAUNCHER_PID"]))
     for k, v in env.items():
         if v is None:
             os.environ.pop(k, None)
@@ -491,7 +514,7 @@ def launch(
 
     backend = backend or backend_under_test()
     ranks = list(range(world_size)) if ranks is None else list(ranks)
-    full_env = {"RSDP_SHM_BYTES": DEFAULT_SHM_BYTES}
+    full_env = {"RSDP_SHM_BYTES": DEFAULT_SHM_BYTES, "RSDP_TEST_LAUNCHER_PID": str(os.getpid())}
     full_env.update(env or {})
     rank_env, mode, store_host = None, "single node", "127.0.0.1"
     if netns is not None and node_of is None:

@@ -98,3 +98,56 @@ def test_expected_sigkill():
     assert res[0] == "fine"
     with pytest.raises(LaunchError, match="died without a result"):
         launch(_sigkill_worker, 2, backend="gloo", init=False, deadline=60)
+
+
+_ORPHAN_LAUNCHER = """
+import os, sys, time
+sys.path.insert(0, {tests!r})
+from support.harness import launch
+
+def sleeper(ctx):
+    with open(os.path.join({out!r}, f"pid{{ctx.rank}}"), "w") as f:
+        f.write(str(os.getpid()))
+    time.sleep(300)
+
+if __name__ == "__main__":
+    launch(sleeper, 2, deadline=300, init=False)
+"""
+
+
+def test_ranks_die_with_a_launcher_killed_from_outside(tmp_path):
+    """A launcher SIGKILLed mid-launch (no cleanup of its own runs) takes its ranks with it
+    within seconds, instead of leaving them to run to their deadline."""
+    import subprocess
+    import sys
+
+    tests = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = tmp_path / "launcher.py"
+    script.write_text(_ORPHAN_LAUNCHER.format(tests=tests, out=str(tmp_path)))
+    proc = subprocess.Popen([sys.executable, str(script)])
+    try:
+        end = time.monotonic() + 90
+        while len(list(tmp_path.glob("pid*"))) < 2 and time.monotonic() < end:
+            time.sleep(0.2)
+        pids = [int(p.read_text()) for p in tmp_path.glob("pid*")]
+        assert len(pids) == 2, "the ranks did not start"
+    finally:
+        proc.kill()
+        proc.wait()
+
+    def alive(pid):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        # a zombie is dead too (its parent, the fork server, may not have reaped it yet)
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+    end = time.monotonic() + 15
+    while any(alive(p) for p in pids) and time.monotonic() < end:
+        time.sleep(0.2)
+    left = [p for p in pids if alive(p)]
+    for p in left:
+        os.kill(p, signal.SIGKILL)
+    assert not left, f"ranks {left} outlived their killed launcher"
