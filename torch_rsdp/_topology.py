@@ -30,7 +30,10 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
     ``mode`` (``"near"``: the ranks' CPUs share a cache; ``"far"``: they do not, as when a
     virtual machine's CPUs sit on different chiplets of the host; ``"unmeasured"``: one rank,
     or more ranks than CPUs) and ``stores`` (``"streaming"`` or ``"cached"``, how copies into
-    the staging memory store: ``RSDP_SHM_STORES``).
+    the staging memory store: ``RSDP_SHM_STORES``). ``allreduce_oneshot_bytes``: the largest
+    CPU all-reduce that runs one-shot (one exchange, every rank reduces every copy) rather
+    than reduce-scatter + all-gather: ``RSDP_ONESHOT_BYTES`` where set, else chosen for the
+    node's ranks and CPUs (``csrc/algorithms/select.cpp``); across nodes, the leaders' path's.
 
     Any backend: a group on another backend than rsdp gets the same answer derived from
     ``RSDP_NODE_ID``, torchrun's variables or the host names (:mod:`._node_topology`; the

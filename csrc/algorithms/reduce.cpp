@@ -44,8 +44,9 @@ void reduce(Staging& c, void* buf, size_t count, DType dt, RedOp op, int root,
   size_t base = 0;
   do {
     const size_t seg = clip(count, base, sub * n);
-    auto len = [&](int p) { return clip(seg, p * sub, sub); };
-    auto at = [&](int p) { return data + (base + p * sub) * es; };
+    const size_t chunk = chunk_elems(seg, n, sub, es, c.rank_per_core());
+    auto len = [&](int p) { return clip(seg, p * chunk, chunk); };
+    auto at = [&](int p) { return data + (base + p * chunk) * es; };
 
     char* st = c.stage();
     for (int p = 0; p < n; ++p)
@@ -63,7 +64,7 @@ void reduce(Staging& c, void* buf, size_t count, DType dt, RedOp op, int root,
     if (me == root)
       for (int p = 0; p < n; ++p)
         if (p != me) c.copy(at(p), c.peer(p) + p * sub * es, len(p) * es);
-    base += sub * n;
+    base += seg;
   } while (base < count);
 }
 

@@ -18,8 +18,18 @@ Algo automatic(const Choice& c) {
   const Topology& topo = c.topo;
   if (c.where == Where::kOneNode) {
     if (c.op != OpKind::kAllreduce) return Algo::kShm;
-    return c.bytes <= oneshot_bytes(c.opts, c.device) && c.bytes <= c.half_bytes ? Algo::kOneshot
-                                                                                 : Algo::kRsAg;
+    // [Note: one-shot bound]
+    // One-shot is one exchange, but every rank reads and reduces all n
+    // copies; reduce-scatter + all-gather is two exchanges and each rank
+    // reduces 1/n. Measured on a 2-vCPU AMD EPYC KVM guest, both in one
+    // launch (two groups of the same ranks, 40 alternating batches of 20
+    // ops, median): 2 ranks, a core each: equal at 8 KiB, reduce-scatter +
+    // all-gather ahead from 16 KiB (32 KiB 14.3 vs 15.6 us, 64 KiB 18.4 vs
+    // 21.2, 256 KiB 32.8 vs 45.6); 4 ranks on the 2 cores: one-shot ahead
+    // up to 8 KiB, behind by 27-30% at 32 KiB. Reduce keeps its own bound
+    // (RSDP_ONESHOT_BYTES, 32 KiB: at 2 ranks the two meet at 32-64 KiB).
+    const size_t oneshot = allreduce_oneshot_bytes(c.opts, c.device);
+    return c.bytes <= oneshot && c.bytes <= c.half_bytes ? Algo::kOneshot : Algo::kRsAg;
   }
   // Several nodes.
   switch (c.op) {

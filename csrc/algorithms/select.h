@@ -23,10 +23,19 @@ Algo select_algo(const Choice& c);
 // with no choice of algorithm ignores its variable (the entry is cleared).
 void check_forced_algorithms(Options& opts);
 
-// The one-shot allreduce threshold for host or device buffers
+// The one-shot threshold of reduce for host or device buffers
 // (RSDP_ONESHOT_BYTES, RSDP_CUDA_ONESHOT_BYTES).
 inline size_t oneshot_bytes(const Options& opts, bool device) {
   return device ? opts.cuda_oneshot_bytes : opts.oneshot_bytes;
+}
+
+// The largest single-node all-reduce that runs one-shot rather than reduce-scatter +
+// all-gather: RSDP_CUDA_ONESHOT_BYTES for device buffers, RSDP_ONESHOT_BYTES where it is
+// set, else kNodeAllreduceOneshotBytes (select.cpp, [Note: one-shot bound]).
+constexpr size_t kNodeAllreduceOneshotBytes = 8u << 10;
+inline size_t allreduce_oneshot_bytes(const Options& opts, bool device) {
+  if (device) return opts.cuda_oneshot_bytes;
+  return opts.oneshot_set ? opts.oneshot_bytes : kNodeAllreduceOneshotBytes;
 }
 
 }  // namespace rsdp

@@ -42,6 +42,11 @@ const Handoff& BackendRSDP::handoff() const { return comm_->shm->handoff(); }
 
 bool BackendRSDP::streaming_stores() const { return comm_->shm->streaming(); }
 
+size_t BackendRSDP::allreduce_oneshot_bytes() const {
+  if (comm_->multi_node()) return opts_.oneshot_bytes;
+  return rsdp::allreduce_oneshot_bytes(opts_, false);
+}
+
 Traffic& BackendRSDP::traffic() const { return comm_->traffic; }
 
 std::string BackendRSDP::cuda_paths() const {

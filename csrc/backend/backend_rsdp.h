@@ -194,6 +194,9 @@ class BackendRSDP : public c10d::Backend {
   const Handoff& handoff() const;
   // Whether copies into this node's staging use streaming stores (RSDP_SHM_STORES).
   bool streaming_stores() const;
+  // The largest CPU all-reduce that runs one-shot: on one node the group's
+  // bound (algorithms/select.h), across nodes the leaders' path's.
+  size_t allreduce_oneshot_bytes() const;
   Traffic& traffic() const;
   // Which transports serve the group's CUDA ops ("" before the first one).
   std::string cuda_paths() const;

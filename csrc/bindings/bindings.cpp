@@ -167,6 +167,7 @@ PYBIND11_MODULE(_C, m) {
             handoff["pull_gbps"] = h.pull_gbps;
             handoff["stores"] = b.streaming_stores() ? "streaming" : "cached";
             d["handoff"] = handoff;
+            d["allreduce_oneshot_bytes"] = b.allreduce_oneshot_bytes();
             return d;
           },
           "Where the group's ranks live: nodes, local rank/size, rail, leaders.")

@@ -117,8 +117,10 @@ std::string algo_env_var(OpKind op) {
 Options Options::from_env() {
   Options o;
   if (const char* v = env("RSDP_SHM_BYTES")) o.shm_bytes = parse_bytes("RSDP_SHM_BYTES", v);
-  if (const char* v = env("RSDP_ONESHOT_BYTES"))
+  if (const char* v = env("RSDP_ONESHOT_BYTES")) {
     o.oneshot_bytes = parse_bytes("RSDP_ONESHOT_BYTES", v);
+    o.oneshot_set = true;
+  }
   if (const char* v = env("RSDP_P2P_BYTES")) o.p2p_bytes = parse_bytes("RSDP_P2P_BYTES", v);
   if (const char* v = env("RSDP_POOL_BYTES")) o.pool_bytes = parse_bytes("RSDP_POOL_BYTES", v);
   if (const char* v = env("RSDP_SPIN_US")) o.spin_us = parse_int("RSDP_SPIN_US", v, 1'000'000);

@@ -13,8 +13,12 @@ namespace rsdp {
 struct Options {
   // Staging bytes per rank per group (two halves, used alternately).
   size_t shm_bytes = 2u << 20;
-  // Allreduce messages up to this size use the one-shot algorithm.
+  // Reduce and allreduce messages up to this size use the one-shot algorithm
+  // (across nodes, all-reduce's leaders' path). Unset, a single-node
+  // all-reduce has a bound of its own (algorithms/select.h).
   size_t oneshot_bytes = 32u << 10;
+  // RSDP_ONESHOT_BYTES was given: every op uses it as it is.
+  bool oneshot_set = false;
   // Ring-buffer bytes per ordered pair of ranks for send/recv (0 = automatic).
   size_t p2p_bytes = 0;
   // Communication memory per rank per single-node group, handed out by
