@@ -79,6 +79,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 # (appended, so an installed torch_rsdp takes precedence).
 sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bench_peers  # noqa: E402  (sibling module: Open MPI, oneCCL and rsdp@1 references)
+import cpu_probe  # noqa: E402  (sibling module: are the CPUs contended now)
 import bench_report  # noqa: E402  (sibling module: tables, targets, plots)
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall")
@@ -208,6 +209,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "built on first use), and rsdp on 1 rank")
     p.add_argument("--out", default=os.path.join(here, "results"), help="output directory")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
+    p.add_argument("--cpu-probes", action="store_true",
+                   help="time an interpreter loop on each CPU alone and together (cpu_probe.py) "
+                        "before the torch backends, before each peer and at the end; "
+                        "results.json's machine.cpu_probes (bench_launches.py uses them)")
     p.add_argument("--memcpy-bytes", type=parse_size, default=parse_size("256M"),
                    help="buffer size for the single-core memcpy measurement (and, with "
                         "--device cuda, for the device-to-device copy)")
@@ -710,6 +715,8 @@ def main(argv=None) -> int:
 
     os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
+    if args.cpu_probes:
+        info["cpu_probes"] = [["torch", cpu_probe.probe()]]
     with tempfile.TemporaryDirectory() as tmp:
         raw_path = os.path.join(tmp, "raw.json")
         crashed = None
@@ -729,9 +736,12 @@ def main(argv=None) -> int:
         peer_raw, peer_info, peer_errors = bench_peers.run(args, sys.modules[__name__],
                                                            peer_notes)
         raw += peer_raw
+        info.setdefault("cpu_probes", []).extend(peer_info.pop("cpu_probes", []))
         info.update(peer_info)
     elif peer_notes:
         info["peer_notes"] = peer_notes
+    if args.cpu_probes:
+        info["cpu_probes"].append(["end", cpu_probe.probe()])
     rows = bench_report.aggregate(raw)
     elapsed = time.perf_counter() - t0
     info["elapsed_s"] = round(elapsed, 1)

@@ -1,22 +1,30 @@
 #!/usr/bin/env python3
 """The spread of collective times over launches, per launch mode: rsdp against its peers.
 
-On a virtual machine the host places the guest's CPUs, and the placement lasts minutes: in
-some launches two ranks share a last-level cache ("near"), in others they do not ("far") and
-every library's shared-memory collectives slow down, for the whole launch. One launch
-compared with another is then a coin toss. This script runs --launches rounds; each round
+On a virtual machine the host places the guest's CPUs, and two things change under a launch:
+ * the caches: in some launches two ranks share a last-level cache ("near"), in others they do
+   not ("far") and every library's shared-memory collectives slow down, for minutes;
+ * the cores: a vCPU may share its host core with another hardware thread (the other vCPU, or
+   another guest's), for seconds at a time; the interpreter, and with it every fixed cost of a
+   call, then runs at about half speed ("contended"; benchmarks/cpu_probe.py).
+One launch compared with another is then a coin toss. This script runs --launches rounds; each
+round
 
   1. probes the mode: two rsdp ranks are set up and their group's hand-off probe is read
      (torch_rsdp.topology()["handoff"]: the round trip of one step and the bandwidth of
      pulling lines the other core just wrote; transport/shm/handoff_probe.h);
   2. runs benchmarks/bench_collectives.py once, rsdp with --peers (Open MPI, oneCCL), so that
-     each peer runs as its own launch right after rsdp's, in the same placement (placements
-     last minutes, a round seconds); the rsdp launch reports its own probe too.
+     each peer runs as its own launch right after rsdp's (a round takes seconds), with
+     --cpu-probes: an interpreter loop is timed on each CPU alone and on all at once
+     (cpu_probe.py) before rsdp, before each peer and at the end. Each library's run gets
+     the CPU state of the probes around it: "clear" or "contended" (against the fastest alone
+     time of the whole script) when both agree, "changed" when they differ.
 
-Then, per mode and size: every library's median time over the launches in that mode, its
-min/max and spread (max/min), and rsdp's time over the peer's launch by launch. Goals
-(printed as PASS/MISS): in every mode, launch by launch, rsdp is at or below Open MPI's
-time from 64 KiB; over all launches rsdp's spread is no wider than Open MPI's.
+Then, per mode (hand-off/CPUs) and size: every library's median time over the launches it ran
+in that mode, its min/max and spread (max/min), and rsdp's time over the peer's in the launches
+where both ran in that mode. Goals (printed as PASS/MISS): in every steady mode ("changed" is
+shown, not judged), launch by launch, rsdp is at or below Open MPI's time from 64 KiB; over all
+launches rsdp's spread is no wider than Open MPI's.
 
     python benchmarks/bench_launches.py --launches 10                    # 2 ranks, Open MPI
     python benchmarks/bench_launches.py --launches 10 --world-size 4
@@ -40,6 +48,9 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.append(ROOT)  # an uninstalled checkout: torch_rsdp from the source tree
+sys.path.append(HERE)
+import cpu_probe  # noqa: E402  (sibling module)
+
 FROM_SIZE = 64 << 10  # the goals hold from 64 KiB (below it a call's fixed cost dominates)
 
 
@@ -92,7 +103,7 @@ def one_launch(args, out_dir: str) -> dict:
     cmd = [sys.executable, os.path.join(HERE, "bench_collectives.py"), "--backends", "rsdp",
            "--world-size", str(args.world_size), "--ops", args.op, "--dtypes", "float32",
            "--min-bytes", str(min(args.sizes)), "--max-bytes", str(max(args.sizes)),
-           "--out", out_dir, "--no-plot"]
+           "--out", out_dir, "--no-plot", "--cpu-probes"]
     if args.peers:
         cmd += ["--peers", ",".join(args.peers)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -107,7 +118,19 @@ def one_launch(args, out_dir: str) -> dict:
             if row["backend"] == "rsdp@1":
                 continue
             times.setdefault(row["backend"], {})[row["bytes"]] = row["time_us"]
-    return {"times": times, "handoff": res["machine"].get("handoff", {}).get("rsdp")}
+    return {"times": times, "handoff": res["machine"].get("handoff", {}).get("rsdp"),
+            "cpu_probes": res["machine"].get("cpu_probes", [])}
+
+
+def cpu_states(ln: dict, ref_ms: float) -> dict:
+    """Each library's CPU state in launch `ln`: from the probes just before and after it."""
+    probes = ln["cpu_probes"]  # [[who, probe]]: "torch" (rsdp), each peer, "end"
+    states = {}
+    for i, (who, p) in enumerate(probes[:-1]):
+        pair = {cpu_probe.contended(p, ref_ms), cpu_probe.contended(probes[i + 1][1], ref_ms)}
+        state = "changed" if len(pair) > 1 else "contended" if pair.pop() else "clear"
+        states["rsdp" if who == "torch" else who] = state
+    return states
 
 
 def spread(values: list[float]) -> float:
@@ -118,36 +141,43 @@ def summarize(launches: list[dict], sizes: list[int]) -> tuple[str, list[str]]:
     """The per-mode table and the goals' verdicts."""
     backends = sorted({b for ln in launches for b in ln["times"]},
                       key=lambda b: (b != "rsdp", b))
-    lines = ["| mode | launches | size | " + " | ".join(
-        f"{b} median µs (min–max, spread)" for b in backends) + " | rsdp/mpi per launch |",
+    lines = ["| mode | launches (rsdp) | size | " + " | ".join(
+        f"{b} median µs (min–max, spread) [launches]" for b in backends)
+        + " | rsdp/mpi per launch (both in the mode) |",
         "|---" * (4 + len(backends)) + "|"]
     verdicts = []
-    modes = sorted({ln["mode"] for ln in launches})
+
+    def mode_of(ln, b):
+        return f"{ln['probe']['mode']}/{ln['states'].get(b, '?')}"
+
+    modes = sorted({mode_of(ln, b) for ln in launches for b in ln["times"]})
+    def runs(b, size, mode):  # the launches in which b ran `size` in `mode`
+        return [ln for ln in launches if size in ln["times"].get(b, {})
+                and (mode == "all" or mode_of(ln, b) == mode)]
+
     for mode in modes + ["all"]:
-        group = [ln for ln in launches if mode == "all" or ln["mode"] == mode]
         for size in sizes:
             cells = []
             for b in backends:
-                vals = [ln["times"][b][size] for ln in group if size in ln["times"].get(b, {})]
+                vals = [ln["times"][b][size] for ln in runs(b, size, mode)]
                 cells.append(f"{statistics.median(vals):.1f} ({min(vals):.1f}–{max(vals):.1f}, "
-                             f"{spread(vals):.2f}x)" if vals else "–")
-            ratios = [ln["times"]["rsdp"][size] / ln["times"]["mpi"][size] for ln in group
-                      if size in ln["times"].get("rsdp", {}) and size in ln["times"].get("mpi", {})]
+                             f"{spread(vals):.2f}x) [{len(vals)}]" if vals else "–")
+            both = [ln for ln in runs("rsdp", size, mode) if ln in runs("mpi", size, mode)]
+            ratios = [ln["times"]["rsdp"][size] / ln["times"]["mpi"][size] for ln in both]
+            group = runs("rsdp", size, mode)
             ratio = (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f})"
-                     if ratios else "–")
+                     f" [{len(ratios)}]" if ratios else "–")
             lines.append(f"| {mode} | {len(group)} | {fmt_bytes(size)} | " + " | ".join(cells)
                          + f" | {ratio} |")
             if size < FROM_SIZE or not ratios:
                 continue
-            if mode != "all":
+            if mode != "all" and not mode.endswith("/changed"):
                 worst = max(ratios)
                 verdicts.append(f"{'PASS' if worst <= 1.0 else 'MISS'}  {mode} launches, "
                                 f"{fmt_bytes(size)}: rsdp/mpi at most {worst:.2f} (goal <= 1)")
             if mode == "all":
-                rs = spread([ln["times"]["rsdp"][size] for ln in group
-                             if size in ln["times"].get("rsdp", {})])
-                ms = spread([ln["times"]["mpi"][size] for ln in group
-                             if size in ln["times"].get("mpi", {})])
+                rs = spread([ln["times"]["rsdp"][size] for ln in runs("rsdp", size, mode)])
+                ms = spread([ln["times"]["mpi"][size] for ln in runs("mpi", size, mode)])
                 verdicts.append(f"{'PASS' if rs <= ms else 'MISS'}  all launches, "
                                 f"{fmt_bytes(size)}: rsdp spread {rs:.2f}x, Open MPI {ms:.2f}x")
     return "\n".join(lines), verdicts
@@ -179,22 +209,28 @@ def main(argv=None) -> int:
         probe = probe_mode()
         with tempfile.TemporaryDirectory() as tmp:
             ln = one_launch(args, tmp)
-        ln.update(round=i, probe=probe, mode=probe["mode"], load1=os.getloadavg()[0])
+        ln.update(round=i, probe=probe, load1=os.getloadavg()[0])
         own = ln["handoff"] or {}
-        print(f"[launch {i + 1}/{args.launches}] mode {probe['mode']} (probe: step "
+        print(f"[launch {i + 1}/{args.launches}] hand-off {probe['mode']} (probe: step "
               f"{probe['step_ns']:.0f} ns, pull {probe['pull_gbps']:.1f} GB/s; rsdp's own: "
-              f"{own.get('mode', '?')}, stores {own.get('stores', '?')}) " + "; ".join(
-                  f"{b} " + " ".join(f"{fmt_bytes(s)} {t:.0f}" for s, t in sorted(v.items()))
-                  for b, v in sorted(ln["times"].items())) + " µs", flush=True)
+              f"{own.get('mode', '?')}, stores {own.get('stores', '?')}); CPU probes: "
+              + "; ".join(f"{who} {cpu_probe.describe(p)}" for who, p in ln["cpu_probes"])
+              + "; " + "; ".join(f"{b} " + " ".join(f"{fmt_bytes(s)} {t:.0f}"
+                                             for s, t in sorted(v.items()))
+                          for b, v in sorted(ln["times"].items())) + " µs", flush=True)
         launches.append(ln)
         if args.pause:
             time.sleep(args.pause)
+    ref = cpu_probe.reference_ms([p for ln in launches for _, p in ln["cpu_probes"]])
+    for ln in launches:
+        ln["states"] = cpu_states(ln, ref)
     table, verdicts = summarize(launches, args.sizes)
     cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
                 if line.startswith("model name")), "?")
     head = (f"# {args.launches} launches, {args.world_size} ranks, {args.op} float32, "
             f"peers {','.join(args.peers) or 'none'}; {cpu}, {os.cpu_count()} CPUs; "
-            f"{time.perf_counter() - t0:.0f} s")
+            f"{time.perf_counter() - t0:.0f} s; CPUs contended beyond {cpu_probe.THRESHOLD}x "
+            f"the fastest interpreter loop of the run, {ref:.0f} ms")
     text = "\n".join([head, "", table, "", *verdicts])
     print("\n" + text)
     with open(os.path.join(args.out, "launches.md"), "w") as f:

@@ -386,6 +386,8 @@ def run(args, bc, notes: list[str]) -> tuple[list[dict], dict, list[str]]:
         for peer, runner in (("mpi", run_mpi), ("oneccl", run_oneccl)):
             if peer not in args.peers:
                 continue
+            if getattr(args, "cpu_probes", False):
+                info.setdefault("cpu_probes", []).append([peer, bc.cpu_probe.probe()])
             try:
                 peer_rows, peer_info, error = runner(args, bc, tmp)
                 rows += peer_rows
