@@ -24,16 +24,18 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
     ranks of every node), ``rail`` (the ranks sharing this rank's local rank),
     ``leaders``, ``uniform`` (all nodes have as many ranks) and ``describe``.
 
-    On rsdp, ``handoff``: what handing data between the ranks of this node cost when the
-    group was made (``csrc/transport/shm/handoff_probe.h``): ``step_ns`` (the fastest round
-    trip of one shared-memory step), ``pull_gbps`` (copying 256 KiB another core just wrote),
+    On rsdp, ``handoff``: what handing data between the ranks of this node cost at the
+    group's latest probe, when it was made and every 4096 collectives since
+    (``csrc/transport/shm/handoff_probe.h``; ``probes`` counts them): ``step_ns`` (the
+    fastest round trip of one shared-memory step), ``pull_gbps`` (copying 256 KiB another
+    core just wrote),
     ``mode`` (``"near"``: the ranks' CPUs share a cache; ``"far"``: they do not, as when a
     virtual machine's CPUs sit on different chiplets of the host; ``"unmeasured"``: one rank,
     or more ranks than CPUs) and ``stores`` (``"streaming"`` or ``"cached"``, how copies into
     the staging memory store: ``RSDP_SHM_STORES``). ``allreduce_oneshot_bytes``: the largest
     CPU all-reduce that runs one-shot (one exchange, every rank reduces every copy) rather
-    than reduce-scatter + all-gather: ``RSDP_ONESHOT_BYTES`` where set, else chosen for the
-    node's ranks and CPUs (``csrc/algorithms/select.cpp``); across nodes, the leaders' path's.
+    than reduce-scatter + all-gather: ``RSDP_ONESHOT_BYTES`` where set, else 8 KiB
+    (``csrc/algorithms/select.cpp``); across nodes, the leaders' path's.
 
     Any backend: a group on another backend than rsdp gets the same answer derived from
     ``RSDP_NODE_ID``, torchrun's variables or the host names (:mod:`._node_topology`; the

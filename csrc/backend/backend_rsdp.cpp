@@ -38,7 +38,7 @@ BackendRSDP::~BackendRSDP() { shutdown(); }
 
 const Topology& BackendRSDP::topology() const { return comm_->topo; }
 
-const Handoff& BackendRSDP::handoff() const { return comm_->shm->handoff(); }
+Handoff BackendRSDP::handoff() const { return comm_->shm->handoff(); }
 
 bool BackendRSDP::streaming_stores() const { return comm_->shm->streaming(); }
 

@@ -160,11 +160,12 @@ PYBIND11_MODULE(_C, m) {
             d["leaders"] = t.leaders();
             d["uniform"] = t.uniform();
             d["describe"] = t.describe();
-            const rsdp::Handoff& h = b.handoff();
+            const rsdp::Handoff h = b.handoff();
             py::dict handoff;
             handoff["mode"] = h.mode();
             handoff["step_ns"] = h.step_ns;
             handoff["pull_gbps"] = h.pull_gbps;
+            handoff["probes"] = h.probes;
             handoff["stores"] = b.streaming_stores() ? "streaming" : "cached";
             d["handoff"] = handoff;
             d["allreduce_oneshot_bytes"] = b.allreduce_oneshot_bytes();

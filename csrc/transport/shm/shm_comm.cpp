@@ -66,17 +66,13 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   for (const auto& p : group_.peers) pids.push_back(p.pid);
   watch_ = std::make_unique<PeerWatch>(pids, group_.rank);
   notice_ = std::make_unique<Notice>(reinterpret_cast<NoticeBlock*>(seg_->data() + kNoticeOffset));
-  handoff_ = probe_handoff(*this, group_.timeout);
-  // The probe is no collective of the user's: their first one is collective #1 (errors and
-  // test hooks name collectives by number). Every rank resets alike.
-  seq_ = 0;
-  streaming_ = opts_.shm_stores == "streaming" || (opts_.shm_stores == "auto" && handoff_.far);
+  probe(group_.timeout);
   if (opts_.debug)
     std::cerr << group_.me() << ": group '" << group_.name << "' size " << group_.size
               << ", shared memory " << layout_.total() << " bytes (staging 2x" << layout_.half
               << ", p2p ring " << layout_.ring << ", pool " << layout_.pool << " per rank)"
-              << "; hand-off " << handoff_.mode() << " (step " << handoff_.step_ns
-              << " ns, pull " << handoff_.pull_gbps << " GB/s)" << std::endl;
+              << "; hand-off " << handoff().mode() << " (step " << handoff().step_ns
+              << " ns, pull " << handoff().pull_gbps << " GB/s)" << std::endl;
 }
 
 ShmComm::~ShmComm() = default;
@@ -146,11 +142,44 @@ void ShmComm::attach(Bootstrap& store) {
   ctl(group_.rank).pid = group_.peers[group_.rank].pid;
 }
 
+void ShmComm::probe(std::chrono::milliseconds timeout) {
+  // The probe is no collective of the user's: errors and test hooks name
+  // collectives by number, the first of the user's being #1. Every rank
+  // restores alike.
+  const uint64_t seq = seq_;
+  probing_ = true;
+  since_probe_ = 0;
+  Handoff h;
+  try {
+    h = probe_handoff(*this, timeout);
+  } catch (...) {
+    probing_ = false;
+    seq_ = seq;
+    throw;
+  }
+  probing_ = false;
+  seq_ = seq;
+  {
+    std::lock_guard<std::mutex> g(handoff_mu_);
+    h.probes = handoff_.probes + 1;
+    handoff_ = h;
+  }
+  streaming_.store(opts_.shm_stores == "streaming" || (opts_.shm_stores == "auto" && h.far),
+                   std::memory_order_relaxed);
+}
+
 void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
   if (!broken_.empty())
     RSDP_FAIL(ErrorKind::kPeer, group_.me(), ": ", op_name(desc.kind),
               " refused: the group is unusable after an earlier failure (", broken_,
               "); destroy it and create a new one");
+  // The host may move the vCPUs while a group lives (handoff_probe.h): the
+  // probe runs again every kReprobeCollectives collectives, counted alike on
+  // every rank, so all ranks probe before the same one. Not before a ring
+  // step (its neighbours may still be a step behind).
+  if (!probing_ && desc.kind != OpKind::kRingShift && ++since_probe_ >= kReprobeCollectives &&
+      handoff().measured)
+    probe(timeout);
   desc.seq = ++seq_;
   desc_ = desc;
   deadline_ = Deadline(timeout);

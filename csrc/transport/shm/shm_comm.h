@@ -34,6 +34,7 @@
 
 #include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/bootstrap.h"
@@ -86,7 +87,7 @@ class ShmComm final : public Staging {
   size_t host_half_bytes() const override { return half_bytes(); }
   void copy(void* dst, const void* src, size_t bytes) override;
   ShmComm* shared_memory() override { return this; }
-  bool streams_stage() const override { return streaming_; }
+  bool streams_stage() const override { return streaming_.load(std::memory_order_relaxed); }
   bool rank_per_core() const override { return rank_per_core_; }
 
   // --- ring steps ([Note: ring steps wait for neighbours only]) ---
@@ -123,10 +124,14 @@ class ShmComm final : public Staging {
   // other members (the notice).
   void abort(const std::string& why);
   bool broken() const { return !broken_.empty(); }
-  // What a hand-off between this node's ranks costs (handoff_probe.h).
-  const Handoff& handoff() const { return handoff_; }
+  // What a hand-off between this node's ranks costs (handoff_probe.h): the
+  // latest probe's, when the group was made or at a re-probe since (any thread).
+  Handoff handoff() const {
+    std::lock_guard<std::mutex> g(handoff_mu_);
+    return handoff_;
+  }
   // Whether copies into the staging halves use streaming stores.
-  bool streaming() const { return streaming_; }
+  bool streaming() const { return streaming_.load(std::memory_order_relaxed); }
   // The group's notice on this node: the first failure that broke it.
   Notice& notice() const { return *notice_; }
 
@@ -141,6 +146,9 @@ class ShmComm final : public Staging {
   void wait_step(int p, uint32_t step);
   [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
   void attach(Bootstrap& store);
+  // Runs the hand-off probe and adopts its mode; the group's collective
+  // numbering is left as it was (the probe is no collective of the user's).
+  void probe(std::chrono::milliseconds timeout);
 
   Group group_;
   Options opts_;
@@ -152,8 +160,14 @@ class ShmComm final : public Staging {
   std::shared_ptr<ShmPool> pool_;
   std::unique_ptr<PeerWatch> watch_;
   std::unique_ptr<Notice> notice_;
+  mutable std::mutex handoff_mu_;  // handoff_ is read by other threads (topology())
   Handoff handoff_;
-  bool streaming_ = false;  // copies into the staging halves stream (RSDP_SHM_STORES)
+  // Copies into the staging halves stream (RSDP_SHM_STORES); set by the
+  // thread that runs the collectives, read by any.
+  std::atomic<bool> streaming_{false};
+  // Collectives begun since the last probe, and whether one is running now.
+  uint64_t since_probe_ = 0;
+  bool probing_ = false;
   bool rank_per_core_ = false;  // no more ranks than CPUs
   uint32_t step_ = 0;
   uint64_t seq_ = 0;
