@@ -44,7 +44,7 @@ void reduce(Staging& c, void* buf, size_t count, DType dt, RedOp op, int root,
   size_t base = 0;
   do {
     const size_t seg = clip(count, base, sub * n);
-    const size_t chunk = chunk_elems(seg, n, sub, es, c.rank_per_core());
+    const size_t chunk = chunk_elems(seg, n, sub, es);
     auto len = [&](int p) { return clip(seg, p * chunk, chunk); };
     auto at = [&](int p) { return data + (base + p * chunk) * es; };
 
