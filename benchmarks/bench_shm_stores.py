@@ -5,8 +5,9 @@ Two ranks pinned to two CPUs make two rsdp groups over the same ranks, one with
 RSDP_SHM_STORES=cached and one with streaming (the variable is read when a group is made),
 and time a float32 all-reduce on each in turn: per size, --rounds rounds of (3 warm-up ops,
 then 5 timed ops after a barrier) on each group, the median per group. Both groups share
-the launch's placement of the CPUs, so the comparison holds in either launch mode; the mode
-the first group measured (torch_rsdp.topology()["handoff"]) is printed with the times. Run
+the launch's placement of the CPUs, so the comparison holds in either launch mode. A third
+group is left to choose (auto): its probe (torch_rsdp.topology()["handoff"]: the mode, and a
+hand-off timed with either kind of store) and its choice are printed with the times. Run
 it several times to meet both modes (docs/benchmarks.md, "Launch modes").
 
     python benchmarks/bench_shm_stores.py
@@ -42,7 +43,10 @@ def rank_main(rank: int, port: int, sizes: list[int], rounds: int) -> None:
     for mode in MODES:
         os.environ["RSDP_SHM_STORES"] = mode
         groups[mode] = dist.new_group([0, 1])
-    handoff = torch_rsdp.topology(groups["cached"])["handoff"]
+    # A third group left to choose (RSDP_SHM_STORES=auto): its probe times a hand-off with
+    # either kind of store, and the faster decides (csrc/transport/shm/handoff_probe.cpp).
+    os.environ["RSDP_SHM_STORES"] = "auto"
+    handoff = torch_rsdp.topology(dist.new_group([0, 1]))["handoff"]
     cells = []
     for size in sizes:
         x = torch.ones(size // 4)
@@ -59,8 +63,10 @@ def rank_main(rank: int, port: int, sizes: list[int], rounds: int) -> None:
         cells.append(f"{size >> 10} KiB " + " / ".join(
             f"{statistics.median(times[m]) * 1e6:.0f}" for m in MODES))
     if rank == 0:
-        print(f"{handoff['mode']} (fastest step {handoff['step_ns']:.0f} ns) | cached / "
-              f"streaming µs: " + " | ".join(cells), flush=True)
+        print(f"{handoff['mode']} (fastest step {handoff['step_ns']:.0f} ns; hand-off "
+              f"{handoff['cached_gbps']:.1f} GB/s cached, {handoff['streamed_gbps']:.1f} "
+              f"streaming: chose {handoff['stores']}) | cached / streaming µs: "
+              + " | ".join(cells), flush=True)
     dist.destroy_process_group()
 
 

@@ -28,11 +28,13 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
     group's latest probe, when it was made and every 4096 collectives since
     (``csrc/transport/shm/handoff_probe.h``; ``probes`` counts them): ``step_ns`` (the
     fastest round trip of one shared-memory step), ``pull_gbps`` (copying 256 KiB another
-    core just wrote),
-    ``mode`` (``"near"``: the ranks' CPUs share a cache; ``"far"``: they do not, as when a
-    virtual machine's CPUs sit on different chiplets of the host; ``"unmeasured"``: one rank,
-    or more ranks than CPUs) and ``stores`` (``"streaming"`` or ``"cached"``, how copies into
-    the staging memory store: ``RSDP_SHM_STORES``). ``allreduce_oneshot_bytes``: the largest
+    core just wrote), ``cached_gbps`` and ``streamed_gbps`` (handing 256 KiB over: one rank
+    writes them into its staging memory with cached or streaming stores, the other copies
+    them out), ``mode`` (``"near"``: the ranks' CPUs share a cache; ``"far"``: they do not,
+    as when a virtual machine's CPUs sit on different chiplets of the host;
+    ``"unmeasured"``: one rank, or more ranks than CPUs) and ``stores`` (``"streaming"`` or
+    ``"cached"``, how copies into the staging memory store: ``RSDP_SHM_STORES``, else
+    streaming where the probe's hand-off was clearly faster with it). ``allreduce_oneshot_bytes``: the largest
     CPU all-reduce that runs one-shot (one exchange, every rank reduces every copy) rather
     than reduce-scatter + all-gather: ``RSDP_ONESHOT_BYTES`` where set, else 8 KiB
     (``csrc/algorithms/select.cpp``); across nodes, the leaders' path's.

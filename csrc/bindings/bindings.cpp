@@ -165,6 +165,8 @@ PYBIND11_MODULE(_C, m) {
             handoff["mode"] = h.mode();
             handoff["step_ns"] = h.step_ns;
             handoff["pull_gbps"] = h.pull_gbps;
+            handoff["cached_gbps"] = h.cached_gbps;
+            handoff["streamed_gbps"] = h.streamed_gbps;
             handoff["probes"] = h.probes;
             handoff["stores"] = b.streaming_stores() ? "streaming" : "cached";
             d["handoff"] = handoff;

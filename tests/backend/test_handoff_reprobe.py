@@ -3,7 +3,8 @@ host can move the vCPUs under a running group, so every 4096 collectives the gro
 and adopts the mode it measures (`topology()["handoff"]["probes"]` counts the probes). The probe
 is no collective of the user's: results stay exact across it, and a later error still names the
 user's collective by its own number (#4196 is the user's 4196th, the probe not counted). A
-forced RSDP_SHM_STORES setting survives the re-probe. 2 ranks (a core each on a 2-core machine,
+forced RSDP_SHM_STORES setting survives the re-probe; left to choose, the group streams exactly
+when its probe's hand-off was clearly faster with streaming stores. 2 ranks (a core each on a 2-core machine,
 so the probe measures); a few seconds.
 """
 
@@ -49,8 +50,14 @@ def test_the_group_probes_again_and_keeps_counting_the_users_collectives(stores)
         first, after = out["first"], out["after"]
         assert first["mode"] in ("near", "far") and first["probes"] == 1, (rank, first)
         assert after["mode"] in ("near", "far") and after["probes"] == 2, (rank, after)
+        for h in (first, after):
+            assert h["cached_gbps"] > 0 and h["streamed_gbps"] > 0, (rank, h)
         if stores:
             assert first["stores"] == after["stores"] == stores, (rank, first, after)
+        else:  # auto: streaming only where the probe's hand-off was >= 15% faster with it
+            for h in (first, after):
+                faster = h["streamed_gbps"] * 0.85 > h["cached_gbps"]
+                assert h["stores"] == ("streaming" if faster else "cached"), (rank, h)
         error = out["error"] or ""
         assert "collective mismatch" in error and f"collective #{REPROBE + 100}" in error, \
             (rank, error)

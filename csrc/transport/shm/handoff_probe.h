@@ -12,14 +12,15 @@
 // The probe (all ranks of the group, once, before the group is handed out):
 //   1. kRounds exchange() steps: the round-trip cost of a step, measured by
 //      rank 0 (the fastest round: preemption only adds);
-//   2. rank 1 writes kPullBytes into its staging half and rank 0 copies them
-//      out, kPulls times: the bandwidth of pulling lines another core just
-//      wrote, the pattern every staged collective has.
-// Rank 0 decides the mode and publishes the result with one more step, so
-// every rank of the group chooses the same way. About 0.1 ms on two cores.
+//   2. rank 1 copies kPullBytes into its staging half and rank 0 copies them
+//      out, the pattern every staged collective has, alternately with cached
+//      and with streaming stores (core/stream_copy.h), kTrials times each: the
+//      faster decides how the group writes its staging memory.
+// Rank 0 decides and publishes the result with one more step, so every rank
+// of the group chooses the same way. About 0.2 ms on two cores.
 // The placement can change while a group lives (seconds to minutes), so the
 // group probes again every kReprobeCollectives collectives (ShmComm::begin):
-// 0.1 ms in 4096 collectives of at least ~8 us each, under 0.3%.
+// 0.2 ms in 4096 collectives of at least ~8 us each, under 0.6%.
 #pragma once
 
 #include <chrono>
@@ -36,7 +37,10 @@ struct Handoff {
   uint64_t probes = 0;    // how many times the group has probed (1 when made)
   double step_ns = 0;     // fastest round trip of one exchange() step
   double pull_gbps = 0;   // GB/s of copying a half another core just wrote
-  bool far = false;       // the ranks do not share a cache: see handoff_probe.cpp
+  double cached_gbps = 0;    // GB/s of a hand-off (write, step, read) with cached stores
+  double streamed_gbps = 0;  // the same with streaming stores
+  bool far = false;     // the ranks do not share a cache: see handoff_probe.cpp
+  bool stream = false;  // streaming stores measured clearly faster: the group uses them
   std::string mode() const { return !measured ? "unmeasured" : far ? "far" : "near"; }
 };
 

@@ -164,7 +164,7 @@ void ShmComm::probe(std::chrono::milliseconds timeout) {
     h.probes = handoff_.probes + 1;
     handoff_ = h;
   }
-  streaming_.store(opts_.shm_stores == "streaming" || (opts_.shm_stores == "auto" && h.far),
+  streaming_.store(opts_.shm_stores == "streaming" || (opts_.shm_stores == "auto" && h.stream),
                    std::memory_order_relaxed);
 }
 
