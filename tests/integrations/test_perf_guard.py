@@ -1,5 +1,5 @@
-"""A guard against performance regressions, short enough for every CI run (about 15 s; a
-second run only when the first misses a floor).
+"""A guard against performance regressions, short enough for every CI run (about 15 s; another
+run, up to three, only when one misses a floor).
 
 It runs ``benchmarks/bench_rsdp_fsdp2.py --quick``: RSDP and FSDP2 train the same Hugging Face
 Llama (4.2 M parameters, activations dominate) on 2 ranks, taking turns step by step in the
@@ -40,13 +40,44 @@ def _measure(out_dir):
     return res, out
 
 
+def _cpu_ticks():
+    """{pid: (user + system clock ticks, command line)} of every process now."""
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            comm, fields = stat[stat.find("(") + 1:stat.rfind(")")], stat.rsplit(")", 1)[1].split()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = " ".join(f.read().decode(errors="replace").replace("\0", " ").split())
+        except OSError:  # gone meanwhile
+            continue
+        out[int(pid)] = (int(fields[11]) + int(fields[12]), cmd[:140] or f"[{comm}]")
+    return out
+
+
+def _busiest_processes(n=6, seconds=1.0):
+    """The processes that used the most CPU over the next second, for a failure's message: on
+    a 2-core machine another job beside the guard (or a process a test left running) is the
+    usual cause of a missed floor."""
+    import time
+    before = _cpu_ticks()
+    time.sleep(seconds)
+    after = _cpu_ticks()
+    hz = os.sysconf("SC_CLK_TCK")
+    busy = sorted(((t - before[p][0], p, cmd) for p, (t, cmd) in after.items() if p in before),
+                  reverse=True)[:n]
+    return "\n".join(f"  {100 * d / hz / seconds:5.0f}% pid {p}: {cmd}" for d, p, cmd in busy)
+
+
 def test_rsdp_and_allreduce_keep_their_ratios(tmp_path):
-    """Best of two runs: a neighbour's burst on a 2-core machine can stall one timing (once a
-    4 MiB all-reduce measured 2.7 ms instead of well under 1 ms), while a regression that
-    halves a ratio shows in both runs."""
+    """Best of up to three runs: a neighbour's burst on a 2-core machine can stall the
+    timings of a whole run (once a 4 MiB all-reduce measured 2.7 ms instead of well under
+    1 ms; once 3.6-4.2 ms in two runs in a row), while a regression that halves a ratio
+    shows in every run. A failure names the busiest processes of the machine."""
     pytest.importorskip("transformers")
     runs = []
-    for i in range(2):
+    for i in range(3):
         res, _ = _measure(tmp_path / str(i))
         runs.append(res)
         if (res["rows"]["rsdp"]["quiet"]["x_fsdp2"] >= RSDP_FLOOR
@@ -59,7 +90,8 @@ def test_rsdp_and_allreduce_keep_their_ratios(tmp_path):
     assert ratio >= RSDP_FLOOR, (
         f"RSDP's throughput is {ratio:.2f}x FSDP2's (floor {RSDP_FLOOR}) in the better of "
         f"{len(runs)} runs; steps (s): rsdp {rows['rsdp']['quiet']['steps']}, fsdp2 "
-        f"{rows['fsdp2']['quiet']['steps']}")
+        f"{rows['fsdp2']['quiet']['steps']}; busiest processes:\n{_busiest_processes()}")
     assert speedup >= ALLREDUCE_FLOOR, (
         f"rsdp's 4 MiB all-reduce is {speedup:.1f}x gloo's (floor {ALLREDUCE_FLOOR}) in the "
-        f"better of {len(runs)} runs: {[r['allreduce'] for r in runs]}")
+        f"better of {len(runs)} runs: {[r['allreduce'] for r in runs]}; busiest processes:\n"
+        f"{_busiest_processes()}")
