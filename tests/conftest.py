@@ -10,6 +10,8 @@
 - The backend under test is chosen with RSDP_TEST_BACKEND (default "rsdp"; "gloo" validates
   the tests themselves).
 - ``nodes``: emulated nodes (network namespaces) for a multi-node test module.
+- Every test fails if a process it started outlives it (support/leftovers.py); the process is
+  killed.
 """
 
 import importlib.util
@@ -43,6 +45,20 @@ def _say(request, text: str) -> None:
         with capman.global_and_fixture_disabled():
             tr.write_line(f"[{request.module.__name__}] {text}")
     print(text)
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind(request):
+    """Fails the test for any process it started that is still running a few seconds after it
+    ended (support/leftovers.py); those are killed."""
+    from support import leftovers
+
+    leftovers.install()
+    start = leftovers.now() - 1  # the clock's tick: a process started in it counts
+    yield
+    left = leftovers.reap(start)
+    assert not left, (f"{request.node.nodeid} left {len(left)} process(es) running (killed): "
+                      + "; ".join(f"pid {p}: {cmd}" for p, cmd in left.items()))
 
 
 @pytest.fixture(scope="module")
