@@ -42,17 +42,14 @@ def _measure(out_dir):
 
 def _cpu_ticks():
     """{pid: (user + system clock ticks, command line)} of every process now."""
+    from support import leftovers
     out = {}
-    for pid in filter(str.isdigit, os.listdir("/proc")):
+    for pid in leftovers.pids():
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
-            comm, fields = stat[stat.find("(") + 1:stat.rfind(")")], stat.rsplit(")", 1)[1].split()
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                cmd = " ".join(f.read().decode(errors="replace").replace("\0", " ").split())
-        except OSError:  # gone meanwhile
+            p = leftovers.proc(pid)
+        except (OSError, IndexError, ValueError):  # gone meanwhile
             continue
-        out[int(pid)] = (int(fields[11]) + int(fields[12]), cmd[:140] or f"[{comm}]")
+        out[pid] = (p["cpu"], p["cmd"][:140])
     return out
 
 

@@ -31,31 +31,45 @@ def now() -> int:
         return int(float(f.read().split()[0]) * _HZ)
 
 
+def proc(pid: int) -> dict:
+    """One process as /proc shows it: state, ppid, start (clock ticks since boot), cpu (user +
+    system ticks used) and cmd (its command line, or [name] for a kernel thread). Raises
+    OSError when it is gone or not ours to read."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat.rsplit(")", 1)[1].split()
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        cmd = " ".join(f.read().decode(errors="replace").replace("\0", " ").split())
+    return {"state": fields[0], "ppid": int(fields[1]), "start": int(fields[19]),
+            "cpu": int(fields[11]) + int(fields[12]),
+            "cmd": cmd[:200] or f"[{stat[stat.find('(') + 1:stat.rfind(')')]}]"}
+
+
+def pids() -> list[int]:
+    return [int(n) for n in os.listdir("/proc") if n.isdigit()]
+
+
 def started_since(ticks: int) -> dict[int, str]:
     """{pid: command line} of the live processes with this session's mark that started at or
     after `ticks` (this process and pytest's own servers excluded)."""
     needle = f"{MARK}={os.environ.get(MARK, '')}".encode()
     me = os.getpid()
     out = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == me:
+    for pid in pids():
+        if pid == me:
             continue
         try:
-            with open(f"/proc/{name}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            state, ppid, start = fields[0], int(fields[1]), int(fields[19])
-            if state in "ZX" or start < ticks:
+            p = proc(pid)
+            if p["state"] in "ZX" or p["start"] < ticks:
                 continue
-            with open(f"/proc/{name}/environ", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 if needle not in f.read().split(b"\0"):
                     continue
-            with open(f"/proc/{name}/cmdline", "rb") as f:
-                cmd = " ".join(f.read().decode(errors="replace").replace("\0", " ").split())
         except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
             continue
-        if ppid == me and any(s in cmd for s in _SERVERS):
+        if p["ppid"] == me and any(s in p["cmd"] for s in _SERVERS):
             continue
-        out[int(name)] = cmd[:200]
+        out[pid] = p["cmd"]
     return out
 
 
