@@ -25,7 +25,8 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
     ``leaders``, ``uniform`` (all nodes have as many ranks) and ``describe``.
 
     On rsdp, ``handoff``: what handing data between the ranks of this node cost at the
-    group's latest probe, when it was made and every 4096 collectives since
+    group's latest probe, when it was made and again while collectives run (once a second,
+    ``RSDP_REPROBE_MS``)
     (``csrc/transport/shm/handoff_probe.h``; ``probes`` counts them): ``step_ns`` (the
     fastest round trip of one shared-memory step), ``pull_gbps`` (copying 256 KiB another
     core just wrote), ``cached_gbps`` and ``streamed_gbps`` (handing 256 KiB over: one rank

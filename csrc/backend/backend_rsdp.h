@@ -190,7 +190,8 @@ class BackendRSDP : public c10d::Backend {
   // Where the group's ranks live (core/topology.h), and its traffic counters.
   const Topology& topology() const;
   // What a hand-off between the ranks of this rank's node costs, measured when
-  // the group was made and again every 4096 collectives (transport/shm/handoff_probe.h).
+  // the group was made and again once a second while collectives run
+  // (transport/shm/handoff_probe.h).
   Handoff handoff() const;
   // Whether copies into this node's staging use streaming stores (RSDP_SHM_STORES).
   bool streaming_stores() const;

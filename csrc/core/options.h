@@ -32,6 +32,10 @@ struct Options {
   // (non-temporal, core/stream_copy.h) or "auto" (streaming when the group's
   // ranks do not share a cache, transport/shm/handoff_probe.h).
   std::string shm_stores = "auto";
+  // How often (milliseconds) a node's group measures its hand-off again while
+  // collectives run (transport/shm/handoff_probe.h); 0: only when it is made.
+  // Group rank 0's setting decides for the node's group.
+  int reprobe_ms = 1000;
   // Print init and per-op traces to stderr.
   bool debug = false;
   // Explicit node identity (empty: host name + boot id).

@@ -19,8 +19,20 @@
 // Rank 0 decides and publishes the result with one more step, so every rank
 // of the group chooses the same way. About 0.2 ms on two cores.
 // The placement can change while a group lives (seconds to minutes), so the
-// group probes again every kReprobeCollectives collectives (ShmComm::begin):
-// 0.2 ms in 4096 collectives of at least ~8 us each, under 0.6%.
+// group probes again while collectives run, once a second by default
+// (RSDP_REPROBE_MS): 0.2 ms a second, 0.02%.
+//
+// [Note: re-probing on rank 0's clock]
+// Every rank must probe before the same collective, and clocks differ between
+// processes, so one rank decides: at the start of collective #n, when its
+// interval has passed, group rank 0 writes n + 1 into its control block
+// (RankCtl::probe_at) before its first step of #n. Every collective waits for
+// every rank's step (exchange(); a collective after ring steps waits for all
+// peers first), so no rank finishes #n without having seen the write, and
+// each one, starting #n + 1, finds its number there and probes first. Counting
+// collectives instead (every 4096, as first built) made the interval depend on
+// the message size: a benchmark's 1,300 collectives never met a second probe
+// while the placement moved under them within seconds.
 #pragma once
 
 #include <chrono>
@@ -29,8 +41,6 @@
 namespace rsdp {
 
 class ShmComm;
-
-constexpr uint64_t kReprobeCollectives = 4096;
 
 struct Handoff {
   bool measured = false;  // false: one rank, or more ranks than CPUs (time-sliced)

@@ -67,6 +67,7 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   watch_ = std::make_unique<PeerWatch>(pids, group_.rank);
   notice_ = std::make_unique<Notice>(reinterpret_cast<NoticeBlock*>(seg_->data() + kNoticeOffset));
   probe(group_.timeout);
+  measured_ = handoff().measured;  // rank 0's verdict: alike on every rank
   if (opts_.debug)
     std::cerr << group_.me() << ": group '" << group_.name << "' size " << group_.size
               << ", shared memory " << layout_.total() << " bytes (staging 2x" << layout_.half
@@ -148,7 +149,7 @@ void ShmComm::probe(std::chrono::milliseconds timeout) {
   // restores alike.
   const uint64_t seq = seq_;
   probing_ = true;
-  since_probe_ = 0;
+  probed_time_ = Clock::now();
   Handoff h;
   try {
     h = probe_handoff(*this, timeout);
@@ -173,13 +174,18 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
     RSDP_FAIL(ErrorKind::kPeer, group_.me(), ": ", op_name(desc.kind),
               " refused: the group is unusable after an earlier failure (", broken_,
               "); destroy it and create a new one");
-  // The host may move the vCPUs while a group lives (handoff_probe.h): the
-  // probe runs again every kReprobeCollectives collectives, counted alike on
-  // every rank, so all ranks probe before the same one. Not before a ring
-  // step (its neighbours may still be a step behind).
-  if (!probing_ && desc.kind != OpKind::kRingShift && ++since_probe_ >= kReprobeCollectives &&
-      handoff().measured)
-    probe(timeout);
+  // The host may move the vCPUs while a group lives: probe again on rank 0's
+  // clock ([Note: re-probing on rank 0's clock]). Not before a ring step (its
+  // neighbours may still be a step behind).
+  if (!probing_ && desc.kind != OpKind::kRingShift && measured_) {
+    const uint64_t next = seq_ + 1;
+    RankCtl& lead = ctl(0);
+    if (group_.rank == 0 && opts_.reprobe_ms > 0 &&
+        Clock::now() - probed_time_ >= std::chrono::milliseconds(opts_.reprobe_ms) &&
+        lead.probe_at.load(std::memory_order_relaxed) < next)
+      lead.probe_at.store(next + 1, std::memory_order_release);
+    if (lead.probe_at.load(std::memory_order_acquire) == next) probe(timeout);
+  }
   desc.seq = ++seq_;
   desc_ = desc;
   deadline_ = Deadline(timeout);

@@ -165,8 +165,10 @@ class ShmComm final : public Staging {
   // Copies into the staging halves stream (RSDP_SHM_STORES); set by the
   // thread that runs the collectives, read by any.
   std::atomic<bool> streaming_{false};
-  // Collectives begun since the last probe, and whether one is running now.
-  uint64_t since_probe_ = 0;
+  // Whether the group's probe measures (then it runs again, on rank 0's
+  // clock), when this rank last probed, and whether a probe is running now.
+  bool measured_ = false;
+  std::chrono::steady_clock::time_point probed_time_;
   bool probing_ = false;
   bool rank_per_core_ = false;  // no more ranks than CPUs
   uint32_t step_ = 0;

@@ -38,6 +38,9 @@ struct alignas(128) RankCtl {
   std::atomic<uint32_t> doorbell_sleepers;
   int32_t pid;
   uint32_t pad;
+  // Rank 0's only: the number of the collective before which every rank
+  // probes again (ShmComm::begin, [Note: re-probing on rank 0's clock]).
+  std::atomic<uint64_t> probe_at;
   OpDesc desc[2];  // descriptor posted with the step of the same parity
   // Where this rank's buffer lies in its pool region, posted with the step of
   // the same parity (segment offset; kNotInPool when it is elsewhere).
