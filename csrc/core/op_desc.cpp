@@ -22,6 +22,10 @@ const char* op_name(OpKind k) {
 
 std::string OpDesc::describe() const {
   std::ostringstream os;
+  if (kind == OpKind::kBarrier && aux == kHandoffProbeTag) {
+    os << "the hand-off probe before collective #" << seq;
+    return os.str();
+  }
   os << op_name(kind) << "(";
   if (kind != OpKind::kBarrier) {
     os << dtype_name(dtype);

@@ -30,6 +30,11 @@ const char* op_name(OpKind k);
 // Made with make() or the named makers below, never field by field, so that
 // no op leaves out a field its peers compare; seq and on_device are the
 // comm's to fill in.
+// `aux` of the barrier that carries a shared-memory group's hand-off probe
+// (transport/shm/handoff_probe.h): "probe" in ASCII. The probe takes the
+// number of the user's collective it runs before, and errors name it so.
+constexpr uint64_t kHandoffProbeTag = 0x70726f6265;
+
 struct OpDesc {
   uint64_t seq = 0;    // per-group collective counter, filled in by the comm
   uint64_t count = 0;  // elements (op-specific meaning, identical on all ranks)

@@ -37,7 +37,7 @@ def _run(ctx, group):
         dist.all_reduce(t, group=group)
         if t[0].item() != 3.0:
             raise AssertionError(f"rank {ctx.rank}: all_reduce #{i + 1} gave {t[0].item()}")
-        if i % 100 == 99:  # rank 0's interval passes: it asks for a probe
+        if i in (99, 199):  # rank 0's interval passes: it asks for a probe
             time.sleep(3 * INTERVAL_MS / 1000)
     return first, torch_rsdp.topology(group)["handoff"]
 
@@ -92,3 +92,37 @@ def test_the_group_probes_again_and_keeps_counting_the_users_collectives(stores)
         assert out["decided"]["rank 0 on"] >= 3, (rank, out["decided"])
     assert res[0]["after"]["probes"] == res[1]["after"]["probes"], res
     assert res[0]["decided"] == res[1]["decided"], res
+
+
+def _dies_before_the_probe(ctx):
+    import os
+    import signal
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    t = torch.ones(16)
+    for i in range(1, 6):
+        # Pauses past rank 0's interval before #2 and #4: whatever it scheduled earlier has
+        # run by #3, and starting #4 it names #5 for the probe.
+        if i in (2, 4):
+            time.sleep(3 * INTERVAL_MS / 1000)
+        if i == 5 and ctx.rank == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        try:
+            dist.all_reduce(t)
+        except Exception as exc:  # noqa: BLE001 - the message is what is checked
+            return i, str(exc)
+    return None
+
+
+def test_a_rank_that_dies_before_the_probe_is_named_with_it():
+    """Rank 0 runs the probe before the user's #5 and rank 1 is gone: the error names the
+    probe and the collective it came before, not a barrier the user never called."""
+    res = launch(_dies_before_the_probe, 2, env={"RSDP_REPROBE_MS": INTERVAL_MS},
+                 expect_killed=[1], deadline=120, pg_timeout=30, raise_on_error=True)
+    op, error = res[0]
+    assert op == 5, (op, error)
+    assert "rank 1" in error and "exited during the hand-off probe before collective #5" \
+        in error, error

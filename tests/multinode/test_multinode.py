@@ -7,8 +7,9 @@ created, the same tests run with every rank on the loopback and RSDP_NODE_ID=nod
 the nodes apart; a warning says so (the mode is also printed at the top of the module).
 
 Topologies: 2 nodes x 2 ranks, 3 x 1, and uneven 1 + 2 / 2 + 1 ranks (hierarchical
-algorithms fall back to flat ones there, so forcing them runs what auto runs: no hier batch). One launch per (topology, algorithm setting) runs
-all selected families of collective_families.py, as test_collectives.py does:
+algorithms fall back to flat ones there, so forcing them runs what auto runs: no hier batch).
+One launch per (topology, algorithm setting) runs all selected families of
+collective_families.py, as test_collectives.py does:
   auto  every family (the reduced dtype x op matrix of collective_families.REDUCED);
   hier  RSDP_ALGO_*=hier for every op that has it;
   flat  ring / tree / flat;

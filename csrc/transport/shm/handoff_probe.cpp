@@ -70,8 +70,9 @@ Handoff probe_handoff(ShmComm& c, std::chrono::milliseconds timeout) {
   // the same n and CPU count, so all skip the probe alike.
   if (cpus > 0 && n > cpus) return h;
   const size_t pull = std::min(kPullBytes, c.half_bytes()) / 64 * 64;
-  c.begin(OpDesc::make(OpKind::kBarrier, DType::kUInt8, kRounds, RedOp::kSum, -1, 0x70726f6265),
-          timeout);
+  c.begin(
+      OpDesc::make(OpKind::kBarrier, DType::kUInt8, kRounds, RedOp::kSum, -1, kHandoffProbeTag),
+      timeout);
   std::vector<double> steps;
   steps.reserve(kRounds);
   for (int i = 0; i < kRounds; ++i) {
