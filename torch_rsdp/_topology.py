@@ -28,10 +28,11 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
     group's latest probe, when it was made and again while collectives run (once a second,
     ``RSDP_REPROBE_MS``)
     (``csrc/transport/shm/handoff_probe.h``; ``probes`` counts them): ``step_ns`` (the
-    fastest round trip of one shared-memory step), ``pull_gbps`` (copying 256 KiB another
-    core just wrote), ``cached_gbps`` and ``streamed_gbps`` (handing 256 KiB over: one rank
-    writes them into its staging memory with cached or streaming stores, the other copies
-    them out), ``mode`` (``"near"``: the ranks' CPUs share a cache; ``"far"``: they do not,
+    fastest round trip of one shared-memory step), ``pull_gbps`` (copying a block the
+    other rank just wrote; the block is one L2 cache's worth, 256 KiB to 2 MiB),
+    ``cached_gbps`` and ``streamed_gbps`` (handing blocks over both ways: two ranks write one
+    each into their staging memory with cached or streaming stores, then each copies the
+    other's out), ``mode`` (``"near"``: the ranks' CPUs share a cache; ``"far"``: they do not,
     as when a virtual machine's CPUs sit on different chiplets of the host;
     ``"unmeasured"``: one rank, or more ranks than CPUs) and ``stores`` (``"streaming"`` or
     ``"cached"``, how copies into the staging memory store: ``RSDP_SHM_STORES``, else

@@ -17,7 +17,14 @@ using Clock = std::chrono::steady_clock;
 
 constexpr int kRounds = 64;
 constexpr int kTrials = 4;  // hand-offs of a block per store mode, alternating
-constexpr size_t kPullBytes = 256u << 10;
+
+// The block the probe hands off: one private (L2) cache's worth, between 256 KiB and
+// 2 MiB, so that with its source it spills out of the writer's private cache as a
+// collective's staging traffic does ([Note: stores chosen by timing both]).
+size_t probe_block_bytes() {
+  const long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  return std::clamp<size_t>(l2 > 0 ? static_cast<size_t>(l2) : 1u << 20, 256u << 10, 2u << 20);
+}
 
 double ns_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::nano>(Clock::now() - t0).count();
@@ -51,12 +58,19 @@ constexpr double kFarStepNs = 120.0;
 // sibling busy with another guest stretches the step while the caches are
 // still shared, and in some far launches cached copies were still the faster
 // (bench_shm_stores: step 200 ns, 1 MiB cached 192 us / streaming 291). So the
-// probe times the pattern itself: rank 1 copies a block into its staging half,
-// rank 0 copies it out, and the next round rank 1 writes the same lines again
-// (taking them back from rank 0's cache, as a collective does two steps
-// later), in either mode, alternating; the best round of each is compared.
+// probe times the pattern itself: ranks 0 and 1 each copy a block into their
+// staging half at once, then each copies the other's out, and the next round
+// they write the same lines again (taking them back from the peer's cache, as
+// a collective does two steps later), in either mode, alternating; the best
+// round of each is compared. The block is one L2's worth: on a Zen 5 host (1
+// MiB L2) a 256 or 512 KiB block, with its source, stayed in the private
+// caches and timed both modes alike in far launches (cached 12-16 GB/s,
+// streaming 12-18) while the collectives there ran 1.7-1.9x faster streaming
+// from 1 MiB; with 1 MiB blocks far launches timed cached 5-6 GB/s against
+// streaming 17, near ones cached 16-27 against 11-12, and the choice was the
+// faster setting at 64 KiB, 1 MiB and 16 MiB in every launch.
 // Streaming is chosen only when clearly faster, since a near launch loses
-// 20-40% with it.
+// 20-50% with it.
 constexpr double kStreamGain = 0.85;
 
 }  // namespace
@@ -69,7 +83,7 @@ Handoff probe_handoff(ShmComm& c, std::chrono::milliseconds timeout) {
   // Time-sliced ranks measure the scheduler, not the caches; every rank sees
   // the same n and CPU count, so all skip the probe alike.
   if (cpus > 0 && n > cpus) return h;
-  const size_t pull = std::min(kPullBytes, c.half_bytes()) / 64 * 64;
+  const size_t pull = std::min(probe_block_bytes(), c.half_bytes()) / 64 * 64;
   c.begin(
       OpDesc::make(OpKind::kBarrier, DType::kUInt8, kRounds, RedOp::kSum, -1, kHandoffProbeTag),
       timeout);
@@ -80,25 +94,35 @@ Handoff probe_handoff(ShmComm& c, std::chrono::milliseconds timeout) {
     c.exchange();
     steps.push_back(ns_since(t0));
   }
-  // Two exchanges per round, so rank 1 writes the same half every round.
-  std::vector<char> buf(c.rank() <= 1 ? pull : 0, 1);
+  // Ranks 0 and 1 write their halves at once, then read each other's at
+  // once: the traffic of a collective's step, both ways across the caches.
+  // Two exchanges per round, so each writes the same half every round.
+  const bool pair = c.rank() <= 1;
+  // Kept by the thread between probes: fresh pages would add their faults to
+  // every re-probe (a thread runs the collectives of one group at a time).
+  thread_local std::vector<char> src, dst;
+  if (pair && src.size() < pull) {
+    src.assign(pull, 1);
+    dst.assign(pull, 0);
+  }
   double best[2] = {0, 0}, read_ns = 0;
   for (int i = 0; i < 2 * kTrials; ++i) {
     const int mode = i % 2;  // 0 cached, 1 streaming
     const auto t0 = Clock::now();
-    if (c.rank() == 1) {
-      if (mode) stream_copy(c.stage(), buf.data(), pull);
-      else std::memcpy(c.stage(), buf.data(), pull);
+    if (pair) {
+      if (mode) stream_copy(c.stage(), src.data(), pull);
+      else std::memcpy(c.stage(), src.data(), pull);
     }
     c.exchange();
+    const auto t1 = Clock::now();
+    if (pair) std::memcpy(dst.data(), c.peer(1 - c.rank()), pull);
+    const double read = ns_since(t1);
+    c.exchange();  // the round ends when both have read
     if (c.rank() == 0) {
-      const auto t1 = Clock::now();
-      std::memcpy(buf.data(), c.peer(1), pull);
-      const double round = ns_since(t0), read = ns_since(t1);
+      const double round = ns_since(t0);
       best[mode] = i < 2 ? round : std::min(best[mode], round);
       if (!mode) read_ns = i == 0 ? read : std::min(read_ns, read);
     }
-    c.exchange();
   }
   if (c.rank() == 0) {
     auto gbps = [&](double ns) { return pull / std::max(ns, 1.0); };

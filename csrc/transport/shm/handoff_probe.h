@@ -12,15 +12,17 @@
 // The probe (all ranks of the group, once, before the group is handed out):
 //   1. kRounds exchange() steps: the round-trip cost of a step, measured by
 //      rank 0 (the fastest round: preemption only adds);
-//   2. rank 1 copies kPullBytes into its staging half and rank 0 copies them
-//      out, the pattern every staged collective has, alternately with cached
-//      and with streaming stores (core/stream_copy.h), kTrials times each: the
-//      faster decides how the group writes its staging memory.
+//   2. ranks 0 and 1 each copy a block (one L2 cache's worth) into their
+//      staging half, then each copies the other's out, the pattern every
+//      staged collective has, alternately with cached and with streaming
+//      stores (core/stream_copy.h), kTrials times each: the faster decides how
+//      the group writes its staging memory.
 // Rank 0 decides and publishes the result with one more step, so every rank
-// of the group chooses the same way. About 0.2 ms on two cores.
+// of the group chooses the same way. About 1 ms on two cores (0.8-1.4 ms
+// measured on a Zen 5 guest, the block being 1 MiB there).
 // The placement can change while a group lives (seconds to minutes), so the
 // group probes again while collectives run, once a second by default
-// (RSDP_REPROBE_MS): 0.2 ms a second, 0.02%.
+// (RSDP_REPROBE_MS): about 1 ms a second, 0.1%.
 //
 // [Note: re-probing on rank 0's clock]
 // Every rank must probe before the same collective, and clocks differ between
