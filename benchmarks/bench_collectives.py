@@ -115,6 +115,27 @@ REPS_BYTES = 1 << 20
 # 1.5x slow in some rounds and not in others.
 WARMUP_SECONDS = 0.02
 WARMUP_MAX_OPS = 5000
+# With more ranks than cores the ranks cannot be pinned, and the ranks the side group's
+# reductions put to sleep between points are now and then woken on one core: three ranks on
+# one core and one on the other, for 50-150 ms until the kernel's load balancer spreads them
+# again (a 2-core guest, 4 ranks, 64 KiB all-reduce in 70 ms windows: 33-36 us stacked, 17-18
+# once spread). A point timed inside that stretch measured the scheduler, not the library, so
+# oversubscribed runs warm each point up for longer. The peers (bench_peers.py) get the same.
+SETTLE_SECONDS = 0.25
+
+
+def warmup_seconds(args) -> float:
+    """How long each point keeps warming up: longer when ranks outnumber the usable cores."""
+    if args.warmup_seconds is not None:
+        return args.warmup_seconds
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    oversubscribed = args.device == "cpu" and args.world_size > (cores or 1)
+    return SETTLE_SECONDS if oversubscribed else WARMUP_SECONDS
+
+
+def warmup_max_ops(seconds: float) -> int:
+    """The cap on the time-based warm-up's op count (5000 per 20 ms: 4 us per op)."""
+    return int(WARMUP_MAX_OPS * max(1.0, seconds / WARMUP_SECONDS))
 
 
 # --------------------------------------------------------------------------- arguments
@@ -189,6 +210,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed iterations never drop below this")
     p.add_argument("--warmup", type=int, default=5,
                    help="warm-up iterations for small messages (scaled down for large ones)")
+    p.add_argument("--warmup-seconds", type=float, default=None,
+                   help=f"after the warm-up iterations, each point keeps warming up for about "
+                        f"this long (default {WARMUP_SECONDS} s, {SETTLE_SECONDS} s when ranks "
+                        f"outnumber the cores: the kernel takes that long to spread ranks it "
+                        f"woke on one core); the peers use the same")
     p.add_argument("--rounds", type=positive_int, default=1,
                    help="repeat the whole sweep, alternating backends (A B A B ...); the "
                         "iteration times of all rounds are pooled before taking the median. "
@@ -570,8 +596,9 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
                     coll.run()
                 per_op = torch.tensor([(time.perf_counter() - t_warm) / max(1, warmup)])
                 dist.all_reduce(per_op, op=dist.ReduceOp.MAX, group=side)
+                settle = warmup_seconds(args)
                 more = 0 if warmup == 0 else \
-                    int(min(WARMUP_MAX_OPS, WARMUP_SECONDS / max(per_op.item(), 1e-7)))
+                    int(min(warmup_max_ops(settle), settle / max(per_op.item(), 1e-7)))
                 for _ in range(more):
                     coll.prepare()
                     coll.run()

@@ -20,7 +20,8 @@ The ops, on numpy buffers through mpi4py:
     alltoall       Alltoall(inp, out)
 
 and the timing is the torch side's: the result is checked once from exact small-integer inputs
-(the same values as bench_collectives.Collective); then warm-up ops; then per timed iteration
+(the same values as bench_collectives.Collective); then warm-up ops, and more for about the
+plan's warmup_seconds (an op count from the slowest rank's warm-up time); then per timed iteration
 MPI Barrier, time.perf_counter() around `reps` back-to-back ops, divided by reps; after the
 loop the per-iteration times are reduced with MPI MAX onto rank 0 (the slowest rank per
 iteration). The plan's rounds repeat the whole sweep; the parent pools the samples and takes
@@ -108,7 +109,8 @@ class Point:
         return bool(np.array_equal(self.out, self.expected()))
 
 
-def sweep(comm, points: list[dict], rnd: int, rounds: int, emit, flush) -> None:
+def sweep(comm, points: list[dict], rnd: int, rounds: int, emit, flush,
+          warmup_seconds: float = 0.0, warmup_max_ops: int = 0) -> None:
     n, rank = comm.size, comm.rank
     groups: dict[tuple, list[dict]] = {}
     for p in points:  # bench_collectives' order: op, dtype, then sizes
@@ -135,7 +137,16 @@ def sweep(comm, points: list[dict], rnd: int, rounds: int, emit, flush) -> None:
             row["correct"] = bool(flags[0] == 0)
             iters, reps, warmup = p["iters"], p["reps"], p["warmup"]
             run = point.run
+            t_warm = time.perf_counter()
             for _ in range(warmup):
+                run()
+            # Then more warm-up for about warmup_seconds, as the torch side and the oneCCL
+            # peer do: an op count from the slowest rank's warm-up time, so every rank agrees.
+            per_op = np.array([(time.perf_counter() - t_warm) / max(1, warmup)])
+            comm.Allreduce(MPI.IN_PLACE, per_op, MPI.MAX)
+            more = 0 if warmup == 0 else \
+                int(min(warmup_max_ops, warmup_seconds / max(per_op[0], 1e-7)))
+            for _ in range(more):
                 run()
             times = np.empty(iters, dtype=np.float64)
             for it in range(iters):
@@ -183,7 +194,8 @@ def main(argv=None) -> int:
 
     flush()
     for rnd in range(plan["rounds"]):
-        sweep(comm, plan["points"], rnd, plan["rounds"], result["rows"].append, flush)
+        sweep(comm, plan["points"], rnd, plan["rounds"], result["rows"].append, flush,
+              plan.get("warmup_seconds", 0.0), plan.get("warmup_max_ops", 0))
     comm.Barrier()
     return 0
 

@@ -269,7 +269,9 @@ def run_mpi(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
     plan, out = os.path.join(tmp, "mpi_plan.json"), os.path.join(tmp, "mpi_result.json")
     dtypes = [d for d in args.dtypes if d in MPI_DTYPES]
     with open(plan, "w") as f:
+        settle = bc.warmup_seconds(args)
         json.dump({"world_size": args.world_size, "rounds": args.rounds,
+                   "warmup_seconds": settle, "warmup_max_ops": bc.warmup_max_ops(settle),
                    "points": plan_points(args, bc, dtypes)}, f)
     cmd = mpirun_command(args.world_size, plan, out, getattr(args, "bind", False))
     launcher = " ".join(cmd[:cmd.index(sys.executable)])
@@ -316,7 +318,8 @@ def run_oneccl(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
                       ("oneccl_plan.txt", "oneccl_kvs", "oneccl_result.json"))
     dtypes = [d for d in args.dtypes if d in ONECCL_DTYPES]
     with open(plan, "w") as f:
-        f.write(f"{n} {args.rounds} {bc.WARMUP_SECONDS} {bc.WARMUP_MAX_OPS} {args.timeout}\n")
+        settle = bc.warmup_seconds(args)
+        f.write(f"{n} {args.rounds} {settle} {bc.warmup_max_ops(settle)} {args.timeout}\n")
         for p in plan_points(args, bc, dtypes):
             f.write(f"{p['op']} {p['dtype']} {p['count']} {p['bytes']} {p['iters']} "
                     f"{p['reps']} {p['warmup']}\n")
