@@ -30,7 +30,7 @@ BackendRSDP::BackendRSDP(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                          timeout, opts_);
     comm_ = std::make_unique<GroupComm>(g, *boot_, opts_);
     ring_order_ = comm_->topo.node_major_order();
-    queue_ = std::make_unique<OpQueue>();
+    queue_ = std::make_shared<OpQueue>();
   });
 }
 
@@ -115,6 +115,9 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
 #endif
   auto work =
       issue(c10::make_intrusive<WorkRSDP>(getRank(), type, ++seq_, std::move(outputs), title));
+  // A blocking op runs inline unless the queue is busy; queued, its caller
+  // waits (torch calls wait()) and may run it, as for an async op.
+  work->help_from(queue_, comm_->opts.spin_us);
   GroupComm* comm = comm_.get();
   Bootstrap* boot = boot_.get();
   const std::string name = title;

@@ -254,7 +254,7 @@ class BackendRSDP : public c10d::Backend {
   // op. shared_ptr: the type is complete only in CUDA builds.
   std::mutex cuda_mu_;
   std::shared_ptr<CudaState> cuda_;
-  std::unique_ptr<OpQueue> queue_;
+  std::shared_ptr<OpQueue> queue_;  // shared: Works wait on it (help_from)
   std::mutex p2p_mu_;
   std::unique_ptr<P2PEngine> p2p_;  // started by the first send/recv
   std::atomic<uint64_t> seq_{0};

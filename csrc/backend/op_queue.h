@@ -5,6 +5,7 @@
 // so they fail their Work instead of leaving it pending.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <functional>
@@ -30,6 +31,12 @@ class OpQueue {
   // held (tasks pushed meanwhile wait); release() lets them run.
   bool try_reserve();
   void release();
+  // For a thread about to block until `done`: runs the queued tasks on the
+  // calling thread, in order, while the worker has not taken them and `done`
+  // is not set; returns `done`. An op issued with async_op=True and waited
+  // for at once then costs no thread hand-off either ([Note: waiting runs
+  // the op] in work_rsdp.cpp).
+  bool help(const std::atomic<bool>& done);
   // Finishes the running task, then drains or cancels the rest; joins.
   void stop(bool drain);
 

@@ -13,6 +13,7 @@
 
 namespace rsdp {
 
+class OpQueue;
 class WorkTracker;
 
 class WorkRSDP : public c10d::Work {
@@ -30,6 +31,15 @@ class WorkRSDP : public c10d::Work {
   // Called once by the thread that ran the op. src: the sender of a recv.
   void complete(std::exception_ptr err, int src = -1);
 
+  // The op runs as a task of `queue`: wait() without a timeout runs it (and
+  // the tasks queued before it) itself if the worker has not taken it yet,
+  // and polls for up to poll_us before sleeping ([Note: waiting runs the op]).
+  void help_from(std::weak_ptr<OpQueue> queue, int poll_us) {
+    queue_ = std::move(queue);
+    poll_us_ = poll_us;
+  }
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+
   // The backend's tracker (work_tracker.h), told when this Work completes.
   void track(std::shared_ptr<WorkTracker> tracker) { tracker_ = std::move(tracker); }
   // The op's body starts now (until then it waited in the queue).
@@ -43,6 +53,9 @@ class WorkRSDP : public c10d::Work {
 
  private:
   std::atomic<int> src_{-1};
+  std::atomic<bool> done_{false};  // complete() ran: what wait() polls
+  std::weak_ptr<OpQueue> queue_;
+  int poll_us_ = 0;
   uint64_t seq_;
   std::shared_ptr<WorkTracker> tracker_;
   std::chrono::steady_clock::time_point issued_at_ = std::chrono::steady_clock::now();

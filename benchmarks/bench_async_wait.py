@@ -1,0 +1,120 @@
+#!/usr/bin/env python3
+"""What an asynchronous op costs over a blocking one, for rsdp and gloo, in the same launch.
+
+A blocking all-reduce runs on the caller's thread; `async_op=True` hands the op to the
+backend's worker thread and `wait()` hands the result back. This times, per backend, world size
+and pinning, the median over 5 batches of back-to-back calls (after a barrier) of:
+
+    blocking   dist.all_reduce(t)
+    async      dist.all_reduce(t, async_op=True).wait()
+    future     dist.all_reduce(t, async_op=True).get_future().wait()   (DDP's comm hooks wait so)
+    overlap    w = dist.all_reduce(t, async_op=True); torch.mm(a, a) (64 x 64); w.wait()
+    mm         torch.mm(a, a) alone (what overlap would cost if the op were free)
+
+and prints async / blocking per size: the price of the hand-off ([Note: waiting runs the op] in
+csrc/backend/work_rsdp.cpp). Ranks are pinned to cores 0..n-1 (--pin) or left to the kernel.
+
+    python benchmarks/bench_async_wait.py                      # rsdp and gloo, 1 and 2 ranks
+    python benchmarks/bench_async_wait.py --backends rsdp --world-sizes 2 --pin both
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.append(os.path.dirname(HERE))  # an uninstalled checkout: torch_rsdp from the tree
+
+SIZES = (8, 64 << 10, 1 << 20)
+KINDS = ("blocking", "async", "future", "overlap", "mm")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def timed(fn, calls: int) -> float:
+    """Median over 5 batches of `calls` calls, µs per call, after 200 warm-up calls."""
+    for _ in range(200):
+        fn()
+    batches = []
+    for _ in range(5):
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        batches.append((time.perf_counter() - t0) / calls * 1e6)
+    return statistics.median(batches)
+
+
+def rank_main(rank: int, backend: str, n: int, port: int, pin: bool, queue) -> None:
+    import torch_rsdp  # noqa: F401  (registers "rsdp")
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    if pin:
+        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
+    dist.init_process_group(backend, rank=rank, world_size=n)
+    a = torch.randn(64, 64)
+    rows = []
+    for nbytes in SIZES:
+        t = torch.ones(nbytes // 4)
+        calls = 1000 if nbytes < (1 << 20) else 200
+
+        def overlap():
+            w = dist.all_reduce(t, async_op=True)
+            torch.mm(a, a)
+            w.wait()
+
+        fns = {"blocking": lambda: dist.all_reduce(t),
+               "async": lambda: dist.all_reduce(t, async_op=True).wait(),
+               "future": lambda: dist.all_reduce(t, async_op=True).get_future().wait(),
+               "overlap": overlap,
+               "mm": lambda: torch.mm(a, a)}
+        rows.append((nbytes, {k: timed(fns[k], calls) for k in KINDS}))
+    if rank == 0:
+        queue.put(rows)
+    dist.destroy_process_group()
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--backends", default="rsdp,gloo")
+    p.add_argument("--world-sizes", default="1,2")
+    p.add_argument("--pin", choices=("yes", "no", "both"), default="both")
+    args = p.parse_args(argv)
+    cores = len(os.sched_getaffinity(0))
+    pins = {"yes": [True], "no": [False], "both": [False, True]}[args.pin]
+    ctx = mp.get_context("spawn")
+    print("| backend | ranks | pinned | size | blocking µs | async µs | future µs | overlap µs "
+          "| mm µs | async / blocking |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for n in (int(x) for x in args.world_sizes.split(",")):
+        for pin in pins:
+            if pin and n > cores:
+                continue
+            for backend in args.backends.split(","):
+                queue = ctx.SimpleQueue()
+                mp.start_processes(rank_main, args=(backend, n, free_port(), pin, queue),
+                                   nprocs=n, start_method="spawn")
+                for nbytes, r in queue.get():
+                    size = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else \
+                        f"{nbytes >> 10} KiB" if nbytes >= 1 << 10 else f"{nbytes} B"
+                    print(f"| {backend} | {n} | {'yes' if pin else 'no'} | {size} | "
+                          + " | ".join(f"{r[k]:.1f}" for k in KINDS)
+                          + f" | {r['async'] / r['blocking']:.2f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
