@@ -311,6 +311,30 @@ def size_list(lo: int, hi: int) -> list[int]:
     return sizes
 
 
+def current_cpu() -> int:
+    """The CPU this process runs on now (/proc/self/stat, field 39); -1 where unreadable."""
+    try:
+        with open("/proc/self/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[36])
+    except (OSError, ValueError, IndexError):
+        return -1
+
+
+def stacked_share(cpus: torch.Tensor, n: int, side) -> float:
+    """The share of a point's timed iterations after which more ranks were on one CPU than an
+    even spread puts there (4 ranks on 2 cores: 3 on one), from every rank's CPU read after each
+    iteration; unpinned ranks are placed by the kernel, which now and then stacks them."""
+    every = torch.empty(n * cpus.numel(), dtype=torch.int64)
+    all_gather_single(every, cpus, group=side)
+    per_iter = every.view(n, -1).t().tolist()
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    even = -(-n // max(1, min(n, cores or 1)))  # ceil(n / cores)
+    if not per_iter or any(c < 0 for row in per_iter for c in row):
+        return float("nan")
+    stacked = sum(1 for row in per_iter if max(row.count(c) for c in row) > even)
+    return round(stacked / len(per_iter), 3)
+
+
 def iters_for(nbytes: int, args) -> tuple[int, int, int]:
     """(timed iterations, ops per timed iteration, warm-up ops) for a message of nbytes."""
     iters = max(args.min_iters, min(args.iters, ITER_BYTES // nbytes))
@@ -606,6 +630,7 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
                 if cuda:
                     time_cuda(coll, iters, reps, side, times)
                 else:
+                    cpus = torch.empty(iters, dtype=torch.int64)
                     for it in range(iters):
                         coll.prepare()  # untimed; within a batch in-place inputs keep growing
                         # The group's own barrier, as the MPI peer uses MPI's: a barrier of
@@ -616,6 +641,8 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
                         for _ in range(reps):
                             coll.run()
                         times[it] = (time.perf_counter() - t0) / reps
+                        cpus[it] = current_cpu()
+                    row["stacked"] = stacked_share(cpus, n, side)
                 gathered = torch.empty(n * iters, dtype=torch.float64)
                 all_gather_single(gathered, times, group=side)
                 per_iter = gathered.view(n, iters).max(dim=0).values  # slowest rank

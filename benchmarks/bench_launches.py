@@ -112,13 +112,16 @@ def one_launch(args, out_dir: str) -> dict:
                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     with open(os.path.join(out_dir, "results.json")) as f:
         res = json.load(f)
-    times = {}
+    times, stacked = {}, {}
     for row in res["rows"]:
         if row["bytes"] in args.sizes and row["op"] == args.op and row.get("time_us"):
             if row["backend"] == "rsdp@1":
                 continue
             times.setdefault(row["backend"], {})[row["bytes"]] = row["time_us"]
-    return {"times": times, "handoff": res["machine"].get("handoff", {}).get("rsdp"),
+            if row["backend"] == "rsdp" and "stacked" in row:
+                stacked[row["bytes"]] = row["stacked"]
+    return {"times": times, "stacked": stacked,
+            "handoff": res["machine"].get("handoff", {}).get("rsdp"),
             "cpu_probes": res["machine"].get("cpu_probes", [])}
 
 
@@ -217,7 +220,11 @@ def main(argv=None) -> int:
               + "; ".join(f"{who} {cpu_probe.describe(p)}" for who, p in ln["cpu_probes"])
               + "; " + "; ".join(f"{b} " + " ".join(f"{fmt_bytes(s)} {t:.0f}"
                                              for s, t in sorted(v.items()))
-                          for b, v in sorted(ln["times"].items())) + " µs", flush=True)
+                          for b, v in sorted(ln["times"].items())) + " µs"
+              + ("; rsdp's ranks stacked on one CPU after " + ", ".join(
+                  f"{fmt_bytes(s)} {100 * f:.0f}%" for s, f in sorted(ln["stacked"].items()))
+                 + " of the timed iterations" if any(ln["stacked"].values()) else ""),
+              flush=True)
         launches.append(ln)
         if args.pause:
             time.sleep(args.pause)
