@@ -39,7 +39,10 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
     streaming where the probe's hand-off was clearly faster with it). ``allreduce_oneshot_bytes``: the largest
     CPU all-reduce that runs one-shot (one exchange, every rank reduces every copy) rather
     than reduce-scatter + all-gather: ``RSDP_ONESHOT_BYTES`` where set, else 8 KiB
-    (``csrc/algorithms/select.cpp``); across nodes, the leaders' path's.
+    (``csrc/algorithms/select.cpp``); across nodes, the leaders' path's. ``spread_moves``:
+    how often this rank moved itself off a CPU the kernel had stacked more of the node's
+    ranks on than an even share, with more ranks than CPUs (``RSDP_SPREAD_MS``,
+    ``csrc/transport/shm/rank_spread.cpp``).
 
     Any backend: a group on another backend than rsdp gets the same answer derived from
     ``RSDP_NODE_ID``, torchrun's variables or the host names (:mod:`._node_topology`; the

@@ -40,6 +40,8 @@ const Topology& BackendRSDP::topology() const { return comm_->topo; }
 
 Handoff BackendRSDP::handoff() const { return comm_->shm->handoff(); }
 
+uint64_t BackendRSDP::spread_moves() const { return comm_->shm->spread_moves(); }
+
 bool BackendRSDP::streaming_stores() const { return comm_->shm->streaming(); }
 
 size_t BackendRSDP::allreduce_oneshot_bytes() const {

@@ -193,6 +193,8 @@ class BackendRSDP : public c10d::Backend {
   // the group was made and again once a second while collectives run
   // (transport/shm/handoff_probe.h).
   Handoff handoff() const;
+  // How often this rank moved itself off a CPU the kernel stacked ranks on.
+  uint64_t spread_moves() const;
   // Whether copies into this node's staging use streaming stores (RSDP_SHM_STORES).
   bool streaming_stores() const;
   // The largest CPU all-reduce that runs one-shot: on one node the group's

@@ -170,6 +170,7 @@ PYBIND11_MODULE(_C, m) {
             handoff["probes"] = h.probes;
             handoff["stores"] = b.streaming_stores() ? "streaming" : "cached";
             d["handoff"] = handoff;
+            d["spread_moves"] = b.spread_moves();
             d["allreduce_oneshot_bytes"] = b.allreduce_oneshot_bytes();
             return d;
           },

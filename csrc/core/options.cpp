@@ -126,6 +126,8 @@ Options Options::from_env() {
   if (const char* v = env("RSDP_SPIN_US")) o.spin_us = parse_int("RSDP_SPIN_US", v, 1'000'000);
   if (const char* v = env("RSDP_REPROBE_MS"))
     o.reprobe_ms = parse_int("RSDP_REPROBE_MS", v, 3'600'000);
+  if (const char* v = env("RSDP_SPREAD_MS"))
+    o.spread_ms = parse_int("RSDP_SPREAD_MS", v, 3'600'000);
   if (const char* v = env("RSDP_DEBUG")) o.debug = std::strcmp(v, "0") != 0;
   if (const char* v = env("RSDP_NODE_ID")) o.node_id = v;
   if (const char* v = env("RSDP_CUDA_STAGING_BYTES"))

@@ -36,6 +36,10 @@ struct Options {
   // collectives run (transport/shm/handoff_probe.h); 0: only when it is made.
   // Group rank 0's setting decides for the node's group.
   int reprobe_ms = 1000;
+  // With more ranks than CPUs, how often (milliseconds) a rank looks whether
+  // the kernel stacked the node's ranks and moves itself off a crowded CPU
+  // (transport/shm/rank_spread.h); 0: never.
+  int spread_ms = 2;
   // Print init and per-op traces to stderr.
   bool debug = false;
   // Explicit node identity (empty: host name + boot id).

@@ -14,6 +14,7 @@
 #include "core/reduce_kernels.h"
 #include "core/stream_copy.h"
 #include "core/store_records.h"
+#include "transport/shm/rank_spread.h"
 
 namespace rsdp {
 namespace {
@@ -69,8 +70,13 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   layout_.pool = group_.size > 1 ? round_up(opts.pool_bytes, kPoolAlign) : 0;
   // With more ranks than cores a waiter yields its core between polls instead
   // of spinning on it ([Note: waiting with more ranks than cores]).
+  // The CPUs this process may use (taskset, a cgroup's cpuset), not the
+  // machine's.
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof mask, &mask) == 0) cpus = std::min<long>(cpus, CPU_COUNT(&mask));
   rank_per_core_ = cpus > 0 && group_.size <= cpus;
+  spread_ = !rank_per_core_ && group_.size > 1 && opts.spread_ms > 0;
   attach(store);
   if (layout_.pool)
     pool_ = std::make_shared<ShmPool>(seg_, seg_->data() + layout_.pool_offset(group_.rank),
@@ -199,6 +205,7 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
       lead.probe_at.store(next + 1, std::memory_order_release);
     if (lead.probe_at.load(std::memory_order_acquire) == next) probe(timeout);
   }
+  if (spread_) spread_out();
   desc.seq = ++seq_;
   desc_ = desc;
   deadline_ = Deadline(timeout);
@@ -209,6 +216,37 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
     for (int i = 1; i < group_.size; ++i) wait_step((group_.rank + i) % group_.size, step_);
     lazy_ = false;
   }
+}
+
+void ShmComm::spread_out() {
+  // [Note: ranks the kernel stacks] in rank_spread.cpp.
+  const int cpu = sched_getcpu();  // the vDSO: tens of ns
+  if (cpu < 0) return;
+  ctl(group_.rank).on_cpu.store(cpu + 1, std::memory_order_relaxed);
+  if ((++spread_ops_ & 15) != 0) return;  // look every 16 collectives at most
+  const auto now = Clock::now();
+  if (now - spread_looked_ < std::chrono::milliseconds(opts_.spread_ms)) return;
+  spread_looked_ = now;
+  std::vector<int> cpus(group_.size);
+  for (int r = 0; r < group_.size; ++r)
+    cpus[r] = ctl(r).on_cpu.load(std::memory_order_relaxed) - 1;
+  cpu_set_t mask;
+  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return;
+  std::vector<int> allowed;
+  for (int c = 0; c < CPU_SETSIZE; ++c)
+    if (CPU_ISSET(c, &mask)) allowed.push_back(c);
+  const int target = spread_target(cpus, group_.rank, allowed);
+  if (target < 0) return;
+  // Only this thread's affinity changes, and only for the move: the kernel
+  // migrates a thread off a CPU its mask no longer holds before the call
+  // returns, and the mask put back leaves it where it now is.
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(target, &one);
+  if (sched_setaffinity(0, sizeof one, &one) != 0) return;
+  sched_setaffinity(0, sizeof mask, &mask);
+  ctl(group_.rank).on_cpu.store(target + 1, std::memory_order_relaxed);
+  spread_moves_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void ShmComm::copy(void* dst, const void* src, size_t bytes) {

@@ -130,6 +130,9 @@ class ShmComm final : public Staging {
     std::lock_guard<std::mutex> g(handoff_mu_);
     return handoff_;
   }
+  // How often this rank moved itself off a CPU the kernel had stacked the
+  // group's ranks on ([Note: ranks the kernel stacks]; any thread).
+  uint64_t spread_moves() const { return spread_moves_.load(std::memory_order_relaxed); }
   // Whether copies into the staging halves use streaming stores.
   bool streaming() const { return streaming_.load(std::memory_order_relaxed); }
   // The group's notice on this node: the first failure that broke it.
@@ -171,6 +174,13 @@ class ShmComm final : public Staging {
   std::chrono::steady_clock::time_point probed_time_;
   bool probing_ = false;
   bool rank_per_core_ = false;  // no more ranks than CPUs
+  // Spreading stacked ranks (RSDP_SPREAD_MS, with more ranks than CPUs):
+  // collectives since the last look, when it was, moves made.
+  void spread_out();
+  bool spread_ = false;
+  uint32_t spread_ops_ = 0;
+  std::chrono::steady_clock::time_point spread_looked_;
+  std::atomic<uint64_t> spread_moves_{0};
   uint32_t step_ = 0;
   uint64_t seq_ = 0;
   // Who read this rank's half of the last step of each parity: a group rank,

@@ -37,7 +37,9 @@ struct alignas(128) RankCtl {
   std::atomic<uint32_t> doorbell;        // bumped when a p2p channel of this rank moves
   std::atomic<uint32_t> doorbell_sleepers;
   int32_t pid;
-  uint32_t pad;
+  // The CPU this rank ran its last collective on, plus one (0: not known);
+  // kept only with more ranks than cores ([Note: ranks the kernel stacks]).
+  std::atomic<int32_t> on_cpu;
   // Rank 0's only: the number of the collective before which every rank
   // probes again (ShmComm::begin, [Note: re-probing on rank 0's clock]).
   std::atomic<uint64_t> probe_at;
