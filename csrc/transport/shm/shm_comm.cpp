@@ -70,13 +70,15 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   layout_.pool = group_.size > 1 ? round_up(opts.pool_bytes, kPoolAlign) : 0;
   // With more ranks than cores a waiter yields its core between polls instead
   // of spinning on it ([Note: waiting with more ranks than cores]).
-  // The CPUs this process may use (taskset, a cgroup's cpuset), not the
-  // machine's.
+  // The machine's CPUs: a rank pinned to one core of its own still has one.
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
-  cpu_set_t mask;
-  if (sched_getaffinity(0, sizeof mask, &mask) == 0) cpus = std::min<long>(cpus, CPU_COUNT(&mask));
   rank_per_core_ = cpus > 0 && group_.size <= cpus;
-  spread_ = !rank_per_core_ && group_.size > 1 && opts.spread_ms > 0;
+  // Spreading stacked ranks needs more ranks than the CPUs this rank may use
+  // (taskset, a cgroup's cpuset) and at least two of them: a pinned rank
+  // stays where it was put ([Note: ranks the kernel stacks]).
+  cpu_set_t mask;
+  const int usable = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : 0;
+  spread_ = usable >= 2 && group_.size > usable && opts.spread_ms > 0;
   attach(store);
   if (layout_.pool)
     pool_ = std::make_shared<ShmPool>(seg_, seg_->data() + layout_.pool_offset(group_.rank),
