@@ -52,6 +52,13 @@ sys.path.append(HERE)
 import cpu_probe  # noqa: E402  (sibling module)
 
 FROM_SIZE = 64 << 10  # the goals hold from 64 KiB (below it a call's fixed cost dominates)
+# Timed iterations per size in every launch. bench_collectives' own default (20 for small
+# messages, 16 at 16 MiB) suits one sweep, but a launch's median of 20 is itself noisy: on the
+# 2-core guest, 4 ranks, resampling one launch's 200 iterations put the median of 20 anywhere in
+# a 1.04x (64 KiB) to 1.13x (1 MiB) band (5-95%), of 200 within 1.01-1.03x; over 10 launches
+# that noise alone would widen a spread (max/min) by about as much. 200 is also how the
+# launch-to-launch variation was first seen (median of 200 barrier-separated ops).
+ITERS = 200
 
 
 def parse_size(text: str) -> int:
@@ -104,6 +111,8 @@ def one_launch(args, out_dir: str) -> dict:
            "--world-size", str(args.world_size), "--ops", args.op, "--dtypes", "float32",
            "--min-bytes", str(min(args.sizes)), "--max-bytes", str(max(args.sizes)),
            "--out", out_dir, "--no-plot", "--cpu-probes"]
+    if args.iters:
+        cmd += ["--iters", str(args.iters), "--min-iters", str(args.iters)]
     if args.peers:
         cmd += ["--peers", ",".join(args.peers)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
@@ -197,6 +206,11 @@ def main(argv=None) -> int:
                    help="comma-separated; the sweep covers min..max, these are reported")
     p.add_argument("--peers", default="mpi", help="comma-separated peers of bench_collectives "
                    "(empty: rsdp alone)")
+    p.add_argument("--iters", type=int, default=ITERS,
+                   help="timed iterations at every size, for every library (bench_collectives.py "
+                        "--iters and --min-iters); 0: bench_collectives' own scaling (20 for "
+                        "small messages down to 5 at 64 MiB), how runs before this option were "
+                        "measured")
     p.add_argument("--pause", type=float, default=0.0,
                    help="seconds idle between rounds (lets the host move the vCPUs)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per launch")
