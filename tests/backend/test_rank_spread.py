@@ -2,7 +2,8 @@
 ([Note: ranks the kernel stacks] in csrc/transport/shm/rank_spread.cpp): each rank is confined
 to two CPUs (so four ranks outnumber them on any machine), three are put on one CPU, and the
 group is expected to move one, to get every result right meanwhile, and to leave every thread's
-CPU mask as it found it; with ``RSDP_SPREAD_MS=0`` it moves none.
+CPU mask as it found it; with ``RSDP_SPREAD_MS=0`` it moves none. Groups over overlapping
+ranks, each spreading its own, settle instead of trading ranks back and forth.
 """
 from __future__ import annotations
 
@@ -87,3 +88,44 @@ def test_stacked_ranks_move_and_masks_stay():
         assert o["main_mask"], f"rank {r}: the main thread's mask changed"
         assert o["masks_kept"], f"rank {r}: a thread's CPU mask changed"
         assert all(n >= 2 for n in o["new_threads"]), f"rank {r}: a thread left pinned"
+
+
+STEPS = 1500
+STACK_EVERY = 300
+MAX_MOVES = 64  # per group and rank over the run; looks every 2 ms could make hundreds
+
+
+def _overlapping_groups(ctx):
+    """Six ranks on two CPUs in the world group, a half and an interleaved third, stacked five
+    and one every STACK_EVERY steps: each group spreads its own ranks by its own published
+    CPUs, so a move one group makes can unbalance another; the rule (the highest ranks beyond
+    a CPU's share move) must settle, not trade ranks back and forth at every look (about one
+    move per group and stacking was measured)."""
+    import torch_rsdp
+    r, n = ctx.rank, ctx.world_size
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    os.sched_setaffinity(0, set(cpus))
+    halves = [dist.new_group(list(range(0, 3))), dist.new_group(list(range(3, 6)))]
+    thirds = [dist.new_group(list(range(k, n, 2))) for k in (0, 1)]
+    groups = [None, halves[r // 3], thirds[r % 2]]
+    ok = True
+    for i in range(STEPS):
+        if i % STACK_EVERY == 0:  # five ranks on one CPU, then both CPUs given back
+            os.sched_setaffinity(0, {cpus[0] if r < 5 else cpus[1]})
+            os.sched_setaffinity(0, set(cpus))
+        for g in groups:
+            t = torch.full((4096,), float(r + i))
+            dist.all_reduce(t, group=g)
+            ranks = dist.get_process_group_ranks(g) if g is not None else range(n)
+            ok = ok and bool((t == float(sum(ranks) + len(ranks) * i)).all())
+    return ok, [torch_rsdp.topology(g)["spread_moves"] for g in groups]
+
+
+def test_overlapping_groups_settle():
+    res = launch(_overlapping_groups, 6, pg_timeout=60, deadline=180)
+    assert sum(sum(res[r][1]) for r in range(6)) >= 1, "five ranks stacked on one CPU, none moved"
+    for r in range(6):
+        ok, moves = res[r]
+        assert ok, f"rank {r}: a wrong all-reduce while ranks moved"
+        assert max(moves) <= MAX_MOVES, f"rank {r}: moves per group {moves}: ranks traded back " \
+            f"and forth"
