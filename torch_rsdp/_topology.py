@@ -26,8 +26,10 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
 
     On rsdp, ``handoff``: what handing data between the ranks of this node cost at the
     group's latest probe, when it was made and again while collectives run (once a second,
-    ``RSDP_REPROBE_MS``)
-    (``csrc/transport/shm/handoff_probe.h``; ``probes`` counts them): ``step_ns`` (the
+    ``RSDP_REPROBE_MS``, and sooner when group rank 0's collectives of 256 KiB and more
+    slow down: ``csrc/transport/shm/slow_watch.cpp``)
+    (``csrc/transport/shm/handoff_probe.h``; ``probes`` counts them, ``early_probes`` on group
+    rank 0 those that came early because of a slowdown): ``step_ns`` (the
     fastest round trip of one shared-memory step), ``pull_gbps`` (copying a block the
     other rank just wrote; the block is one L2 cache's worth, 256 KiB to 2 MiB),
     ``cached_gbps`` and ``streamed_gbps`` (handing blocks over both ways: two ranks write one

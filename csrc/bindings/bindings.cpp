@@ -168,6 +168,7 @@ PYBIND11_MODULE(_C, m) {
             handoff["cached_gbps"] = h.cached_gbps;
             handoff["streamed_gbps"] = h.streamed_gbps;
             handoff["probes"] = h.probes;
+            handoff["early_probes"] = h.early;
             handoff["stores"] = b.streaming_stores() ? "streaming" : "cached";
             d["handoff"] = handoff;
             d["spread_moves"] = b.spread_moves();

@@ -126,3 +126,57 @@ def test_a_rank_that_dies_before_the_probe_is_named_with_it():
     assert op == 5, (op, error)
     assert "rank 1" in error and "exited during the hand-off probe before collective #5" \
         in error, error
+
+
+SLOW_OPS = 400
+
+
+def _pin_all_threads(cpus) -> None:
+    import os
+
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except OSError:  # the thread ended meanwhile
+            pass
+
+
+def _slowed(ctx):
+    """1 MiB all-reduces with each rank on its own CPU, then with both ranks on the first CPU
+    (every step now waits for the other rank to be scheduled), then more of those; the early
+    probes group rank 0 asked for after each phase."""
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    import torch_rsdp
+
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    t = torch.empty(1 << 18)
+    counts = []
+    for phase in ("apart", "shared", "shared again"):
+        _pin_all_threads({cpus[ctx.rank]} if phase == "apart" else {cpus[0]})
+        for i in range(SLOW_OPS):
+            t.fill_(ctx.rank + 1)
+            dist.all_reduce(t)
+            if t[0].item() != 3.0 or t[-1].item() != 3.0:
+                raise AssertionError(f"rank {ctx.rank}: {phase} all_reduce #{i} wrong")
+        counts.append(torch_rsdp.topology()["handoff"]["early_probes"])
+    return counts, torch_rsdp.topology()["handoff"]["probes"]
+
+
+def test_collectives_that_slow_ask_for_an_early_probe():
+    """[Note: a placement that changes under a group]: with the periodic re-probe out of reach
+    (RSDP_REPROBE_MS 10 min), the two ranks are put on one CPU, so their collectives slow, and
+    group rank 0 asks for a probe (`early_probes`) without waiting for its clock; the slower
+    time is the new normal after it (at most one more early probe for the same slowdown). The
+    other rank counts none: rank 0 decides."""
+    res = launch(_slowed, 2, env={"RSDP_REPROBE_MS": 600_000}, deadline=180, pg_timeout=30,
+                 raise_on_error=True)
+    (apart, shared, again), probes = res[0]
+    assert apart == 0, f"an early probe while nothing changed: {res[0]}"
+    assert shared >= 1, f"no early probe after the collectives slowed: {res[0]}"
+    assert again - shared <= 1, f"the slower time never became the normal: {res[0]}"
+    assert probes == 1 + again, res
+    assert res[1][0] == [0, 0, 0] and res[1][1] == probes, res

@@ -47,6 +47,9 @@ class ShmComm;
 struct Handoff {
   bool measured = false;  // false: one rank, or more ranks than CPUs (time-sliced)
   uint64_t probes = 0;    // how many times the group has probed (1 when made)
+  // Of those, how many group rank 0 asked for early, its collectives' work
+  // having slowed (transport/shm/slow_watch.h); counted on group rank 0 only.
+  uint64_t early = 0;
   double step_ns = 0;     // fastest round trip of one exchange() step
   double pull_gbps = 0;   // GB/s of copying a half another core just wrote
   double cached_gbps = 0;    // GB/s of a hand-off (write, step, read) with cached stores

@@ -21,6 +21,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+uint64_t ns_between(Clock::time_point a, Clock::time_point b) {
+  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
+}
+
 bool reached(uint32_t have, uint32_t want) { return static_cast<int32_t>(have - want) >= 0; }
 
 // Ring bytes per ordered pair: 1 MiB for small groups, shrinking so that a
@@ -181,9 +185,12 @@ void ShmComm::probe(std::chrono::milliseconds timeout) {
   }
   probing_ = false;
   seq_ = seq;
+  slow_.reset();
+  timing_ = false;
   {
     std::lock_guard<std::mutex> g(handoff_mu_);
     h.probes = handoff_.probes + 1;
+    h.early = early_probes_;
     handoff_ = h;
   }
   streaming_.store(opts_.shm_stores == "streaming" || (opts_.shm_stores == "auto" && h.stream),
@@ -201,10 +208,18 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
   if (!probing_ && desc.kind != OpKind::kRingShift && measured_) {
     const uint64_t next = seq_ + 1;
     RankCtl& lead = ctl(0);
-    if (group_.rank == 0 && opts_.reprobe_ms > 0 &&
-        Clock::now() - probed_time_ >= std::chrono::milliseconds(opts_.reprobe_ms) &&
-        lead.probe_at.load(std::memory_order_relaxed) < next)
-      lead.probe_at.store(next + 1, std::memory_order_release);
+    if (group_.rank == 0 && opts_.reprobe_ms > 0) {
+      time_work(desc);
+      const auto since = Clock::now() - probed_time_;
+      // Once a second, or sooner when the work slowed
+      // ([Note: a placement that changes under a group]).
+      const bool due = since >= std::chrono::milliseconds(opts_.reprobe_ms) ||
+                       (slow_.slow() && since >= kEarlyReprobeGap);
+      if (due && lead.probe_at.load(std::memory_order_relaxed) < next) {
+        lead.probe_at.store(next + 1, std::memory_order_release);
+        if (slow_.slow()) ++early_probes_;
+      }
+    }
     if (lead.probe_at.load(std::memory_order_acquire) == next) probe(timeout);
   }
   if (spread_) spread_out();
@@ -218,6 +233,22 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
     for (int i = 1; i < group_.size; ++i) wait_step((group_.rank + i) % group_.size, step_);
     lazy_ = false;
   }
+}
+
+void ShmComm::time_work(const OpDesc& next) {
+  // The collective before this one: its work up to its first step plus its
+  // first step to its end (finished(); its last step where it raised): the
+  // wait for late peers at the first step is theirs, not the placement's.
+  if (timing_ && timed_steps_ > 0)
+    slow_.sample(timed_kind_, timed_bytes_, work_ns_ + ns_between(first_step_, last_step_));
+  const uint64_t bytes = next.count * dtype_size(next.dtype);
+  timing_ = bytes >= kTimedBytes;
+  if (!timing_) return;
+  timed_kind_ = next.kind;
+  timed_bytes_ = bytes;
+  timed_steps_ = 0;
+  work_ns_ = 0;
+  op_from_ = Clock::now();
 }
 
 void ShmComm::spread_out() {
@@ -289,6 +320,7 @@ const char* ShmComm::posted(int p, size_t bytes) const {
 
 void ShmComm::exchange(size_t staged, uint64_t buf_off) {
   if (traffic_ && staged && group_.size > 1) traffic_->add(true, staged);
+  if (timing_ && timed_steps_ == 0) work_ns_ = ns_between(op_from_, Clock::now());
   const uint32_t s = ++step_;
   RankCtl& me = ctl(group_.rank);
   me.desc[s & 1] = desc_;
@@ -301,6 +333,10 @@ void ShmComm::exchange(size_t staged, uint64_t buf_off) {
     if (p != group_.rank) check_desc(p, s);
   reader_[s & 1] = kAllPeers;
   lazy_ = false;
+  if (timing_) {
+    last_step_ = Clock::now();
+    if (timed_steps_++ == 0) first_step_ = last_step_;
+  }
 }
 
 void ShmComm::check_desc(int p, uint32_t s) {
@@ -335,6 +371,7 @@ char* ShmComm::ring_stage() {
 
 void ShmComm::ring_post(size_t staged, int reader) {
   if (traffic_ && staged && group_.size > 1) traffic_->add(true, staged);
+  if (timing_ && timed_steps_ == 0) work_ns_ = ns_between(op_from_, Clock::now());
   const uint32_t s = ++step_;
   RankCtl& me = ctl(group_.rank);
   me.desc[s & 1] = desc_;

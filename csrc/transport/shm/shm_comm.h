@@ -51,6 +51,7 @@
 #include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_pool.h"
 #include "transport/shm/shm_segment.h"
+#include "transport/shm/slow_watch.h"
 #include "transport/staging.h"
 
 namespace rsdp {
@@ -80,6 +81,12 @@ class ShmComm final : public Staging {
   void exchange(size_t staged = 0) override { exchange(staged, kNotInPool); }
   void exchange(size_t staged, uint64_t buf_off);
   const char* peer(int p) const override;  // p's half of the last exchanged step
+  // The collective begun last has ended (algorithms/collectives.cpp): its
+  // time, for the early probe, runs to here ([Note: a placement that changes
+  // under a group]).
+  void finished() {
+    if (timing_ && timed_steps_ > 0) last_step_ = std::chrono::steady_clock::now();
+  }
 
   // The host side channel is the staging half itself.
   char* host_stage() override { return stage(); }
@@ -173,6 +180,22 @@ class ShmComm final : public Staging {
   bool measured_ = false;
   std::chrono::steady_clock::time_point probed_time_;
   bool probing_ = false;
+  // Group rank 0 times each collective and probes early when they slow
+  // ([Note: a placement that changes under a group]): whether this one is
+  // timed, its kind and bytes, its steps so far and when they returned.
+  static constexpr uint64_t kTimedBytes = 256u << 10;  // smaller ops: a few us of work
+  // An early probe comes at least this long after the last one (a probe costs
+  // about 1 ms; at most 2% of the time even if every probe came early).
+  static constexpr std::chrono::milliseconds kEarlyReprobeGap{50};
+  SlowWatch slow_;
+  uint64_t early_probes_ = 0;
+  bool timing_ = false;
+  OpKind timed_kind_ = OpKind::kBarrier;
+  uint64_t timed_bytes_ = 0;
+  int timed_steps_ = 0;
+  uint64_t work_ns_ = 0;  // from begin() to the first step
+  std::chrono::steady_clock::time_point op_from_, first_step_, last_step_;
+  void time_work(const OpDesc& next);
   bool rank_per_core_ = false;  // no more ranks than CPUs
   // Spreading stacked ranks (RSDP_SPREAD_MS, with more ranks than CPUs):
   // collectives since the last look, when it was, moves made.
