@@ -236,11 +236,13 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
 }
 
 void ShmComm::time_work(const OpDesc& next) {
-  // The collective before this one: its work up to its first step plus its
-  // first step to its end (finished(); its last step where it raised): the
-  // wait for late peers at the first step is theirs, not the placement's.
-  if (timing_ && timed_steps_ > 0)
+  // The collective before this one, if it ended as one node's collective
+  // (finished()): its work up to its first step plus its first step to its
+  // end; the wait for late peers at the first step is theirs, not the
+  // placement's.
+  if (timing_ && timed_done_)
     slow_.sample(timed_kind_, timed_bytes_, work_ns_ + ns_between(first_step_, last_step_));
+  timed_done_ = false;
   const uint64_t bytes = next.count * dtype_size(next.dtype);
   timing_ = bytes >= kTimedBytes;
   if (!timing_) return;
@@ -371,7 +373,6 @@ char* ShmComm::ring_stage() {
 
 void ShmComm::ring_post(size_t staged, int reader) {
   if (traffic_ && staged && group_.size > 1) traffic_->add(true, staged);
-  if (timing_ && timed_steps_ == 0) work_ns_ = ns_between(op_from_, Clock::now());
   const uint32_t s = ++step_;
   RankCtl& me = ctl(group_.rank);
   me.desc[s & 1] = desc_;

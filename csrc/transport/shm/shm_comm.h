@@ -83,9 +83,12 @@ class ShmComm final : public Staging {
   const char* peer(int p) const override;  // p's half of the last exchanged step
   // The collective begun last has ended (algorithms/collectives.cpp): its
   // time, for the early probe, runs to here ([Note: a placement that changes
-  // under a group]).
-  void finished() {
-    if (timing_ && timed_steps_ > 0) last_step_ = std::chrono::steady_clock::now();
+  // under a group]). `alone`: it ran on this node only; one that waited on
+  // the network too (or on a device, or raised: no call) is not timed.
+  void finished(bool alone) {
+    if (!timing_ || timed_steps_ == 0) return;
+    last_step_ = std::chrono::steady_clock::now();
+    timed_done_ = alone;
   }
 
   // The host side channel is the staging half itself.
@@ -193,6 +196,7 @@ class ShmComm final : public Staging {
   OpKind timed_kind_ = OpKind::kBarrier;
   uint64_t timed_bytes_ = 0;
   int timed_steps_ = 0;
+  bool timed_done_ = false;  // finished(true) was called
   uint64_t work_ns_ = 0;  // from begin() to the first step
   std::chrono::steady_clock::time_point op_from_, first_step_, last_step_;
   void time_work(const OpDesc& next);
