@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 
@@ -32,6 +31,8 @@ import torch.multiprocessing as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.append(os.path.dirname(HERE))  # an uninstalled checkout: torch_rsdp from the source
+sys.path.append(HERE)
+from bench_collectives import free_port, parse_size  # noqa: E402
 
 
 def alone_us(reps: int = 300) -> float:
@@ -96,7 +97,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--world-size", type=int, default=4)
-    p.add_argument("--bytes", type=int, default=1 << 20)
+    p.add_argument("--bytes", type=parse_size, default=1 << 20, help="e.g. 1M, 256K")
     p.add_argument("--groups", type=int, default=6)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--warmup", type=int, default=300)
@@ -109,9 +110,7 @@ def main(argv=None) -> int:
     with ctx.Pool(1) as pool:  # its own process: the pinning must not follow the ranks
         print(f"alone: one CPU, copy + add of L3-resident tensors, {pool.apply(alone_us):.0f} µs",
               flush=True)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.start_processes(worker, args=(args, port), nprocs=args.world_size, start_method="spawn")
     return 0
 

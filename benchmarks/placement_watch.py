@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -27,7 +26,7 @@ import torch.multiprocessing as mp
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.append(os.path.dirname(HERE))  # an uninstalled checkout: torch_rsdp from the source
 sys.path.append(HERE)
-from bench_launches import parse_size  # noqa: E402
+from bench_collectives import free_port, parse_size  # noqa: E402
 
 
 def worker(rank: int, args, port: int) -> None:
@@ -84,9 +83,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if len(os.sched_getaffinity(0)) < 2:
         p.error("needs two CPUs (one per rank)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     mp.start_processes(worker, args=(args, port), nprocs=2, start_method="spawn")
     return 0
 
