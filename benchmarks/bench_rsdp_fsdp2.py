@@ -36,7 +36,7 @@ parameters, gradients with optimizer state, and the rest (activations, gathered 
 weights, temporaries), with its ratio to FSDP2. The final
 losses of all variants are printed too: they must agree (same math, other summation order).
 
-``--quick`` (the CI guard, ``tests/integrations/test_perf_guard.py``): the ``act`` setting at 2
+``--quick`` (run in CI by ``tests/integrations/test_bench_rsdp_fsdp2.py``): the ``act`` setting at 2
 ranks, ``rsdp`` and ``fsdp2``, 6 timed steps, no memory step, plus an all-reduce of 4 MiB over rsdp
 and gloo in the same processes; the JSON then also holds ``allreduce_speedup`` (gloo time /
 rsdp time).

@@ -1,5 +1,7 @@
 #include "core/options.h"
 
+#include <sched.h>
+
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -106,6 +108,32 @@ void parse_emulate_device(const char* v, Options& o) {
   }
 }
 
+// RSDP_TEST_PLACEMENT: comma-separated "on_cpu=<cpu>", "slow_from=<op number>".
+void parse_test_placement(const char* v, Options& o) {
+  std::string rest = v;
+  while (!rest.empty()) {
+    const size_t comma = rest.find(',');
+    const std::string item = rest.substr(0, comma);
+    rest = comma == std::string::npos ? "" : rest.substr(comma + 1);
+    if (item.compare(0, 7, "on_cpu=") == 0) {
+      const Decimal cpu = parse_decimal(item.c_str() + 7, CPU_SETSIZE - 1);
+      if (cpu.digits && !cpu.too_big && *cpu.end == '\0') {
+        o.test_on_cpu = static_cast<int>(cpu.value);
+        continue;
+      }
+    }
+    if (item.compare(0, 10, "slow_from=") == 0) {
+      const Decimal seq = parse_decimal(item.c_str() + 10, ~0ull);
+      if (seq.digits && !seq.too_big && seq.value > 0 && *seq.end == '\0') {
+        o.test_slow_from = seq.value;
+        continue;
+      }
+    }
+    RSDP_FAIL(ErrorKind::kValue, "environment variable RSDP_TEST_PLACEMENT='", v, "': '", item,
+              "' is none of on_cpu=<cpu>, slow_from=<op number from 1>");
+  }
+}
+
 }  // namespace
 
 std::string algo_env_var(OpKind op) {
@@ -164,6 +192,7 @@ Options Options::from_env() {
                "' names no header field; choose one of: bytes step dtype op bits count");
     o.test_wire_lie = v;
   }
+  if (const char* v = env("RSDP_TEST_PLACEMENT")) parse_test_placement(v, o);
   RSDP_CHECK(o.shm_bytes >= 8192, "RSDP_SHM_BYTES must be at least 8K, got ", o.shm_bytes);
   RSDP_CHECK(o.cuda_staging_bytes >= 8192, "RSDP_CUDA_STAGING_BYTES must be at least 8K, got ",
              o.cuda_staging_bytes);

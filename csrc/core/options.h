@@ -74,6 +74,18 @@ struct Options {
   // bits or count) while the payload stays as it is, to prove that the honest
   // peer refuses them. Empty (off) unless RSDP_TEST_WIRE_LIE is set.
   std::string test_wire_lie;
+  // Test hook of the shared-memory transport's adaptation
+  // (RSDP_TEST_PLACEMENT; tests/backend/test_handoff_reprobe.py,
+  // test_rank_spread.py): a placement the test states instead of the one the
+  // host happens to give, so that what the group does about it is checked
+  // without depending on the host's scheduler or CPU model.
+  //   on_cpu: this rank reports running on that CPU (to the other ranks
+  //     spreading the node's ranks) until it first moves; -1: off.
+  //   slow_from: group rank 0 times its collectives as 1 ns a byte before
+  //     collective #slow_from and 4 ns a byte from it on (for the early
+  //     probe), instead of by its clock; 0: off.
+  int test_on_cpu = -1;
+  uint64_t test_slow_from = 0;
 
   static Options from_env();
 };

@@ -128,35 +128,21 @@ def test_a_rank_that_dies_before_the_probe_is_named_with_it():
         in error, error
 
 
-SLOW_OPS = 400
-
-
-def _pin_all_threads(cpus) -> None:
-    import os
-
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except OSError:  # the thread ended meanwhile
-            pass
+SLOW_OPS = 100  # per phase
 
 
 def _slowed(ctx):
-    """1 MiB all-reduces with each rank on its own CPU, then with both ranks on the first CPU
-    (every step now waits for the other rank to be scheduled), then more of those; the early
-    probes group rank 0 asked for after each phase."""
-    import os
-
+    """1 MiB all-reduces that group rank 0 times as steady, then as 4x slower from the
+    collective RSDP_TEST_PLACEMENT names on, then more of those; the early probes group rank
+    0 asked for after each phase."""
     import torch
     import torch.distributed as dist
 
     import torch_rsdp
 
-    cpus = sorted(os.sched_getaffinity(0))[:2]
     t = torch.empty(1 << 18)
     counts = []
-    for phase in ("apart", "shared", "shared again"):
-        _pin_all_threads({cpus[ctx.rank]} if phase == "apart" else {cpus[0]})
+    for phase in ("steady", "slowed", "slowed still"):
         for i in range(SLOW_OPS):
             t.fill_(ctx.rank + 1)
             dist.all_reduce(t)
@@ -168,15 +154,22 @@ def _slowed(ctx):
 
 def test_collectives_that_slow_ask_for_an_early_probe():
     """[Note: a placement that changes under a group]: with the periodic re-probe out of reach
-    (RSDP_REPROBE_MS 10 min), the two ranks are put on one CPU, so their collectives slow, and
-    group rank 0 asks for a probe (`early_probes`) without waiting for its clock; the slower
-    time is the new normal after it (at most one more early probe for the same slowdown). The
-    other rank counts none: rank 0 decides."""
-    res = launch(_slowed, 2, env={"RSDP_REPROBE_MS": 600_000}, deadline=180, pg_timeout=30,
-                 raise_on_error=True)
-    (apart, shared, again), probes = res[0]
-    assert apart == 0, f"an early probe while nothing changed: {res[0]}"
-    assert shared >= 1, f"no early probe after the collectives slowed: {res[0]}"
-    assert again - shared <= 1, f"the slower time never became the normal: {res[0]}"
+    (RSDP_REPROBE_MS 10 min), group rank 0's collectives slow 4x from the first of the second
+    phase on, and it asks for a probe (`early_probes`) without waiting for its clock; the
+    slower time is the new normal after it. The other rank counts none: rank 0 decides.
+
+    The slowdown is stated (RSDP_TEST_PLACEMENT's slow_from: rank 0 times its collectives as
+    1 ns a byte, then 4), not made by crowding the ranks onto one CPU: how much that slows a
+    collective is the host's business (1.3x to 3x across the hosts seen), and the rule that
+    judges measured times is tests/native/test_slow_watch.cpp's. What this checks is the
+    wiring: rank 0 times each collective, the watch asks, the probe runs on every rank before
+    the same collective, the watch restarts, and results stay exact."""
+    res = launch(_slowed, 2, env={"RSDP_REPROBE_MS": 600_000,
+                                  "RSDP_TEST_PLACEMENT": f"slow_from={SLOW_OPS + 1}"},
+                 deadline=180, pg_timeout=30, raise_on_error=True)
+    (steady, slowed, again), probes = res[0]
+    assert steady == 0, f"an early probe while nothing changed: {res[0]}"
+    assert slowed == 1, f"not one early probe after the collectives slowed: {res[0]}"
+    assert again == slowed, f"the slower time never became the normal: {res[0]}"
     assert probes == 1 + again, res
     assert res[1][0] == [0, 0, 0] and res[1][1] == probes, res

@@ -54,7 +54,12 @@ def test_staging_stores(setting, family):
     assert_family(results, errors, family, f"RSDP_SHM_STORES={setting}, 2 ranks")
 
 
-def test_a_bad_setting_is_refused_naming_the_variable():
+@pytest.mark.parametrize("var,value,says", [
+    ("RSDP_SHM_STORES", "stream", "is none of its choices: auto cached streaming"),
+    ("RSDP_TEST_PLACEMENT", "slow_from=0", "is none of on_cpu=<cpu>, slow_from=<op number"),
+    ("RSDP_TEST_PLACEMENT", "on_cpu=x", "is none of on_cpu=<cpu>, slow_from=<op number"),
+])
+def test_a_bad_setting_is_refused_naming_the_variable(var, value, says):
     """A value that is none of the choices fails init_process_group with a ValueError that
     names the variable, the value and the choices."""
     code = ("import os, torch.distributed as dist, torch_rsdp\n"
@@ -64,9 +69,8 @@ def test_a_bad_setting_is_refused_naming_the_variable():
             "init_method='tcp://127.0.0.1:0')\n"
             "except ValueError as e:\n"
             "    print(e)\n")
-    env = {"RSDP_SHM_STORES": "stream"}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                       env={**os.environ, **env})
+                       env={**os.environ, var: value})
     assert p.returncode == 0, p.stderr[-2000:]
-    assert ("environment variable RSDP_SHM_STORES='stream' is none of its choices: auto cached "
-            "streaming") in p.stdout, p.stdout + p.stderr[-2000:]
+    assert f"environment variable {var}='{value}'" in p.stdout and says in p.stdout, \
+        p.stdout + p.stderr[-2000:]

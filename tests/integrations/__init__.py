@@ -1,2 +1,2 @@
 """End-to-end tests with other software: DDP/FSDP2 training, torchft, torchrun restarts, the
-examples and the performance guard. See README.md."""
+examples and the quick benchmark. See README.md."""

@@ -3,6 +3,7 @@
 // an even spread puts there ([Note: ranks the kernel stacks]).
 //   g++ -O1 -std=c++17 -I csrc tests/native/test_rank_spread.cpp csrc/transport/shm/rank_spread.cpp
 //   ./a.out      last line "N passed, M failed"; exit code != 0 on failure
+#include <random>
 #include <vector>
 
 #include "check.h"
@@ -21,6 +22,27 @@ std::vector<int> targets(const std::vector<int>& cpus, const std::vector<int>& a
 }
 
 using V = std::vector<int>;
+
+// Groups over overlapping ranks of one node, each spreading its own members by
+// what they published: every `round`, each group in turn looks (as its ranks
+// do every few milliseconds) and its movers move. Returns the moves made until
+// a whole round moved nobody, or -1 when `max_rounds` rounds never settled.
+int settle(V& cpus, const std::vector<V>& groups, const V& allowed, int max_rounds) {
+  int moves = 0;
+  for (int round = 0; round < max_rounds; ++round) {
+    int moved = 0;
+    for (const V& g : groups) {
+      V view;
+      for (int r : g) view.push_back(cpus[r]);
+      const V t = targets(view, allowed);
+      for (size_t i = 0; i < g.size(); ++i)
+        if (t[i] >= 0) cpus[g[i]] = t[i], ++moved;
+    }
+    moves += moved;
+    if (moved == 0) return moves;
+  }
+  return -1;
+}
 
 }  // namespace
 
@@ -49,6 +71,42 @@ int main() {
   CHECK(targets({0, 0, 0, 5}, two) == V({-1, -1, 1, -1}), "a CPU outside the mask");
   // Out-of-range rank: no move.
   CHECK(spread_target({0, 0, 0, 1}, 7, two) == -1, "bad rank");
+  // Six ranks on two CPUs in the world group, two halves and two interleaved
+  // thirds: a move one group makes can unbalance another, and the rule must
+  // settle rather than trade ranks back and forth. From every stacking of the
+  // six (2^6 of them) and from random ones on four CPUs with eight ranks.
+  {
+    const std::vector<V> six{{0, 1, 2, 3, 4, 5}, {0, 1, 2}, {3, 4, 5}, {0, 2, 4}, {1, 3, 5}};
+    int worst = 0, unsettled = 0;
+    for (int bits = 0; bits < 64; ++bits) {
+      V cpus;
+      for (int r = 0; r < 6; ++r) cpus.push_back((bits >> r) & 1);
+      const int m = settle(cpus, six, two, 20);
+      if (m < 0) ++unsettled;
+      worst = m > worst ? m : worst;
+      // Settled: every group as even as it gets.
+      for (const V& g : six) {
+        int on0 = 0;
+        for (int r : g) on0 += cpus[r] == 0;
+        const int n = static_cast<int>(g.size());
+        CHECK(on0 <= (n + 1) / 2 && n - on0 <= (n + 1) / 2, "stacking %d: a group left uneven",
+              bits);
+      }
+    }
+    CHECK(unsettled == 0, "%d of 64 stackings of six ranks never settled", unsettled);
+    CHECK(worst <= 6, "six ranks took %d moves to settle", worst);
+    const std::vector<V> eight{{0, 1, 2, 3, 4, 5, 6, 7}, {0, 1, 2, 3}, {4, 5, 6, 7},
+                               {0, 2, 4, 6}, {1, 3, 5, 7}, {0, 4}, {1, 5}, {2, 6}, {3, 7}};
+    const V four{0, 1, 2, 3};
+    std::mt19937 rng(8);
+    unsettled = 0;
+    for (int k = 0; k < 500; ++k) {
+      V cpus;
+      for (int r = 0; r < 8; ++r) cpus.push_back(static_cast<int>(rng() % 4));
+      if (settle(cpus, eight, four, 20) < 0) ++unsettled;
+    }
+    CHECK(unsettled == 0, "%d of 500 stackings of eight ranks never settled", unsettled);
+  }
   std::printf("%d passed, %d failed\n", g_pass, g_fail);
   return g_fail ? 1 : 0;
 }

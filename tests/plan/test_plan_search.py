@@ -3,6 +3,7 @@
 The reference is brute_force (every assignment); solve must agree with it exactly on small
 instances, including ties, zero transients and transition costs.
 """
+import math
 import random
 import time
 
@@ -154,19 +155,41 @@ def test_runner_up_feasible_and_never_better():
             assert t == total_time(units, picks, transition) >= sol.time_s - 1e-12
 
 
+def _fastest_of(runs, fn):
+    best = math.inf
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _reference_work():
+    """A fixed amount of plain Python (about 1 M dict and float operations): what this
+    machine's interpreter does in the time it takes, so that the solver's bound below is a
+    multiple of it rather than of seconds on one CPU model."""
+    d = {}
+    for i in range(200_000):
+        d[i & 1023] = d.get(i & 1023, 0.0) + i * 0.5
+    return d
+
+
 def test_speed_64_units_8_choices_with_transitions():
+    """Each solve of 64 units x 8 choices with transitions costs at most 40 times the reference
+    work (3-10 times measured on a 2-core guest), the fastest of three runs each, so that a
+    neighbour's burst on a shared machine does not count against the solver."""
     rng = random.Random(64)
     units = [[Choice(f"s{k}", rng.uniform(0.01, 1.0), rng.randrange(1, 2**30),
                      rng.randrange(0, 2**30), rng.randrange(0, 2**30)) for k in range(8)]
              for _ in range(64)]
     transition = random_transition(rng)
     lo, hi = smallest_feasible_budget(units), loose_budget(units)
+    reference = _fastest_of(3, _reference_work)
     for frac in (0.0, 0.05, 0.2, 0.5, 1.0):
         budget = lo + int((hi - lo) * frac)
-        t0 = time.perf_counter()
-        sol = solve(units, budget, transition=transition)
-        assert time.perf_counter() - t0 < 2.0, frac
-        assert sol.peak_bytes <= budget
+        took = _fastest_of(3, lambda: solve(units, budget, transition=transition))
+        assert took < 40 * reference, (frac, took, reference)
+        assert solve(units, budget, transition=transition).peak_bytes <= budget
 
 
 def test_coarsened_frontier_never_exceeds_budget():

@@ -83,6 +83,7 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   cpu_set_t mask;
   const int usable = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : 0;
   spread_ = usable >= 2 && group_.size > usable && opts.spread_ms > 0;
+  stated_cpu_ = opts.test_on_cpu;
   attach(store);
   if (layout_.pool)
     pool_ = std::make_shared<ShmPool>(seg_, seg_->data() + layout_.pool_offset(group_.rank),
@@ -240,13 +241,18 @@ void ShmComm::time_work(const OpDesc& next) {
   // (finished()): its work up to its first step plus its first step to its
   // end; the wait for late peers at the first step is theirs, not the
   // placement's.
-  if (timing_ && timed_done_)
-    slow_.sample(timed_kind_, timed_bytes_, work_ns_ + ns_between(first_step_, last_step_));
+  if (timing_ && timed_done_) {
+    uint64_t ns = work_ns_ + ns_between(first_step_, last_step_);
+    if (opts_.test_slow_from)  // the placement a test states (options.h)
+      ns = timed_bytes_ * (timed_seq_ >= opts_.test_slow_from ? 4 : 1);
+    slow_.sample(timed_kind_, timed_bytes_, ns);
+  }
   timed_done_ = false;
   const uint64_t bytes = next.count * dtype_size(next.dtype);
   timing_ = bytes >= kTimedBytes;
   if (!timing_) return;
   timed_kind_ = next.kind;
+  timed_seq_ = seq_ + 1;
   timed_bytes_ = bytes;
   timed_steps_ = 0;
   work_ns_ = 0;
@@ -255,7 +261,8 @@ void ShmComm::time_work(const OpDesc& next) {
 
 void ShmComm::spread_out() {
   // [Note: ranks the kernel stacks] in rank_spread.cpp.
-  const int cpu = sched_getcpu();  // the vDSO: tens of ns
+  // The vDSO: tens of ns. A test may state the CPU instead (options.h).
+  const int cpu = stated_cpu_ >= 0 ? stated_cpu_ : sched_getcpu();
   if (cpu < 0) return;
   ctl(group_.rank).on_cpu.store(cpu + 1, std::memory_order_relaxed);
   if ((++spread_ops_ & 15) != 0) return;  // look every 16 collectives at most
@@ -281,6 +288,7 @@ void ShmComm::spread_out() {
   if (sched_setaffinity(0, sizeof one, &one) != 0) return;
   sched_setaffinity(0, sizeof mask, &mask);
   ctl(group_.rank).on_cpu.store(target + 1, std::memory_order_relaxed);
+  stated_cpu_ = -1;
   spread_moves_.fetch_add(1, std::memory_order_relaxed);
 }
 

@@ -195,6 +195,7 @@ class ShmComm final : public Staging {
   bool timing_ = false;
   OpKind timed_kind_ = OpKind::kBarrier;
   uint64_t timed_bytes_ = 0;
+  uint64_t timed_seq_ = 0;  // its number
   int timed_steps_ = 0;
   bool timed_done_ = false;  // finished(true) was called
   uint64_t work_ns_ = 0;  // from begin() to the first step
@@ -208,6 +209,7 @@ class ShmComm final : public Staging {
   uint32_t spread_ops_ = 0;
   std::chrono::steady_clock::time_point spread_looked_;
   std::atomic<uint64_t> spread_moves_{0};
+  int stated_cpu_ = -1;  // RSDP_TEST_PLACEMENT's on_cpu, until this rank moves
   uint32_t step_ = 0;
   uint64_t seq_ = 0;
   // Who read this rank's half of the last step of each parity: a group rank,
