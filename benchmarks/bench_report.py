@@ -25,7 +25,7 @@ BUSBW_FACTOR_TEXT = {
     "broadcast": "1",
 }
 
-# Targets, stated for 2 ranks (see DESIGN.md / the benchmark issue).
+# Targets, stated for 2 ranks (docs/benchmarks.md).
 BUSBW_SPEEDUP = 5.0            # busbw >= 5x baseline ...
 BUSBW_RANGE = (64 * KiB, 64 * MiB)  # ... from 64 KiB to 64 MiB ...
 BUSBW_OPS = ("allreduce", "allgather", "reduce_scatter")  # ... for these ops

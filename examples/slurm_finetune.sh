@@ -33,7 +33,7 @@ export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"   # an uninstalled checkout
 
 # --- what to run (environment variables override these defaults at submission time).
 STRATEGY=${STRATEGY:-rsdp}              # rsdp | fsdp2 | ddp
-# rsdp = the torch_rsdp backend: shared memory inside a node, and (per DESIGN.md) NCCL/UCX for
+# rsdp = the torch_rsdp backend: shared memory inside a node, and NCCL/UCX for
 # CUDA tensors and between nodes where built. Use BACKEND=nccl for stock FSDP2/DDP baselines.
 BACKEND=${BACKEND:-rsdp}
 COMPARE=${COMPARE:-0}                   # 1: train every strategy of RUNS in turn, print one table

@@ -1,4 +1,4 @@
-"""A hostile and a broken peer, end to end (docs/reliability.md, DESIGN.md §14).
+"""A hostile and a broken peer, end to end (docs/reliability.md).
 
 Store: rank 1 of the launch is a plain process with its own client of the job's TCPStore and no
 process group. Before each case it writes malformed records under the keys a real rank reads

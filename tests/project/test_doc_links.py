@@ -128,3 +128,20 @@ def test_slug_matches_github():
     assert slug("RSDP against FSDP2: `bench_rsdp_fsdp2.py`") == \
         "rsdp-against-fsdp2-bench_rsdp_fsdp2py"
     assert slug("Choosing the plan: `plan.auto`") == "choosing-the-plan-planauto"
+
+
+def test_nothing_cites_a_design_document_outside_the_repository():
+    """docs/architecture.md is the project's design document: code, tests and docs cite it (or
+    the page that says the thing), never a document a reader of the repository does not have."""
+    import subprocess
+    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                           check=True).stdout.split()
+    cited = []
+    for name in files:
+        path = ROOT / name
+        if path.suffix not in {".py", ".h", ".cpp", ".cu", ".md", ".sh", ".txt", ".def"}:
+            continue
+        for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+            if "DESIGN" + ".md" in line:
+                cited.append(f"{name}:{n}: {line.strip()[:120]}")
+    assert not cited, "cites a document the repository does not have:\n" + "\n".join(cited)

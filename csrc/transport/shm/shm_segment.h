@@ -1,6 +1,6 @@
 // One POSIX shared-memory segment, mapped into this process.
 //
-// Hygiene (DESIGN.md §4): names carry a random per-job nonce, creation is
+// Hygiene: names carry a random per-job nonce, creation is
 // O_CREAT|O_EXCL with mode 0600, the size is reserved with posix_fallocate so
 // a full /dev/shm fails at init instead of with SIGBUS later, and the fd is
 // closed right after mmap (the mapping keeps the memory alive).

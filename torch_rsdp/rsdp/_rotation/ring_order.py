@@ -81,7 +81,7 @@ def _id_device(group) -> torch.device:
 class Ring:
     """Ring order of ``group`` plus async, profiler-labelled shift / shift-reduce.
 
-    Any backend (DESIGN.md §13): hops run as the rsdp backend's fused ring steps where the
+    Any backend: hops run as the rsdp backend's fused ring steps where the
     group serves the tensor's device with rsdp, as torch's batched point-to-point ops
     (:class:`torch_rsdp._ring.P2PRing`) elsewhere; the order, the schedules and the bits are
     the same."""
