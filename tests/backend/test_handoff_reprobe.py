@@ -135,6 +135,8 @@ def _slowed(ctx):
     """1 MiB all-reduces that group rank 0 times as steady, then as 4x slower from the
     collective RSDP_TEST_PLACEMENT names on, then more of those; the early probes group rank
     0 asked for after each phase."""
+    import time
+
     import torch
     import torch.distributed as dist
 
@@ -149,6 +151,9 @@ def _slowed(ctx):
             if t[0].item() != 3.0 or t[-1].item() != 3.0:
                 raise AssertionError(f"rank {ctx.rank}: {phase} all_reduce #{i} wrong")
         counts.append(torch_rsdp.topology()["handoff"]["early_probes"])
+        # An early probe comes at least 50 ms after the last (ShmComm::kEarlyReprobeGap): a
+        # fast machine runs the phases in less.
+        time.sleep(0.1)
     return counts, torch_rsdp.topology()["handoff"]["probes"]
 
 
