@@ -17,7 +17,8 @@ Layout, bottom to top (imports point downwards only; ``tests/project/test_import
   ``_health``), whose public functions this package exports; the ring and the topology on
   groups of other backends (``_p2p_ring``, ``_node_topology``) beside them;
 * neutral ground that ``rsdp`` and ``plan`` share (``_utils``, ``_dtensor_params``,
-  ``_grad_sync``, ``_checkpoint_hooks``, ``_apply_guard``): the backend's modules at most;
+  ``_grad_sync``, ``_checkpoint_hooks``, ``_apply_guard``, ``_materialize``): the backend's
+  modules at most;
 * :mod:`torch_rsdp.rsdp`: the backend and the neutral modules;
 * :mod:`torch_rsdp.plan`: all of the above, ``rsdp`` through its public API only;
 * :mod:`torch_rsdp.integrations`: the stock trainers over what ``rsdp`` and ``plan`` shard;

@@ -25,6 +25,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from ._dtensor_params import local
+from ._materialize import allocates, materialize
 
 __all__ = ["guard_apply"]
 
@@ -54,20 +55,29 @@ def _unchanged(t: torch.Tensor, out) -> bool:
 def _guarded_apply(self: nn.Module, fn, recurse: bool = True):
     tensors = list(self.named_parameters(recurse=recurse, remove_duplicate=False))
     tensors += list(self.named_buffers(recurse=recurse, remove_duplicate=False))
+    meta, changes = 0, []
     for name, t in tensors:
         if t is None:
             continue
+        if local(t).is_meta and allocates(fn, t):
+            meta += 1  # to_empty of a model sharded on meta: allocated below
+            continue
         out = fn(t)
         if not _unchanged(t, out):
-            rank = dist.get_rank() if dist.is_initialized() else 0
-            what = (f"{t.dtype} on {t.device} -> {out.dtype} on {out.device}"
-                    if hasattr(out, "dtype") else "a new tensor")
-            raise ValueError(
-                f"torch_rsdp: rank {rank}: converting a sharded model ({type(self).__name__}."
-                f"to(), .cpu(), .half(), ...) would replace {name!r} ({what}); torch_rsdp "
-                f"holds its parameters in place (shards and gradient buckets), so move or "
-                f"cast the model before sharding it (plan.apply(mixed_precision=...) computes "
-                f"in lower precision)")
+            changes.append((name, t, out))
+    if changes:
+        name, t, out = changes[0]
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        what = (f"{t.dtype} on {t.device} -> {out.dtype} on {out.device}"
+                if hasattr(out, "dtype") else "a new tensor")
+        raise ValueError(
+            f"torch_rsdp: rank {rank}: converting a sharded model ({type(self).__name__}."
+            f"to(), .cpu(), .half(), ...) would replace {name!r} ({what}); torch_rsdp "
+            f"holds its parameters in place (shards and gradient buckets), so move or "
+            f"cast the model before sharding it (plan.apply(mixed_precision=...) computes "
+            f"in lower precision)")
+    if meta:
+        materialize(self, fn)
     return self
 
 

@@ -35,6 +35,13 @@ load that fails halfway (a missing or truncated file) leaves both as they were. 
 also meet a limit of ``async_save``'s staging: a DTensor over a view at a non-zero offset
 inherits that offset, and staging takes the wrapper for a tensor with storage of its own.)
 
+[Note: loading a materialised model in place]
+A model just allocated by ``to_empty`` (:mod:`torch_rsdp._materialize`) holds nothing worth
+protecting, and copies would make loading it peak at twice this rank's share. Until it is
+first loaded (``load_state_dict``) or run (its first forward), its state dict holds its own
+tensors: ``dcp.load(model.state_dict(), ...)`` fills the shards in place, and loading peaks at
+this rank's share plus what the reader holds in flight.
+
 The copies are recorded (:func:`is_private_copy`): :class:`torch_rsdp.plan.CopyOnceStager`
 lets ``dcp.async_save`` take them as its staged state dict instead of copying them again.
 """
@@ -141,10 +148,12 @@ def install(model: nn.Module, keys, refusal: RefusalFn) -> None:
             why = refused.get(full_key[len(prefix):])
             if why is not None:
                 raise ValueError(why)
-            if isinstance(value, torch.Tensor):  # [Note: copies]
+            # [Note: copies]; [Note: loading a materialised model in place]
+            if isinstance(value, torch.Tensor) and not getattr(module, "_rsdp_unloaded", 0):
                 state_dict[full_key] = _private(value)
 
     def on_load(module, state_dict, prefix, local_metadata, strict, missing, unexpected, errors):
+        module._rsdp_unloaded = False
         if _RAW[0]:
             return
         for key, why in refused.items():

@@ -159,6 +159,15 @@ class GradSync:
             h.remove()
         self._handles = []
 
+    def rehook(self) -> None:
+        """Registers the parameters' gradient hooks again, after their contents were swapped
+        (``torch.utils.swap_tensors`` moves hooks with the contents: :mod:`torch_rsdp.
+        _materialize`); the buckets are allocated at the first gradient, on its device."""
+        if not self._at_end:
+            self.remove()
+            self._handles = [p.register_post_accumulate_grad_hook(self._on_grad)
+                             for p in self.params]
+
     # ----------------------------------------------------------------------------------------
     def _queue_finish(self) -> None:
         if not self._queued:

@@ -37,6 +37,7 @@ from torch.distributed.fsdp import fully_shard
 from .._apply_guard import guard_apply
 from .._dtensor_params import refuse_ddp, replicate_params
 from .._grad_sync import DEFAULT_BUCKET_BYTES, GradSync
+from .._materialize import has_meta
 from .._ring import backend_of, rsdp_backend
 from .._utils import broadcast_module_states
 from .. import _checkpoint_hooks
@@ -124,6 +125,11 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
         plan_obj = Plan.of(plan, default, model)
         res = resolve(model, plan_obj, strict=strict)
         _check_local(model, res)
+        if has_meta(model):
+            raise ValueError(
+                "torch_rsdp.plan.apply: the model has parameters on the meta device; plans "
+                "shard materialised models only (build it on meta, shard it with "
+                "torch_rsdp.rsdp.shard, then to_empty: docs/finetuning.md)")
     except (ValueError, TypeError) as e:
         error = e
     _agree(plan_obj, error, group)

@@ -29,12 +29,14 @@ it lives by role, bottom to top (``tests/project/test_import_rules.py`` checks t
 May import: torch, the backend's modules (``torch_rsdp._ring``, ``_topology``,
 ``_compression``: the ring order is node-aware and quantised hops need error feedback),
 ``torch_rsdp._C`` (the layers' native ring schedules, csrc/rsdp), and the neutral modules
-``torch_rsdp._utils``, ``_dtensor_params``, ``_grad_sync``, ``_checkpoint_hooks``; never
+``torch_rsdp._utils``, ``_dtensor_params``, ``_grad_sync``, ``_checkpoint_hooks``,
+``_materialize``; never
 ``torch_rsdp.plan`` (which builds on this package, through ``__all__`` only).
 """
 from ._coverage import LeftWhole, can_rotate
 from ._shard import shard
 from ._state import RSDPState, rsdp_state
+from ._pretrained import load_pretrained
 from ._state_dict import full_state_dict, load_full_state_dict
 
 __all__ = [
@@ -45,4 +47,5 @@ __all__ = [
     "can_rotate",
     "full_state_dict",
     "load_full_state_dict",
+    "load_pretrained",
 ]

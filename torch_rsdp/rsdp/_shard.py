@@ -53,10 +53,12 @@ from .. import _checkpoint_hooks
 from .._apply_guard import guard_apply
 from .._dtensor_params import mesh_of_group, refuse_ddp, replicate_params
 from .._grad_sync import GradSync
+from .._materialize import refuse_forward_on_meta
 from .._utils import broadcast_module_states
 from . import _coverage as coverage
 from ._layers.block_gather import SmallLayers, make_blocks
-from ._coverage import FILTERED, NOT_DECOMPOSABLE, TOO_SMALL, LeftWhole, classify
+from ._coverage import (ADAPTER, FILTERED, NOT_DECOMPOSABLE, TOO_SMALL, LeftWhole, classify,
+                        is_adapter)
 from ._state_dict import shard_dim
 from ._rotation.ring_order import Ring
 from ._units.rotation_unit import shard_unit, unit_problem
@@ -189,6 +191,8 @@ class _Sharding:
         """None when ``mod`` may be sharded, else the reason it stays whole."""
         if self.filter is not None and not self.filter(name, mod):
             return FILTERED
+        if is_adapter(self.model, name):  # [Note: adapters stay whole]
+            return f"{ADAPTER}: kept whole, its gradients averaged in one bucket with the others"
         if numel < self.min_numel:
             return f"{TOO_SMALL} ({numel} weight elements < min_numel={self.min_numel})"
         return None
@@ -352,6 +356,7 @@ def _attach(s: _Sharding, checkpoint_hooks: bool) -> None:
                                  s.full_numel, model, s.not_units)
     refuse_ddp(model)
     guard_apply(model)  # model.to() would swap the parameters away from their hooks
+    refuse_forward_on_meta(model)  # until to_empty allocates it
     if checkpoint_hooks:
         _install_checkpoint_hooks(model)
 

@@ -25,6 +25,7 @@ from torch.distributed.fsdp import MixedPrecisionPolicy
 from torch.distributed.tensor import DTensor
 
 from ..._dtensor_params import Shard, dtensor_param, local, mesh_of_group
+from ..._materialize import swap_keeping_attributes
 from .._rotation.flat_shard import FlatLayout, chunk_sizes
 from .._rotation.memory import alloc_buffer, release_buffers
 from .._rotation.ring_feedback import RingFeedback
@@ -86,6 +87,19 @@ class ShardState:
         regular = (self._assemble is None and [s[d] for s in shapes] == chunk_sizes(total, W)
                    and all(s[:d] + s[d + 1:] == ref[:d] + ref[d + 1:] for s in shapes))
         return (d, ref[:d] + (total,) + ref[d + 1:]) if regular else None
+
+    def materialize(self, device: torch.device) -> None:
+        """Allocates the flat storage of a module sharded on ``meta`` on ``device`` (zeros,
+        padding included) and makes every parameter a view of it again, each keeping its
+        Python identity (:mod:`torch_rsdp._materialize`)."""
+        self.flat = torch.zeros(self.layout.numel, dtype=self.flat.dtype, device=device)
+        mesh = mesh_of_group(self.ring.group, device.type)
+        for n in self.names:
+            p = self.param(n)
+            view = self.layout.view(self.flat, n, self.ring.rank)
+            new = (dtensor_param(view, mesh, p.placements, p.shape, p.requires_grad)
+                   if isinstance(p, DTensor) else nn.Parameter(view, p.requires_grad))
+            swap_keeping_attributes(p, new)
 
     # ----------------------------------------------------------------------------------------
     def param(self, name: str) -> nn.Parameter:

@@ -1,0 +1,273 @@
+"""Fine-tuning a pretrained model under RSDP: built on ``meta``, loaded shard by shard, LoRA
+adapters on a frozen base (docs/finetuning.md).
+
+Families, each against the same model built whole in one process (fp32, atol/rtol 1e-5):
+
+* meta_loaders: a Llama (untied and tied) built on ``meta``, sharded, ``to_empty``, then loaded
+  by each of the three loaders: ``set_model_state_dict(full_state_dict=True,
+  broadcast_from_rank0=True)`` (rank 0 holds the model's state dict), ``dcp.load`` of a
+  ``torch.distributed.checkpoint`` directory, and ``rsdp.load_pretrained`` of a
+  ``save_pretrained`` directory split over several safetensors files: every shard, replica
+  and buffer (the rotary tables no checkpoint holds included) equals the model built whole,
+  and so do the logits (training from there is the parity tests' subject, tests/rsdp);
+* meta_refusals: a forward before ``to_empty`` raises naming the rank; a checkpoint whose
+  shapes differ names the rank, the tensor and both shapes; one that lacks a tensor names it;
+  ``plan.apply`` refuses a meta model;
+* replicas_agree: after ``to_empty``, replicated parameters that differ between ranks (a
+  random init on the CPU draws each rank's own) are equal on every rank after the first
+  forward;
+* lora: peft LoRA on every projection, then ``rsdp.shard``: the adapters stay whole (reason
+  "adapter"), three AdamW steps on the DDP loss give the adapters of one process, the frozen
+  base's shards never hold a gradient;
+* lora_meta: the same model built on ``meta``, wrapped by peft, sharded, materialised and
+  loaded with ``load_pretrained``: it starts as the checkpoint (``lora_B`` zeros), its
+  adapters agree on every rank, it trains, and ``save_pretrained`` on rank 0 of
+  ``rsdp.full_state_dict`` writes an adapter that ``PeftModel.from_pretrained`` loads onto the
+  base for the same logits.
+
+One launch per world size (2, 3) runs every family. Needs ``transformers`` and ``peft``
+(scripts/setup.sh installs them).
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+
+import pytest
+import torch
+
+from support.harness import assert_family, launch, launch_families, run_families
+from support.hf_models import _close, _loc, _loss, _make
+
+WORLD_SIZES = (2, 3)
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _on_meta(kind):
+    with torch.device("meta"):
+        return _make(kind)
+
+
+def _lora(model):
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS,
+                                            lora_dropout=0.0))
+
+
+def _assert_equal_to(model, ref, what):
+    """Every parameter (this rank's shard of it) and buffer of ``model`` equals ``ref``'s."""
+    import torch_rsdp.rsdp as rsdp
+
+    st = rsdp.rsdp_state(model)
+    ref_sd = ref.state_dict()
+    for key, p in model.named_parameters():
+        want = st.local_shard_of(key, ref_sd[key].detach())
+        _close(_loc(p).detach(), want, f"{what}: {key}", atol=0, rtol=0)
+    ref_bufs = dict(ref.named_buffers())
+    for key, b in model.named_buffers():
+        _close(b, ref_bufs[key], f"{what}: buffer {key}", atol=0, rtol=0)
+
+
+def fam_meta_loaders(ctx, rec, paths):
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    import torch_rsdp.rsdp as rsdp
+
+    r = ctx.rank
+    for kind in ("llama", "llama_tied"):
+        ref = _make(kind)
+        dcp_dir = os.path.join(paths["work"], f"dcp-{kind}")
+        dcp.save(rsdp.shard(copy.deepcopy(ref)).state_dict(), checkpoint_id=dcp_dir)
+        for loader in ("broadcast_from_rank0", "dcp", "load_pretrained"):
+            with rec.case(f"{kind} {loader}"):
+                model = rsdp.shard(_on_meta(kind))
+                model.to_empty(device="cpu")
+                if loader == "broadcast_from_rank0":
+                    sd = ref.state_dict() if dist.get_rank() == 0 else {}
+                    set_model_state_dict(model, sd, options=StateDictOptions(
+                        full_state_dict=True, broadcast_from_rank0=True))
+                elif loader == "dcp":
+                    sd = model.state_dict()
+                    dcp.load(sd, checkpoint_id=dcp_dir)
+                    model.load_state_dict(sd)
+                else:
+                    rsdp.load_pretrained(model, paths[kind])
+                _assert_equal_to(model, ref, f"{kind} {loader}")
+                _close(_loss(model, r)[1], _loss(ref, r)[1], f"{kind} {loader}: logits")
+
+
+def fam_meta_refusals(ctx, rec, paths):
+    import torch_rsdp.plan as plan
+    import torch_rsdp.rsdp as rsdp
+
+    r = ctx.rank
+    with rec.case("forward before to_empty"):
+        model = rsdp.shard(_on_meta("llama"))
+        with pytest.raises(RuntimeError, match=rf"rank {r}: forward of a model sharded on "
+                                               rf"the meta device \('model.embed_tokens"):
+            _loss(model, r)
+    with rec.case("shapes differ"):
+        model.to_empty(device="cpu")
+        with pytest.raises(ValueError, match=rf"rank {r}: 'model.layers.0.mlp.gate_proj.weight' "
+                                             rf"has shape \[96, 48\] in the model but "
+                                             rf"\[64, 48\] in the checkpoint"):
+            rsdp.load_pretrained(model, paths["narrow"])
+    with rec.case("a tensor missing"):
+        with pytest.raises(ValueError, match=rf"rank {r}: the checkpoint .* has no "
+                                             rf"'lm_head.weight'"):
+            rsdp.load_pretrained(model, paths["llama_tied"])
+    with rec.case("plan on meta"):
+        with pytest.raises(ValueError, match="parameters on the meta device"):
+            plan.apply(_on_meta("llama"), "rotate")
+
+
+def fam_replicas_agree(ctx, rec, paths):
+    import torch.distributed as dist
+
+    import torch_rsdp.rsdp as rsdp
+
+    r, W = ctx.rank, ctx.world_size
+    with rec.case("llama"):
+        model = rsdp.shard(_on_meta("llama"))
+        model.to_empty(device="cpu")
+        rsdp.load_pretrained(model, paths["llama"])
+        norm = model.model.norm.weight
+        with torch.no_grad():
+            _loc(norm).add_(r)  # as a random init on the CPU would: each rank its own values
+        _loss(model, r)
+        got = [torch.empty_like(_loc(norm)) for _ in range(W)]
+        dist.all_gather(got, _loc(norm).detach().contiguous())
+        for q in range(1, W):
+            _close(got[q], got[0], f"model.norm.weight on rank {q} against rank 0", atol=0,
+                   rtol=0)
+
+
+def _train_adapters(model, r, W, reference, steps=3):
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-2, eps=1e-6)
+    for step in range(steps):
+        if reference:
+            loss = sum(_loss(model, q, step)[0] for q in range(W)) / W
+        else:
+            loss = _loss(model, r, step)[0]
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def fam_lora(ctx, rec, paths):
+    import torch_rsdp.rsdp as rsdp
+
+    r, W = ctx.rank, ctx.world_size
+    with rec.case("llama"):
+        ref = _lora(_make("llama"))
+        model = rsdp.shard(copy.deepcopy(ref))
+        st = rsdp.rsdp_state(model)
+        adapters = [e for e in st.left_whole if ".lora_" in e.name]
+        assert len(adapters) == 2 * len(LORA_TARGETS) * 2, [e.name for e in adapters]
+        assert all(e.reason.startswith("adapter") for e in adapters), adapters
+        _train_adapters(model, r, W, reference=False)
+        _train_adapters(ref, r, W, reference=True)
+        ref_params = dict(ref.named_parameters())
+        for key, p in model.named_parameters():
+            if p.requires_grad:
+                _close(_loc(p).detach(), ref_params[key].detach(), f"adapter {key}")
+            else:
+                assert p.grad is None, f"the frozen {key} holds a gradient"
+
+
+def fam_lora_meta(ctx, rec, paths):
+    import torch.distributed as dist
+
+    import torch_rsdp.rsdp as rsdp
+
+    r, W = ctx.rank, ctx.world_size
+    with rec.case("llama"):
+        base = _make("llama")
+        model = rsdp.shard(_lora(_on_meta("llama")))
+        model.to_empty(device="cpu")
+        rsdp.load_pretrained(model, paths["llama"])
+        loss, logits = _loss(model, r)
+        _close(logits, _loss(base, r)[1], "logits of the loaded model with fresh adapters")
+        a = model.base_model.model.model.layers[0].self_attn.q_proj.lora_A["default"].weight
+        got = [torch.empty_like(_loc(a)) for _ in range(W)]
+        dist.all_gather(got, _loc(a).detach().contiguous())
+        assert got[0].abs().sum() > 0, "lora_A was not initialised"
+        for q in range(1, W):
+            _close(got[q], got[0], f"lora_A on rank {q} against rank 0", atol=0, rtol=0)
+        _train_adapters(model, r, W, reference=False)
+        out = os.path.join(paths["work"], "adapter")
+        whole = rsdp.full_state_dict(model)  # collective; whole tensors on rank 0
+        if dist.get_rank() == 0:
+            model.save_pretrained(out, state_dict=whole)
+        dist.barrier()
+        from peft import PeftModel
+
+        loaded = PeftModel.from_pretrained(_make("llama"), out)
+        _close(_loss(loaded, r)[1], _loss(model, r)[1], "logits of the saved adapter on the base")
+
+
+FAMILIES = {"meta_loaders": fam_meta_loaders, "meta_refusals": fam_meta_refusals,
+            "replicas_agree": fam_replicas_agree, "lora": fam_lora, "lora_meta": fam_lora_meta}
+
+
+def families_worker(ctx, names, paths):
+    torch.set_num_threads(1)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    fams = {n: (lambda c, rec, f=f: f(c, rec, paths)) for n, f in FAMILIES.items()}
+    return run_families(ctx, fams, names)
+
+
+# --------------------------------------------------------------------------------------------
+# pytest side
+# --------------------------------------------------------------------------------------------
+
+PARAMS = [pytest.param(ws, fam, id=f"{fam}-ws{ws}") for ws in WORLD_SIZES for fam in FAMILIES]
+_BATCH: dict = {}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """save_pretrained directories (split over several files) of the models the families load,
+    and a narrower Llama whose MLP does not fit them."""
+    import transformers
+
+    from support import hf_models
+
+    transformers.logging.set_verbosity_error()
+    root = tmp_path_factory.mktemp("finetune")
+    paths = {"work": str(root)}
+    for kind in ("llama", "llama_tied"):
+        paths[kind] = str(root / kind)
+        _make(kind).save_pretrained(paths[kind], max_shard_size="40KB")
+    cls, cfg = hf_models._config("llama")
+    cfg.intermediate_size = 64
+    paths["narrow"] = str(root / "narrow")
+    cls(cfg).save_pretrained(paths["narrow"])
+    return paths
+
+
+def _batch(ws, request, paths):
+    """One launch per world size for every selected family."""
+    if ws in _BATCH:
+        return _BATCH[ws]
+    names = [f for f in FAMILIES if any(
+        getattr(it, "originalname", None) == "test_rsdp_finetune" and it.callspec.params == {
+            "ws": ws, "family": f} for it in request.session.items)]
+    results, errors, _ = launch_families(
+        lambda batch: launch(families_worker, ws, (batch, paths), deadline=600,
+                             pg_timeout=120), names, ws)
+    _BATCH[ws] = (results, errors)
+    return _BATCH[ws]
+
+
+@pytest.mark.parametrize("ws,family", PARAMS)
+def test_rsdp_finetune(ws, family, request, checkpoints):
+    results, errors = _batch(ws, request, checkpoints)
+    assert_family(results, errors, family, f"world size {ws}")
