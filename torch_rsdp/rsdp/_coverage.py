@@ -69,13 +69,16 @@ def is_adapter(model: nn.Module, name: str) -> bool:
 
     [Note: adapters stay whole]
     An adapter is small (rank r: r x (in + out) weights for an in x out base layer) and
-    trained; its base is large and frozen. Sharded, each adapter rotates like a big layer, a
-    ring message per shard in forward and in backward for a few KiB each (a Llama with LoRA on
-    its seven projections: 221 ring messages a step against 91 for the same model fully
-    trained). Whole, its gradients join the replicated parameters' bucketed all-reduce
-    (:class:`torch_rsdp._grad_sync.GradSync`): one message per bucket for every adapter of the
-    model, at the price of holding every adapter whole on every rank (2r/(in+out) of the base at
-    most; under 1% of a Llama at r=16)."""
+    trained; its base is large and frozen. Sharded, each adapter rotates like a big layer: its
+    own ring steps in forward and in backward, W - 1 hops each, for a few KiB a hop, so a
+    model with adapters on seven projections a block pays 14 latency-bound rotations a block
+    for them. Whole, their gradients join the replicated parameters' bucketed all-reduce
+    (:class:`torch_rsdp._grad_sync.GradSync`): one collective per bucket for every adapter of
+    the model, at the price of holding every adapter whole on every rank (2r/(in+out) of the
+    base at most; under 1% of a Llama at r = 16). At two ranks on one node the two ways send
+    the same bytes in the same time (docs/finetuning.md); the rotations' count grows with
+    the ranks, the all-reduce's does not.
+    """
     parts = name.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         parent = model.get_submodule(".".join(parts[:cut]))
