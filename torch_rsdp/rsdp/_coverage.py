@@ -75,9 +75,8 @@ def is_adapter(model: nn.Module, name: str) -> bool:
     for them. Whole, their gradients join the replicated parameters' bucketed all-reduce
     (:class:`torch_rsdp._grad_sync.GradSync`): one collective per bucket for every adapter of
     the model, at the price of holding every adapter whole on every rank (2r/(in+out) of the
-    base at most; under 1% of a Llama at r = 16). At two ranks on one node the two ways send
-    the same bytes in the same time (docs/finetuning.md); the rotations' count grows with
-    the ranks, the all-reduce's does not.
+    base at most; under 1% of a Llama at r = 16). The rotations' count grows with the ranks,
+    the all-reduce's does not.
     """
     parts = name.split(".")
     for cut in range(len(parts) - 1, 0, -1):
