@@ -212,31 +212,6 @@ def _worker(rank, world, port, cfg, runs, a, out_path):
     dist.destroy_process_group()
 
 
-class _NoModuleTracking:
-    """Stands in for MemTracker's module tracker: this benchmark needs the step's peak, not
-    its split by module, and the module tracker's gradient hooks raise inside a rotation
-    unit's backward (it runs ``autograd.grad`` on each shard's graph). Without it every
-    allocation outside parameters, gradients and optimizer state counts as an activation."""
-
-    is_bw = False
-    parents: set = set()
-
-    def register_user_hooks(self, *hooks):
-        pass
-
-    def clear_user_hooks(self):
-        pass
-
-    def get_known_fqn(self, module):
-        return ""
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
-
-
 def _memory(model, opt, run_step, world):
     """Peak memory per rank over one step, max over ranks: torch's MemTracker (every tensor
     torch allocates), split at the peak into parameters, gradients with optimizer state, and
@@ -245,7 +220,7 @@ def _memory(model, opt, run_step, world):
     import torch.distributed as dist
     from torch.distributed._tools.mem_tracker import MemTracker
     mt = MemTracker()
-    mt._mod_tracker = _NoModuleTracking()
+    mt._mod_tracker = tm.NoModuleTracking()
     mt.track_external(model, opt)
     dist.barrier()
     with mt:

@@ -382,6 +382,61 @@ METHOD = ("peak parameter-related memory = max over one training step of the byt
 # ------------------------------------------------------------------------------------ process
 
 
+class NoModuleTracking:
+    """Stands in for MemTracker's module tracker, for a benchmark that needs a step's peak, not
+    its split by module: the module tracker's gradient hooks raise inside a rotation unit's
+    backward (it runs ``autograd.grad`` on each shard's graph) and on frozen parameters. Without
+    it every allocation outside parameters, gradients and optimizer state counts as an
+    activation."""
+
+    is_bw = False
+    parents: set = set()
+
+    def register_user_hooks(self, *hooks):
+        pass
+
+    def clear_user_hooks(self):
+        pass
+
+    def get_known_fqn(self, module):
+        return ""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes of this rank's share of ``model``: its parameters' local tensors (a DTensor's
+    shard) and its buffers, each storage counted once."""
+    seen, n = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        loc = _local(t)
+        if id(loc) not in seen:
+            seen.add(id(loc))
+            n += loc.numel() * loc.element_size()
+    return n
+
+
+def peak_beyond(fn, *held) -> float:
+    """The peak of what ``fn()`` holds on top of ``held`` (modules, optimizers: their
+    parameters, buffers and state), by torch's ``MemTracker``: activations, gathered or
+    rotating weights, gradients and optimizer state made in it. ``held`` must name every tensor
+    that ``fn`` views (a model's parameters): MemTracker counts a view of a storage it does not
+    know as a new allocation of all of it."""
+    from torch.distributed._tools.mem_tracker import MemTracker
+    mt = MemTracker()
+    mt._mod_tracker = NoModuleTracking()
+    mt.track_external(*held)
+    with mt:
+        fn()
+    snap = mt.get_tracker_snapshot("peak")
+    peak = max(snap.values(), key=lambda d: d.get("Total", 0)) if snap else {}
+    return float(peak.get("Total", 0) - peak.get("Parameter", 0) - peak.get("Buffer", 0))
+
+
 def proc_status_kib(field: str) -> int:
     try:
         with open("/proc/self/status") as f:
@@ -466,4 +521,5 @@ def load_average() -> str:
 __all__ = ["Block", "TransformerLM", "lm_loss", "count_params", "STRATEGIES", "wrap",
            "rsdp_import", "backend_import", "ParamMemoryTracker", "METHOD", "proc_status_kib",
            "reset_peak_rss", "tune_for_oversubscription", "default_threads", "free_port",
-           "gather_floats", "median", "fmt_bytes", "md_table", "load_average"]
+           "gather_floats", "median", "fmt_bytes", "md_table", "load_average", "NoModuleTracking",
+           "resident_bytes", "peak_beyond"]

@@ -155,6 +155,9 @@ def build_parser():
     # checkpoints, reporting
     p.add_argument("--init-from", default=None, help="full state dict to start from")
     p.add_argument("--save", default=None, help="rank 0 saves the full state dict here")
+    p.add_argument("--save-pretrained", default=None,
+                   help="rank 0 writes the first rsdp run's model here with save_pretrained "
+                        "(what examples/finetune_lora.py fine-tunes)")
     p.add_argument("--checkpoint-dir", default=None,
                    help="checkpoint here (torch.distributed.checkpoint, every rank its shards) "
                         "and resume from the newest complete checkpoint found there")
@@ -498,6 +501,17 @@ class Run:
                                "next": texts[-1].strip().split(" ")[0] if texts[-1].strip()
                                else "", "legal": bool(ok[-1])})
 
+    def save_pretrained(self, path):
+        """The trained Llama as a Hugging Face checkpoint: gathered whole on rank 0, which
+        writes it into an unsharded copy of the architecture (collective)."""
+        import torch_rsdp.rsdp as rsdp
+        sd = rsdp.full_state_dict(self.model)
+        if dist.get_rank() == 0:
+            plain = build_model(self.args, self.data.vocab_size)
+            plain.load_state_dict(sd)
+            plain.save_pretrained(path)
+            self.log(f"saved the pretrained model to {path} (save_pretrained)")
+
     def save(self, path):
         if self.strategy.startswith("plan"):
             import torch_rsdp.plan as plan
@@ -678,6 +692,9 @@ def finish(run: Run, args, log, shared_rss: bool = False) -> dict:
     run.evaluate()
     if args.save and not args.compare:
         run.save(args.save)
+    if args.save_pretrained and run.strategy == "rsdp" and not args.__dict__.get("_saved"):
+        run.save_pretrained(args.save_pretrained)
+        args._saved = True
     r = run.result
     r["rss_all_runs"] = shared_rss
     sample = r.get("sample_completion")

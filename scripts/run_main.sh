@@ -6,11 +6,16 @@
 #      rsdp and over gloo, DDP and the planner's plan (its explanation and its in-place check
 #      against the best uniform plans printed), from the same weights on the same batches,
 #      taking turns step by step -- progress, then one table (tokens/s, memory per rank
-#      split, losses, legal next moves), JSON and plots in examples/results/;
-#   2. the same fine-tuning where the weights dominate memory (--preset weights: a wider
+#      split, losses, legal next moves), JSON and plots in examples/results/; RSDP's model
+#      is saved with save_pretrained (examples/results/pretrained/);
+#   2. fine-tuning that pretrained model on a notation it never saw (every move seen from
+#      Black's side): built on meta, sharded, loaded shard by shard, LoRA adapters on the
+#      frozen base, under RSDP and FSDP2 -- the learning check before and after, memory per
+#      rank and tokens/s side by side (examples/finetune_lora.py; examples/results/lora.json);
+#   3. the same fine-tuning where the weights dominate memory (--preset weights: a wider
 #      Llama, 15.7 M parameters, 2 games per rank) with RSDP, FSDP2 and DDP: RSDP's peak
 #      memory per rank is well below both; table, JSON and plots in examples/results/weights/;
-#   3. the collective benchmark, 2 ranks, rsdp (plain and communication-memory buffers) vs
+#   4. the collective benchmark, 2 ranks, rsdp (plain and communication-memory buffers) vs
 #      gloo, with Open MPI and Intel oneCCL as references (each left out with a note where it
 #      cannot run), one round (table, JSON, PNG in benchmarks/results/;
 #      --rounds 2-3 in benchmarks/bench_collectives.py when the machine is busy).
@@ -30,7 +35,12 @@ esac
 [ "$NPROC" -ge 2 ] || NPROC=2  # a comparison of distributed strategies needs two ranks
 bash scripts/setup.sh
 start=$(date +%s)
-python3 examples/finetune_chess.py --compare --nproc "$NPROC" --out examples/results
+python3 examples/finetune_chess.py --compare --nproc "$NPROC" --out examples/results \
+  --save-pretrained examples/results/pretrained
+# fine-tuning: the model just trained, built on meta, loaded shard by shard, LoRA on a
+# notation it never saw, under RSDP and FSDP2
+python3 examples/finetune_lora.py --pretrained examples/results/pretrained --nproc "$NPROC" \
+  --out examples/results
 python3 examples/finetune_chess.py --compare --preset weights --nproc "$NPROC" \
   --out examples/results/weights
 python3 benchmarks/bench_collectives.py --backends rsdp,rsdp:pool,gloo --peers mpi,oneccl --world-size 2 \

@@ -1,7 +1,8 @@
 """The main job's comparison (examples/finetune_chess.py --compare), shortened: two runs on 2
 ranks from the same weights on the same batches, taking turns step by step, agree, progress
 lines and the table are printed, and the JSON and both plots are written with every figure the
-table shows."""
+table shows. Then its fine-tuning phase (examples/finetune_lora.py), shortened, on the model
+the comparison saved: LoRA under RSDP and FSDP2 from that checkpoint, built on meta."""
 from __future__ import annotations
 
 import json
@@ -18,7 +19,7 @@ def test_compare_writes_table_json_and_plots(tmp_path):
     cmd = [sys.executable, os.path.join(ROOT, "examples", "finetune_chess.py"), "--compare",
            "--nproc", "2", "--runs", "rsdp:rsdp,plan=auto:rsdp", "--steps", "6",
            "--log-every", "2", "--eval-prompts", "11", "--timeout", "120",
-           "--out", str(tmp_path / "out")]
+           "--out", str(tmp_path / "out"), "--save-pretrained", str(tmp_path / "pretrained")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
@@ -46,6 +47,28 @@ def test_compare_writes_table_json_and_plots(tmp_path):
     assert abs(a["final_loss"] - b["final_loss"]) < 1e-3, (a["final_loss"], b["final_loss"])
     for name in ("chess_loss.png", "chess_memory.png"):
         assert (tmp_path / "out" / name).stat().st_size > 1000
+    _finetune_lora(tmp_path / "pretrained", tmp_path / "lora", env)
+
+
+def _finetune_lora(pretrained, out_dir, env):
+    """The fine-tuning phase on the saved model: both strategies load the same checkpoint
+    (same held-out loss before training, to float precision), train the adapters only, and
+    report memory, speed and the learning check."""
+    assert (pretrained / "config.json").is_file()
+    cmd = [sys.executable, os.path.join(ROOT, "examples", "finetune_lora.py"), "--pretrained",
+           str(pretrained), "--nproc", "2", "--steps", "6", "--log-every", "3",
+           "--eval-prompts", "4", "--out", str(out_dir)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-4000:]
+    assert "| run " in out and "legal next moves" in out, out[-4000:]
+    rsdp, fsdp2 = json.load(open(out_dir / "lora.json"))["results"]
+    assert (rsdp["strategy"], fsdp2["strategy"]) == ("rsdp", "fsdp2")
+    assert abs(rsdp["loss_before"] - fsdp2["loss_before"]) < 1e-4, (rsdp, fsdp2)
+    for r in (rsdp, fsdp2):
+        assert 0 < r["trainable"] < 0.2 * r["resident"] / 4, r  # adapters only: a few percent
+        assert r["resident"] > 0 and r["beyond"] > 0 and r["tokens_per_s"] > 0, r
+        assert r["loss_after"] < r["loss_before"], r  # the adapters learnt something
 
 
 def test_weights_preset_shows_rsdp_memory_below_fsdp2_and_ddp(tmp_path):

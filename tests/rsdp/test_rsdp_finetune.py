@@ -17,7 +17,7 @@ Families, each against the same model built whole in one process (fp32, atol/rto
   random init on the CPU draws each rank's own) are equal on every rank after the first
   forward;
 * lora: peft LoRA on every projection, then ``rsdp.shard``: the adapters stay whole (reason
-  "adapter"), three AdamW steps on the DDP loss give the adapters of one process, the frozen
+  "adapter"), ``report()`` counts trainable and frozen elements apart, three AdamW steps on the DDP loss give the adapters of one process, the frozen
   base's shards never hold a gradient;
 * lora_meta: the same model built on ``meta``, wrapped by peft, sharded, materialised and
   loaded with ``load_pretrained``: it starts as the checkpoint (``lora_B`` zeros), its
@@ -170,6 +170,10 @@ def fam_lora(ctx, rec, paths):
         adapters = [e for e in st.left_whole if ".lora_" in e.name]
         assert len(adapters) == 2 * len(LORA_TARGETS) * 2, [e.name for e in adapters]
         assert all(e.reason.startswith("adapter") for e in adapters), adapters
+        trainable, frozen = st.trainable_numel()
+        want = sum(_loc(p).numel() for p in model.parameters() if p.requires_grad)
+        assert trainable == want and frozen > 10 * trainable, (trainable, frozen, want)
+        assert f"{trainable:,} elements trainable, {frozen:,} frozen" in st.report()
         _train_adapters(model, r, W, reference=False)
         _train_adapters(ref, r, W, reference=True)
         ref_params = dict(ref.named_parameters())

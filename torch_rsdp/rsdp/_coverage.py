@@ -124,10 +124,12 @@ def _why_param(model, mname, mod, pname) -> str:
 
 
 def report(entries: List[LeftWhole], full_numel: int, resident: int, world: int, rank: int,
-           n_sharded: int, not_units: Optional[Dict[str, str]] = None) -> str:
+           n_sharded: int, not_units: Optional[Dict[str, str]] = None,
+           trainable: Optional[Tuple[int, int]] = None) -> str:
     """The human-readable coverage table (and the rotation units ``tp_plan="auto"`` named
     but could not form, ``not_units``: module name -> why; their layers are sharded one by
-    one)."""
+    one). ``trainable``: (trainable, frozen) elements this rank holds, shown when some are
+    frozen."""
     pct = (lambda n: f"{100.0 * n / full_numel:.1f}%") if full_numel else (lambda n: "-")
     whole = sum(e.numel for e in entries)
     lines = [f"RSDP over {world} rank(s): {n_sharded} module(s) sharded; rank {rank} holds "
@@ -135,6 +137,9 @@ def report(entries: List[LeftWhole], full_numel: int, resident: int, world: int,
              f"ideal {100.0 / world:.1f}%)",
              f"left whole on every rank: {len(entries)} parameter(s), {whole:,} elements "
              f"({pct(whole)})"]
+    if trainable is not None and trainable[1]:
+        lines.insert(1, f"of what rank {rank} holds: {trainable[0]:,} elements trainable, "
+                        f"{trainable[1]:,} frozen (no gradient, no optimizer state)")
     if entries:
         w = max(len(e.name) for e in entries)
         s = max(len(str(e.shape)) for e in entries)

@@ -32,7 +32,7 @@ import glob
 import json
 import os
 import re
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -71,7 +71,8 @@ def _checkpoint_shapes(path: str) -> Dict[str, List[int]]:
     return shapes
 
 
-def load_pretrained(model: nn.Module, path: str, *, strict: bool = True) -> None:
+def load_pretrained(model: nn.Module, path: str, *, strict: bool = True,
+                    init_adapters: Optional[bool] = None) -> None:
     """Loads the Hugging Face checkpoint in ``path`` (a ``save_pretrained`` directory) into
     ``model``, sharded or not, each rank reading only what it holds. Collective: every rank of
     the model's group calls it.
@@ -83,9 +84,14 @@ def load_pretrained(model: nn.Module, path: str, *, strict: bool = True) -> None
             ``model-0000k-of-0000n.safetensors``).
         strict: raise for a parameter or persistent buffer the checkpoint lacks (adapters and
             tied heads excepted); with False such tensors are left as they are.
+        init_adapters: give peft's LoRA adapters their initialisation (``lora_B`` zeros).
+            Default: when torch_rsdp's ``to_empty`` just materialised the model (its adapters
+            are then uninitialised); pass True for a model another library materialised
+            (FSDP2's ``fully_shard`` on meta), False to keep the adapters as they are.
     """
     rank = dist.get_rank() if dist.is_initialized() else 0
-    fresh = bool(getattr(model, "_rsdp_unloaded", False))
+    if init_adapters is None:
+        init_adapters = bool(getattr(model, "_rsdp_unloaded", False))
     shapes = _checkpoint_shapes(path)
     sd = model.state_dict()
     # key -> id of the parameter or buffer object (tied keys share one)
@@ -120,7 +126,7 @@ def load_pretrained(model: nn.Module, path: str, *, strict: bool = True) -> None
     # them either way (a copy onto itself costs one pass over this rank's share)
     model.load_state_dict({k: wanted[checkpoint_key(k)] for k in sd
                            if checkpoint_key(k) in wanted}, strict=False)
-    if fresh:
+    if init_adapters:
         _init_adapters(model)
 
 

@@ -81,11 +81,24 @@ class RSDPState:
         return sum(local(p).numel() for p in self._root.parameters())
 
     def report(self) -> str:
-        """A table: how much of the model this rank holds, and every parameter left whole
-        with its shape, size and the reason."""
+        """A table: how much of the model this rank holds (trainable and frozen apart, when
+        some is frozen), and every parameter left whole with its shape, size and the
+        reason."""
         return coverage.report(self.left_whole, self.full_numel, self.resident_numel(),
                                self.ring.world, self.ring.rank, len(self.sharded),
-                               self.not_units)
+                               self.not_units, self.trainable_numel())
+
+    def trainable_numel(self) -> tuple:
+        """(trainable, frozen) parameter elements this rank holds: a frozen base's shards
+        never get a gradient or optimizer state."""
+        if self._root is None:
+            return (0, 0)
+        seen, out = set(), [0, 0]
+        for p in self._root.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                out[0 if p.requires_grad else 1] += local(p).numel()
+        return tuple(out)
 
     # ---- what a checkpoint asks of the shards (torch_rsdp.plan's rotate handler asks too);
     # keys are the unwrapped model's state-dict keys, relative to the model shard() was given

@@ -1,0 +1,259 @@
+#!/usr/bin/env python3
+"""LoRA fine-tuning of a pretrained Llama, RSDP against FSDP2: memory beyond the shards, tokens/s.
+
+    python benchmarks/bench_finetune.py                     # the 1B shape, then the small one
+    python benchmarks/bench_finetune.py --shapes small --steps 3
+    python benchmarks/bench_finetune.py --shapes tiny --steps 1   # seconds: what CI runs
+
+Shapes (Hugging Face ``LlamaForCausalLM`` from a config, bf16, LoRA r = 16 on all seven
+projections, one sequence of ``--seq`` tokens per rank, 2 ranks):
+
+* ``1b``: Llama-3.2-1B's shape: hidden 2048, 16 layers, 32 heads with 8 key-value heads, FFN
+  8192, vocabulary 128,256, embedding tied to the head (1.24 B parameters);
+* ``small``: hidden 1024, 4 layers, 16 heads with 4 key-value heads, FFN 2816, vocabulary
+  32,000, untied, where whole-layer and root gathers dominate FSDP2's memory;
+* ``tiny``: hidden 64, 2 layers, vocabulary 512 (a smoke run for the test suite).
+
+How each run is built, as a user fine-tuning a pretrained model would: the parent process
+writes a ``save_pretrained`` checkpoint of the shape (random weights, std 0.02); every rank
+builds the model on ``meta``, wraps it with peft, shards it (``rsdp.shard``, or FSDP2's
+``fully_shard`` on every decoder layer and then on the root), allocates it with ``to_empty``
+and loads the checkpoint with ``rsdp.load_pretrained`` (each rank reads only its slices; for
+FSDP2 too, through its DTensor state dict). Both models live in the same processes and take
+turns step by step, so a machine that slows down halfway slows both alike; each appears twice,
+without and with Hugging Face's ``gradient_checkpointing_enable()`` (non-reentrant, per
+decoder layer). A step is forward, backward and an AdamW step over the adapters.
+
+Reported per run (rank 0's, all over the rsdp backend, one node):
+
+* **resident**: this rank's share of the model (its shards and what it holds whole: norms,
+  adapters; bytes of the parameters' local tensors and the buffers);
+* **beyond**: the peak of what a step allocates on top of that (torch's ``MemTracker`` over
+  one step, after the warm-up step: its peak total less the model's parameters and buffers,
+  so the activations, the logits, the weights in flight, FSDP2's gathered root and blocks,
+  the adapters' gradients and optimizer state), and its ratio to FSDP2's;
+* **load peak**: ``MemTracker``'s peak over ``load_pretrained`` against the resident share;
+* median step time, tokens/s and its ratio to FSDP2's; the bytes this rank sent per step
+  (``torch_rsdp.comm_stats``); each model's first loss (RSDP's and FSDP2's agree to bf16's
+  precision: same checkpoint, same tokens, adapters that start at zero; a run and its
+  ``+ckpt`` twin share one model, trained by both in turn).
+
+Outputs in ``--out`` (default benchmarks/results/): ``finetune.md`` and ``finetune.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import training_models as tm  # noqa: E402
+
+SHAPES = {
+    "1b": dict(hidden=2048, layers=16, heads=32, kv=8, ffn=8192, vocab=128256, tied=True),
+    "small": dict(hidden=1024, layers=4, heads=16, kv=4, ffn=2816, vocab=32000, tied=False),
+    "tiny": dict(hidden=64, layers=2, heads=4, kv=2, ffn=128, vocab=512, tied=False),
+}
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+RUNS = ("rsdp", "rsdp+ckpt", "fsdp2", "fsdp2+ckpt")
+
+
+def config(shape, seq):
+    import transformers as tf
+    s = SHAPES[shape]
+    return tf.LlamaConfig(
+        vocab_size=s["vocab"], hidden_size=s["hidden"], intermediate_size=s["ffn"],
+        num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
+        num_key_value_heads=s["kv"], max_position_embeddings=max(seq, 128),
+        tie_word_embeddings=s["tied"], use_cache=False, bos_token_id=0, eos_token_id=1,
+        dtype="bfloat16")
+
+
+def write_checkpoint(shape, seq, path) -> int:
+    """A save_pretrained directory of the shape with random weights; returns the parameters."""
+    import torch
+    import transformers as tf
+    tf.logging.set_verbosity_error()
+    with torch.device("meta"):
+        model = tf.LlamaForCausalLM(config(shape, seq))
+    model.to_empty(device="cpu")
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=g)
+    n = sum(p.numel() for p in model.parameters())
+    model.save_pretrained(path, max_shard_size="1GB")
+    return n
+
+
+def build(kind, shape, seq, path, mesh):
+    """The peft-wrapped model, sharded by ``kind`` on meta, materialised and loaded."""
+    import torch
+    import transformers as tf
+    from peft import LoraConfig, get_peft_model
+    import torch_rsdp.rsdp as rsdp
+    with torch.device("meta"):
+        model = tf.LlamaForCausalLM(config(shape, seq))
+    model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS,
+                                             lora_dropout=0.0))
+    if kind == "rsdp":
+        rsdp.shard(model)
+    else:
+        from torch.distributed.fsdp import fully_shard
+        for layer in model.base_model.model.model.layers:
+            fully_shard(layer, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    load_peak = tm.peak_beyond(lambda: rsdp.load_pretrained(model, path, init_adapters=True),
+                               model)
+    return model, load_peak
+
+
+def worker(rank, world, port, a, path, out_path):
+    import statistics
+
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    import torch_rsdp
+    import transformers as tf
+    tf.logging.set_verbosity_error()
+    import warnings
+    warnings.filterwarnings("ignore", message=".*DTensor random operators.*")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    tm.tune_for_oversubscription(world)
+    torch.set_num_threads(tm.default_threads(world))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("rsdp", rank=rank, world_size=world)
+    mesh = init_device_mesh("cpu", (world,))
+    models, res = {}, {"runs": {}}
+    for kind in ("rsdp", "fsdp2"):
+        models[kind], load_peak = build(kind, a.shape, a.seq, path, mesh)
+        res["runs"][kind] = {"resident": tm.resident_bytes(models[kind]),
+                             "load_peak": load_peak}
+    opts = {k: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4)
+            for k, m in models.items()}
+    g = torch.Generator().manual_seed(1000 + rank)
+    vocab = SHAPES[a.shape]["vocab"]
+    batches = [torch.randint(0, vocab, (1, a.seq), generator=g) for _ in range(a.steps + 2)]
+
+    def step(run, i):
+        kind = run.split("+")[0]
+        model, opt = models[kind], opts[kind]
+        hf = model.base_model.model
+        # transformers 5 renamed gradient_checkpointing_enable / _disable
+        enable = getattr(hf, "activation_checkpointing_enable", None) or \
+            hf.gradient_checkpointing_enable
+        disable = getattr(hf, "activation_checkpointing_disable", None) or \
+            hf.gradient_checkpointing_disable
+        if run.endswith("+ckpt"):
+            enable({"use_reentrant": False})
+        else:
+            disable()
+        model.train()
+        ids = batches[i]
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        return loss.item()
+
+    times = {r: [] for r in RUNS}
+    losses = {r: [] for r in RUNS}
+    sent = {r: [] for r in RUNS}
+    for i in range(a.steps + 1):  # step 0: the warm-up, untimed; runs take turns
+        for r in RUNS[i % len(RUNS):] + RUNS[:i % len(RUNS)]:
+            dist.barrier()
+            torch_rsdp.reset_comm_stats()
+            t = time.perf_counter()
+            losses[r].append(step(r, i))
+            dist.barrier()
+            if i:
+                times[r].append(time.perf_counter() - t)
+                sent[r].append(torch_rsdp.comm_stats()["intra_node_bytes"])
+    for r in RUNS:  # one more step each under MemTracker: the peak beyond the resident share
+        dist.barrier()
+        kind = r.split("+")[0]
+        beyond = tm.peak_beyond(lambda: step(r, a.steps + 1), models[kind], opts[kind])
+        # a model's first step (its plain run's, which goes first) starts from the checkpoint
+        res["runs"][r] = dict(res["runs"].get(kind, {}), beyond=beyond,
+                              step_s=statistics.median(times[r]), loss_first=losses[kind][0],
+                              sent=statistics.median(sent[r]))
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(res, f)
+    dist.destroy_process_group()
+
+
+def render(shape, n_params, a, res) -> str:
+    runs = res["runs"]
+    base = {"rsdp": "fsdp2", "rsdp+ckpt": "fsdp2+ckpt", "fsdp2": "fsdp2",
+            "fsdp2+ckpt": "fsdp2+ckpt"}
+    rows = []
+    for r in RUNS:
+        x, b = runs[r], runs[base[r]]
+        tok = a.seq / x["step_s"]
+        rows.append([r, tm.fmt_bytes(x["resident"]), tm.fmt_bytes(x["beyond"]),
+                     f"{x['beyond'] / b['beyond']:.2f}", tm.fmt_bytes(x["load_peak"]),
+                     f"{x['load_peak'] / x['resident']:.2f}", f"{x['step_s']:.2f}",
+                     f"{tok:.0f}", f"{b['step_s'] / x['step_s']:.2f}",
+                     f"{x['sent'] / 1e6:.1f}", f"{x['loss_first']:.4f}"])
+    s = SHAPES[shape]
+    head = (f"### {shape}: hidden {s['hidden']}, {s['layers']} layers, vocabulary {s['vocab']}"
+            f"{', tied' if s['tied'] else ''}; {n_params / 1e9:.2f} B parameters, bf16, LoRA "
+            f"r=16 on {len(TARGETS)} projections, {a.seq} tokens per rank, 2 ranks\n\n")
+    return head + tm.md_table(
+        ["run", "resident", "beyond", "beyond / FSDP2's", "load peak", "load / resident",
+         "step s", "tokens/s", "speed / FSDP2's", "MB sent/step", "first loss"],
+        rows) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shapes", default="1b,small", help="comma list of " + ", ".join(SHAPES))
+    ap.add_argument("--seq", type=int, default=256, help="tokens per rank per step")
+    ap.add_argument("--steps", type=int, default=2, help="timed steps per run (after a warm-up)")
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    a = ap.parse_args(argv)
+    shapes = [s for s in a.shapes.split(",") if s]
+    bad = [s for s in shapes if s not in SHAPES]
+    if bad or a.steps < 1 or a.seq < 2:
+        ap.error(f"unknown shape(s) {bad}" if bad else "--steps >= 1 and --seq >= 2")
+    import torch.multiprocessing as mp
+    os.makedirs(a.out, exist_ok=True)
+    report = [f"Machine: {os.cpu_count()} CPUs, load average at start {tm.load_average()}. "
+              f"Command: python benchmarks/bench_finetune.py --shapes {a.shapes} --seq {a.seq} "
+              f"--steps {a.steps}\n"]
+    results = {}
+    for shape in shapes:
+        a.shape = shape
+        tmp = tempfile.mkdtemp(prefix="bench_finetune_")
+        try:
+            n = write_checkpoint(shape, a.seq, os.path.join(tmp, "ckpt"))
+            out_path = os.path.join(tmp, "res.json")
+            mp.spawn(worker, args=(2, tm.free_port(), a, os.path.join(tmp, "ckpt"), out_path),
+                     nprocs=2)
+            with open(out_path) as f:
+                results[shape] = dict(json.load(f), params=n)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        report.append(render(shape, n, a, results[shape]))
+        print(report[-1], flush=True)
+    with open(os.path.join(a.out, "finetune.json"), "w") as f:
+        json.dump(results, f, indent=1)
+    with open(os.path.join(a.out, "finetune.md"), "w") as f:
+        f.write("\n".join(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
