@@ -81,8 +81,9 @@ def write_checkpoint(shape, seq, path) -> int:
     import transformers as tf
     tf.logging.set_verbosity_error()
     with torch.device("meta"):
-        model = tf.LlamaForCausalLM(config(shape, seq))
+        model = tf.LlamaForCausalLM(config(shape, seq)).to(torch.bfloat16)
     model.to_empty(device="cpu")
+    model.tie_weights()  # to_empty gave the head a Parameter of its own
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -101,8 +102,8 @@ def build(kind, shape, seq, path, mesh):
     import transformers as tf
     from peft import LoraConfig, get_peft_model
     import torch_rsdp.rsdp as rsdp
-    with torch.device("meta"):
-        model = tf.LlamaForCausalLM(config(shape, seq))
+    with torch.device("meta"):  # the class itself builds in the default dtype: cast on meta
+        model = tf.LlamaForCausalLM(config(shape, seq)).to(torch.bfloat16)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS,
                                              lora_dropout=0.0))
     if kind == "rsdp":

@@ -47,7 +47,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from ._dtensor_params import dtensor_param, local, mesh_of_group
 from ._utils import group_rank0
 
-__all__ = ["allocates", "materialize", "has_meta", "refuse_forward_on_meta"]
+__all__ = ["allocates", "materialize", "init_non_persistent_buffers", "has_meta", "refuse_forward_on_meta"]
 
 
 def has_meta(module: nn.Module) -> bool:
@@ -93,7 +93,7 @@ def materialize(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -
                 mod._buffers[name] = fn(b)
                 if name in mod._non_persistent_buffers_set:
                     fresh_buffers.append((mod, name))
-    _init_non_persistent_buffers(module, fresh_buffers)
+    init_non_persistent_buffers(module, fresh_buffers)
     for owner in _gradient_owners(module):
         owner.rehook()
     for hook in getattr(module, "_rsdp_meta_hooks", []):
@@ -106,8 +106,10 @@ def materialize(module: nn.Module, fn: Callable[[torch.Tensor], torch.Tensor]) -
         sync_replicas_before_first_forward(module, group)
 
 
-def _init_non_persistent_buffers(root: nn.Module, fresh) -> None:
-    """Non-persistent buffers (rotary embeddings' frequency tables) are in no checkpoint: no
+def init_non_persistent_buffers(root: nn.Module, fresh) -> None:
+    """Computes the non-persistent buffers ``fresh`` (``(module, name)`` pairs) of ``root``.
+
+    Non-persistent buffers (rotary embeddings' frequency tables) are in no checkpoint: no
     loader will fill them. A Hugging Face model knows how to compute them (its
     ``_init_weights`` of their module, what ``from_pretrained`` runs after materialising from
     meta); any other module's are named in a warning, since what they hold is the model's
