@@ -1,5 +1,5 @@
-"""What the trainer examples (hf_trainer.py, lightning.py) share: the chess games as a
-Hugging Face style dataset and the small Llama that learns them."""
+"""What the chess examples share: the games as a Hugging Face style dataset, the small Llama
+that learns them, its held-out loss and its greedy next moves."""
 from __future__ import annotations
 
 import torch
@@ -34,3 +34,33 @@ def chess_llama(data: ChessMoves, seed: int = 0):
                             max_position_embeddings=64, pad_token_id=PAD)
     torch.manual_seed(seed)
     return tf.LlamaForCausalLM(config)
+
+
+def held_out_loss(model, data: ChessMoves, n: int = 64) -> float:
+    """The language-model loss of ``model`` on ``n`` held-out games."""
+    batch = [Games(data, n, ChessMoves.EVAL_OFFSET)[i] for i in range(n)]
+    ids = torch.stack([b["input_ids"] for b in batch])
+    labels = torch.stack([b["labels"] for b in batch])
+    with torch.no_grad():
+        return float(model(input_ids=ids, labels=labels).loss)
+
+
+def greedy_next_words(logits_fn, prompts, seq_len: int, device="cpu"):
+    """The text each prompt (``(token ids, moves)``, ``ChessMoves.move_prompts``) continues
+    with, greedily, for up to 6 tokens (a move is at most 5 characters, then a space);
+    ``logits_fn(token ids [n, seq_len]) -> logits``. Every call runs the same forwards
+    whatever the prompts, so a sharded model's ranks stay in step."""
+    buf = torch.full((len(prompts), seq_len), PAD, dtype=torch.long)
+    pos = []
+    for i, (ids, _) in enumerate(prompts):
+        buf[i, :len(ids)] = torch.tensor(ids)
+        pos.append(len(ids))
+    start = list(pos)
+    with torch.no_grad():
+        for _ in range(6):
+            logits = logits_fn(buf.to(device)).float().cpu()
+            for i in range(len(prompts)):
+                if pos[i] < seq_len:
+                    buf[i, pos[i]] = logits[i, pos[i] - 1].argmax()
+                    pos[i] += 1
+    return [ChessMoves.decode(buf[i, start[i]:pos[i]].tolist()) for i in range(len(prompts))]

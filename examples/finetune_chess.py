@@ -94,6 +94,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
 import chess_data  # noqa: E402
+import chess_lm  # noqa: E402
 import chess_report  # noqa: E402
 import training_models as tm  # noqa: E402
 
@@ -470,19 +471,8 @@ class Run:
         first = self.rank * a.eval_prompts  # global prompt number: cuts cycle over all ranks
         cuts = [1 + (first + j) % max_plies for j in range(a.eval_prompts)]
         prompts = data.move_prompts(range(base, base + a.eval_prompts), plies=cuts)
-        buf = torch.full((len(prompts), a.seq_len), chess_data.PAD, dtype=torch.long)
-        pos = []
-        for i, (ids, _) in enumerate(prompts):
-            buf[i, :len(ids)] = torch.tensor(ids)
-            pos.append(len(ids))
-        start = list(pos)
-        for _ in range(6):  # a move is at most 5 characters, then a space
-            logits = logits_of(self.model(buf.to(self.device))).float().cpu()
-            for i in range(len(prompts)):
-                if pos[i] < a.seq_len:
-                    buf[i, pos[i]] = logits[i, pos[i] - 1].argmax()
-                    pos[i] += 1
-        texts = [data.decode(buf[i, start[i]:pos[i]].tolist()) for i in range(len(prompts))]
+        texts = chess_lm.greedy_next_words(lambda x: logits_of(self.model(x)), prompts,
+                                           a.seq_len, self.device)
         ok = [chess_data.legal_fraction([t], [p]) for t, (_, p) in zip(texts, prompts)]
         # per third of the cuts: [legal, prompts] summed over ranks
         thirds = torch.zeros(3, 2, dtype=torch.float64, device=self.device)

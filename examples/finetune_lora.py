@@ -41,6 +41,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
 import chess_data  # noqa: E402
+import chess_lm  # noqa: E402
+import torch_rsdp  # noqa: E402,F401  (registers the "rsdp" backend)
 import training_models as tm  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -101,19 +103,8 @@ def check(model, data, a, rank):
         max_plies = max(1, (a.seq_len - 8) // 5)
         prompts = data.move_prompts(range(base, base + a.eval_prompts),
                                     plies=[1 + j % max_plies for j in range(a.eval_prompts)])
-        buf = torch.full((len(prompts), a.seq_len), chess_data.PAD, dtype=torch.long)
-        pos = []
-        for i, (ids, _) in enumerate(prompts):
-            buf[i, :len(ids)] = torch.tensor(ids)
-            pos.append(len(ids))
-        start = list(pos)
-        for _ in range(6):  # a move is at most 5 characters, then a space
-            logits = model(input_ids=buf).logits
-            for i in range(len(prompts)):
-                if pos[i] < a.seq_len:
-                    buf[i, pos[i]] = logits[i, pos[i] - 1].argmax()
-                    pos[i] += 1
-    texts = [data.decode(buf[i, start[i]:pos[i]].tolist()) for i in range(len(prompts))]
+    texts = chess_lm.greedy_next_words(lambda x: model(input_ids=x).logits, prompts,
+                                       a.seq_len)
     legal = MirroredMoves.legal_fraction(texts, [p for _, p in prompts])
     out = torch.tensor([loss.item(), legal], dtype=torch.float64)
     dist.all_reduce(out)
@@ -172,7 +163,6 @@ def process_main(a) -> int:
     warnings.filterwarnings("ignore", message=".*DTensor random operators.*")
     import transformers
     transformers.logging.set_verbosity_error()
-    import torch_rsdp  # noqa: F401  (registers the backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.set_num_threads(a.threads or tm.default_threads(world))
     log = print if rank == 0 else (lambda *x, **k: None)

@@ -19,7 +19,6 @@ import argparse
 import os
 import sys
 
-import torch
 import torch.distributed as dist
 
 import torch_rsdp  # noqa: F401  (registers "rsdp", lets the trainers take sharded models)
@@ -28,16 +27,8 @@ import transformers as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from chess_data import ChessMoves  # noqa: E402
-from chess_lm import Games, chess_llama  # noqa: E402
+from chess_lm import Games, chess_llama, held_out_loss  # noqa: E402
 
-
-
-def held_out_loss(model, data: ChessMoves, n: int = 64) -> float:
-    batch = [Games(data, n, ChessMoves.EVAL_OFFSET)[i] for i in range(n)]
-    ids = torch.stack([b["input_ids"] for b in batch])
-    labels = torch.stack([b["labels"] for b in batch])
-    with torch.no_grad():
-        return float(model(input_ids=ids, labels=labels).loss)
 
 
 def main() -> None:
