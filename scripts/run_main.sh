@@ -11,12 +11,13 @@
 #   2. fine-tuning that pretrained model on a notation it never saw (every move seen from
 #      Black's side): built on meta, sharded, loaded shard by shard, LoRA adapters on the
 #      frozen base, under RSDP and FSDP2 -- the learning check before and after, memory per
-#      rank and tokens/s side by side (examples/finetune_lora.py; examples/results/lora.json);
+#      rank and tokens/s side by side, 40 steps (examples/finetune_lora.py;
+#      examples/results/lora.json);
 #   3. the same fine-tuning where the weights dominate memory (--preset weights: a wider
 #      Llama, 15.7 M parameters, 2 games per rank) with RSDP, FSDP2 and DDP: RSDP's peak
 #      memory per rank is well below both; table, JSON and plots in examples/results/weights/;
-#   4. the collective benchmark, 2 ranks, rsdp (plain and communication-memory buffers) vs
-#      gloo, with Open MPI and Intel oneCCL as references (each left out with a note where it
+#   4. the collective benchmark up to 4 MiB, 2 ranks, rsdp (plain and communication-memory
+#      buffers) vs gloo, with Open MPI and Intel oneCCL as references (each left out with a note where it
 #      cannot run), one round (table, JSON, PNG in benchmarks/results/;
 #      --rounds 2-3 in benchmarks/bench_collectives.py when the machine is busy).
 set -euo pipefail
@@ -40,9 +41,9 @@ python3 examples/finetune_chess.py --compare --nproc "$NPROC" --out examples/res
 # fine-tuning: the model just trained, built on meta, loaded shard by shard, LoRA on a
 # notation it never saw, under RSDP and FSDP2
 python3 examples/finetune_lora.py --pretrained examples/results/pretrained --nproc "$NPROC" \
-  --out examples/results
+  --steps 40 --eval-prompts 16 --out examples/results
 python3 examples/finetune_chess.py --compare --preset weights --nproc "$NPROC" \
   --out examples/results/weights
 python3 benchmarks/bench_collectives.py --backends rsdp,rsdp:pool,gloo --peers mpi,oneccl --world-size 2 \
-  --dtypes float32 --max-bytes 16M
+  --dtypes float32 --max-bytes 4M
 echo "main job: $(( $(date +%s) - start )) s after set-up"
