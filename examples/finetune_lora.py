@@ -21,8 +21,10 @@ with a model too big for one rank would (docs/finetuning.md):
 The learning check runs before and after training on held-out mirrored games: their loss, and
 the share of greedy next moves that are legal (read back in the ordinary notation). Printed
 side by side: this rank's share of the model, the peak of what a step holds beyond it
-(torch's ``MemTracker``), tokens/s, and the check. The strategies train one after the other
-from the same checkpoint on the same batches. ``--out DIR``: rank 0 writes ``lora.json``.
+(torch's ``MemTracker``), tokens/s, and the check. The strategies start from the same
+checkpoint and see the same batches; they live in the same processes and take turns, one
+step each, so a machine that slows down halfway slows them alike. ``--out DIR``: rank 0
+writes ``lora.json``.
 """
 from __future__ import annotations
 
@@ -112,38 +114,46 @@ def check(model, data, a, rank):
     return (out / dist.get_world_size()).tolist()
 
 
-def finetune(strategy, a, data, rank, world, log):
-    model = build(strategy, a.pretrained, a.lora_r)
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=a.lr)
-    before = check(model, data, a, rank)
-    B = a.batch_size_per_device
+class Run:
+    """One strategy's model, optimizer and measurements."""
 
-    def step(i):
-        x, y = data.batch(range((i * world + rank) * B, (i * world + rank + 1) * B))
-        loss = tm.lm_loss(model(input_ids=x).logits, y, chess_data.IGNORE)
+    def __init__(self, strategy, a, data, rank, world):
+        self.strategy, self.a, self.data, self.rank, self.world = strategy, a, data, rank, world
+        self.model = build(strategy, a.pretrained, a.lora_r)
+        self.opt = torch.optim.AdamW([p for p in self.model.parameters() if p.requires_grad],
+                                     lr=a.lr)
+        self.before = check(self.model, data, a, rank)
+        self.times, self.loss = [], float("nan")
+
+    def step(self, i: int) -> float:
+        B = self.a.batch_size_per_device
+        first = (i * self.world + self.rank) * B
+        x, y = self.data.batch(range(first, first + B))
+        loss = tm.lm_loss(self.model(input_ids=x).logits, y, chess_data.IGNORE)
         loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
         return loss.item()
 
-    times = []
-    for i in range(a.steps):
+    def timed_step(self, i: int) -> None:
         dist.barrier()
         t = time.perf_counter()
-        loss = step(i)
+        self.loss = self.step(i)
         dist.barrier()
         if i >= 2:  # warm-up steps are not timed
-            times.append(time.perf_counter() - t)
-        if (i + 1) % a.log_every == 0 or i + 1 == a.steps:
-            log(f"[{strategy}] step {i + 1:4d}/{a.steps} loss {loss:.4f}", flush=True)
-    beyond = tm.peak_beyond(lambda: step(a.steps), model, opt)
-    after = check(model, data, a, rank)
-    step_s = tm.median(times)
-    return dict(strategy=strategy, resident=tm.resident_bytes(model), beyond=beyond,
-                step_s=step_s, tokens_per_s=world * B * a.seq_len / step_s,
-                loss_before=before[0], legal_before=before[1], loss_after=after[0],
-                legal_after=after[1],
-                trainable=sum(p.numel() for p in model.parameters() if p.requires_grad))
+            self.times.append(time.perf_counter() - t)
+
+    def result(self) -> dict:
+        a, model = self.a, self.model
+        beyond = tm.peak_beyond(lambda: self.step(a.steps), model, self.opt)
+        after = check(model, self.data, a, self.rank)
+        step_s = tm.median(self.times)
+        return dict(strategy=self.strategy, resident=tm.resident_bytes(model), beyond=beyond,
+                    step_s=step_s,
+                    tokens_per_s=self.world * a.batch_size_per_device * a.seq_len / step_s,
+                    loss_before=self.before[0], legal_before=self.before[1],
+                    loss_after=after[0], legal_after=after[1],
+                    trainable=sum(p.numel() for p in model.parameters() if p.requires_grad))
 
 
 def table(results) -> str:
@@ -167,11 +177,18 @@ def process_main(a) -> int:
     torch.set_num_threads(a.threads or tm.default_threads(world))
     log = print if rank == 0 else (lambda *x, **k: None)
     data = MirroredMoves(seq_len=a.seq_len, seed=a.seed)
+    runs = [Run(strategy, a, data, rank, world) for strategy in a.runs.split(",")]
+    for i in range(a.steps):  # the runs take turns, one step each, each round led by the next
+        for run in runs[i % len(runs):] + runs[:i % len(runs)]:
+            run.timed_step(i)
+        if (i + 1) % a.log_every == 0 or i + 1 == a.steps:
+            log(f"step {i + 1:4d}/{a.steps} loss "
+                + ", ".join(f"{r.strategy} {r.loss:.4f}" for r in runs), flush=True)
     results = []
-    for strategy in a.runs.split(","):
-        results.append(finetune(strategy, a, data, rank, world, log))
+    for run in runs:
+        results.append(run.result())
         r = results[-1]
-        log(f"=== {strategy}: {r['trainable'] / 1e3:.1f} k trainable parameters, "
+        log(f"=== {r['strategy']}: {r['trainable'] / 1e3:.1f} k trainable parameters, "
             f"{r['tokens_per_s']:,.0f} tokens/s, held-out loss {r['loss_before']:.3f} -> "
             f"{r['loss_after']:.3f}, legal next moves {100 * r['legal_before']:.0f}% -> "
             f"{100 * r['legal_after']:.0f}%", flush=True)
