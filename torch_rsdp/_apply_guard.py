@@ -55,7 +55,7 @@ def _unchanged(t: torch.Tensor, out) -> bool:
 def _guarded_apply(self: nn.Module, fn, recurse: bool = True):
     tensors = list(self.named_parameters(recurse=recurse, remove_duplicate=False))
     tensors += list(self.named_buffers(recurse=recurse, remove_duplicate=False))
-    meta, changes = 0, []
+    meta = 0
     for name, t in tensors:
         if t is None:
             continue
@@ -64,18 +64,15 @@ def _guarded_apply(self: nn.Module, fn, recurse: bool = True):
             continue
         out = fn(t)
         if not _unchanged(t, out):
-            changes.append((name, t, out))
-    if changes:
-        name, t, out = changes[0]
-        rank = dist.get_rank() if dist.is_initialized() else 0
-        what = (f"{t.dtype} on {t.device} -> {out.dtype} on {out.device}"
-                if hasattr(out, "dtype") else "a new tensor")
-        raise ValueError(
-            f"torch_rsdp: rank {rank}: converting a sharded model ({type(self).__name__}."
-            f"to(), .cpu(), .half(), ...) would replace {name!r} ({what}); torch_rsdp "
-            f"holds its parameters in place (shards and gradient buckets), so move or "
-            f"cast the model before sharding it (plan.apply(mixed_precision=...) computes "
-            f"in lower precision)")
+            rank = dist.get_rank() if dist.is_initialized() else 0
+            what = (f"{t.dtype} on {t.device} -> {out.dtype} on {out.device}"
+                    if hasattr(out, "dtype") else "a new tensor")
+            raise ValueError(
+                f"torch_rsdp: rank {rank}: converting a sharded model ({type(self).__name__}."
+                f"to(), .cpu(), .half(), ...) would replace {name!r} ({what}); torch_rsdp "
+                f"holds its parameters in place (shards and gradient buckets), so move or "
+                f"cast the model before sharding it (plan.apply(mixed_precision=...) computes "
+                f"in lower precision)")
     if meta:
         materialize(self, fn)
     return self

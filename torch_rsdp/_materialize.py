@@ -6,7 +6,7 @@ FSDP2's way of building a model no rank can hold whole, which torch_rsdp follows
         model = AutoModelForCausalLM.from_config(config)
     rsdp.shard(model)                      # decides the shards; allocates nothing
     model.to_empty(device="cpu")           # allocates this rank's shards and what stays whole
-    dcp.load(model.state_dict(), storage_reader=HuggingFaceStorageReader(path))
+    rsdp.load_pretrained(model, path)      # a save_pretrained directory, this rank's rows
 
 ``nn.Module.to_empty`` goes through ``_apply`` (:mod:`torch_rsdp._apply_guard`), which hands a
 conversion that turns *only* ``meta`` tensors into tensors of the same shape and dtype to

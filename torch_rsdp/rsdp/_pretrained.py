@@ -142,8 +142,8 @@ def _read_into(fh, e: _Entry, target: torch.Tensor) -> None:
 def load_pretrained(model: nn.Module, path: str, *, strict: bool = True,
                     init_adapters: Optional[bool] = None) -> None:
     """Loads the Hugging Face checkpoint in ``path`` (a ``save_pretrained`` directory) into
-    ``model``, sharded or not, each rank reading only what it holds. Collective: every rank of
-    the model's group calls it.
+    ``model``, sharded or not, each rank reading only what it holds. Call it on every rank of
+    the model's group (each reads its own rows; nothing is sent between ranks).
 
     Args:
         model: the model, sharded by :func:`shard` or ``torch_rsdp.plan.apply`` (typically
