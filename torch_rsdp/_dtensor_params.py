@@ -29,6 +29,7 @@ Neutral ground (torch only): ``rsdp`` and ``plan`` both use it.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 from typing import Dict, Iterable, Optional, Sequence, Tuple
 
@@ -38,7 +39,7 @@ import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
 
-__all__ = ["dtensor_param", "local", "local_grad", "set_grad", "wrap_like", "like_param",
+__all__ = ["dtensor_param", "local", "computing", "local_grad", "set_grad", "wrap_like", "like_param",
            "mesh_of_group", "compute_with_locals", "replicate_params", "refuse_ddp", "Shard",
            "Replicate"]
 
@@ -176,6 +177,18 @@ _DEPTH = threading.local()  # forwards of modules holding replicas under way, on
 
 def _computing() -> bool:
     return getattr(_DEPTH, "n", 0) > 0
+
+
+@contextlib.contextmanager
+def computing():
+    """Replicas read as their local tensors inside this block, as inside a forward: for a
+    module's forward run again outside the model's (a rotation unit's backward recomputes
+    its shards' calls)."""
+    _enter(None, None)
+    try:
+        yield
+    finally:
+        _leave(None, None, None)
 
 
 def _enter(module, args):

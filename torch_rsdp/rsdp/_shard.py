@@ -68,6 +68,7 @@ from ._layers.sharded_embedding import shard_embedding
 from ._layers.sharded_linear import shard_linear, tie_linear
 from ._tied import find_ties, tied_group
 from ._units.tp_plan import group_units, resolve_plan
+from ._units.unit_adapters import unit_member
 from ._units.unit_block import make_unit_blocks
 from ._state import RSDPState
 
@@ -206,8 +207,13 @@ def _shard_units(s: _Sharding, tp_plan, recompute: bool) -> None:
     styles = resolve_plan(model, tp_plan)
     for parent, kids in group_units(styles).items():
         unit = model.get_submodule(parent)
-        members = [(k.rpartition(".")[2], model.get_submodule(k), styles[k]) for k in kids]
-        problem = unit_problem(unit, members, s.ring.world)
+        # a peft LoRA layer's member is its base layer ([Note: adapters inside a unit])
+        found = [unit_member(k.rpartition(".")[2], model.get_submodule(k), styles[k])
+                 for k in kids]
+        members = [m for m, _ in found]
+        problem = next((p for _, p in found if p is not None), None)
+        if problem is None or getattr(unit, "_rsdp", None) is not None:
+            problem = unit_problem(unit, members, s.ring.world)
         if problem is None and any(id(p) in s.ties for _, m, _ in members
                                    for p in m.parameters()):
             problem = "a layer's parameter is tied to another module"

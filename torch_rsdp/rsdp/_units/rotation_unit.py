@@ -42,11 +42,14 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 from ..._utils import is_conv1d, swap_class
 from .._rotation.flat_shard import chunk_sizes, chunk_starts
 from .._rotation.ring_order import Ring
-from .._rotation.rotation import rotate, rotate_accumulate
+from .._rotation.outer_checkpoint import drop_output, keep_output, take_output, under_checkpoint
+from .._rotation.rotation import counter_rotate, rotate, rotate_accumulate
 from .._layers.shard_state import ShardState
 from .tp_plan import COL, ROW
-from .unit_call import (CACHE_KWARGS, Call, WeightRefs, check_graph_kept, fill_caches, is_cache,
-                        rng_state, run_part, set_rng_state, stub)
+from .unit_adapters import attach_adapters
+from .unit_call import (CACHE_KWARGS, Call, WeightRefs, add_grads, check_graph_kept, fill_caches,
+                        is_cache, own_replicas, replica_grads, rng_state, run_part,
+                        set_rng_state, stub)
 from .unit_block import member_forward
 from .unit_layers import by_layers, layer_forward, layers_forward, make_layer_views
 from .unit_whole import WholeUnitFn, computes_whole
@@ -157,7 +160,11 @@ class _UnitFn(torch.autograd.Function):
         u: _Unit = unit._rsdp_unit
         n_in = len(call.grad_idx)
         ins = tensors[:n_in]
-        keep = not u.recompute and any(ctx.needs_input_grad[2:])
+        y = take_output(unit, call.tensors())  # [Note: checkpointing without a second rotation]
+        if y is not None:
+            ctx.save_for_backward(*ins)  # what the first forward saved, in the same order
+            return y
+        keep = not (u.recompute or call.checkpointed) and any(ctx.needs_input_grad[2:])
         src = st.compute_flat()
         rng = rng_state(src.device)
         acc, graphs = [], {}
@@ -197,8 +204,9 @@ class _UnitFn(torch.autograd.Function):
         ctx.graphs, ctx.refs, ctx.leaves_in = graphs, refs, leaves_in if keep else None
         ctx.save_for_backward(*([] if keep else ins))
         ctx.in_meta = [(t.dtype, t.shape, t.device) for t in ins]
-        y = acc[0]
-        return y.to(st.mp.output_dtype or y.dtype)
+        y = acc[0].to(st.mp.output_dtype or acc[0].dtype)
+        keep_output(ctx, unit, call.tensors(), y)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
@@ -208,15 +216,17 @@ class _UnitFn(torch.autograd.Function):
         keep = ctx.refs is not None
         if keep:
             check_graph_kept(unit, ctx.graphs)
-        n_in = len(ctx.in_meta)
+        n_in, names = len(ctx.in_meta), st.names
         need_in = ctx.needs_input_grad[2:2 + n_in]
-        need_w = any(ctx.needs_input_grad[2 + n_in:])
+        need_w = any(ctx.needs_input_grad[2 + n_in:2 + n_in + len(names)])
+        extras = replica_grads(ctx, 2 + n_in + len(names))  # [Note: a unit's own replicas]
         ins = ctx.leaves_in if keep else ctx.saved_tensors
+        drop_output(ctx)  # after the saved tensors: a checkpoint's recompute takes it there
         src = st.compute_flat()
         dy = dy.to(src.dtype)
         grads_in = [torch.zeros(shape, dtype=dt, device=dev) if w else None
                     for (dt, shape, dev), w in zip(ctx.in_meta, need_in)]
-        names = st.names
+        grads_x = [None] * len(extras)
 
         def step(j, buf, out):
             if not u.sizes[j]:
@@ -227,7 +237,7 @@ class _UnitFn(torch.autograd.Function):
                 ctx.refs.bwd = {0: buf}
             else:  # recompute this shard's part while its weights are in hand
                 leaves_in = [t.detach().requires_grad_(w) for t, w in zip(ins, need_in)]
-                weights = _views(st, buf, j, leaves=True)
+                weights = _views(st, buf, j, leaves=need_w)
                 with torch.enable_grad(), torch.random.fork_rng(
                         devices=[src.device] if src.device.type == "cuda" else []):
                     set_rng_state(ctx.rng, src.device)
@@ -235,22 +245,27 @@ class _UnitFn(torch.autograd.Function):
             wanted = [t for t, w in zip(leaves_in, need_in) if w and t.requires_grad]
             wl = [weights[n] for n in names] if need_w else []
             with torch.enable_grad():
-                got = list(torch.autograd.grad(y, wanted + wl, dy.to(y.dtype),
+                got = list(torch.autograd.grad(y, wanted + wl + extras, dy.to(y.dtype),
                                                allow_unused=True))
             for i, (t, w) in enumerate(zip(leaves_in, need_in)):
                 if w and t.requires_grad:
                     g = got.pop(0)
                     if g is not None:
                         grads_in[i].add_(g)
-            for n, g in zip(names if need_w else [], got):
+            add_grads(grads_x, got[len(wl):])
+            for n, g in zip(names if wl else [], got):
                 dst = st.layout.view(out, n, j)
                 if g is None:
                     dst.zero_()
                 else:
                     dst.copy_(g)
 
-        acc = rotate_accumulate(st.ring, src, step, grad_dtype=st.grad_dtype,
-                                label="RSDP::unit_backward", feedback=st.feedback)
+        if need_w:
+            acc = rotate_accumulate(st.ring, src, step, grad_dtype=st.grad_dtype,
+                                    label="RSDP::unit_backward", feedback=st.feedback)
+        else:  # a frozen unit: its weights rotate, no gradient travels
+            acc = counter_rotate(st.ring, src, visit=lambda j, buf: step(j, buf, None),
+                                 label="RSDP::unit_backward")
         st.release(src)
         del src
         ctx.graphs = ctx.leaves_in = None
@@ -258,7 +273,10 @@ class _UnitFn(torch.autograd.Function):
         del acc
         gins = [g.to(dt) if g is not None else None
                 for g, (dt, _, _) in zip(grads_in, ctx.in_meta)]
-        return (None, None, *gins, *[grads.get(n) for n in names])
+        grads_x = iter(grads_x)
+        return (None, None, *gins, *[grads.get(n) for n in names],
+                *[next(grads_x) if w else None
+                  for w in ctx.needs_input_grad[2 + n_in + len(names):]])
 
 
 @torch.compiler.disable  # [Note: ring steps under torch.compile] in .ring_order
@@ -276,20 +294,25 @@ def unit_forward(unit: nn.Module, args, kwargs):
     _check_width(unit, leaves)
     grad_idx = [i for i, t in enumerate(leaves)
                 if isinstance(t, torch.Tensor) and t.requires_grad]
-    call = Call(leaves, spec, grad_idx, caches)
+    extras = own_replicas(unit)  # [Note: a unit's own replicas]
+    call = Call(leaves, spec, grad_idx, caches, extras)
+    # Under torch's checkpoint a unit keeps only its inputs (the checkpoint drops them) and
+    # its output, and computes in its own function, which the recompute can skip
+    # ([Note: checkpointing without a second rotation])
+    call.checkpointed = ckpt = under_checkpoint()
     params = [st.param(n) for n in st.names]
     ins = [leaves[i] for i in grad_idx]
     whole = computes_whole(unit, leaves)
     y = None
     # [Note: unit blocks] in .unit_block, [Note: small units layer by layer at two ranks]
-    if whole and not u.recompute and (u.block is not None or by_layers(unit)):
+    if whole and not (u.recompute or ckpt) and (u.block is not None or by_layers(unit)):
         out = _forward_direct(unit, leaves, spec, caches, cdt is not None, args, kwargs)
         if out is not None:
             return out
-    elif whole and u.block is not None:
+    elif whole and u.block is not None and not ckpt:
         y = u.block.forward(unit, call, ins)
     if y is None:  # alone
-        y = (WholeUnitFn if whole else _UnitFn).apply(unit, call, *ins, *params)
+        y = (WholeUnitFn if whole else _UnitFn).apply(unit, call, *ins, *params, *extras)
     for i in grad_idx:  # backward gets these from the saved tensors; do not keep them twice
         call.leaves[i] = None
     if u.row.bias is not None:
@@ -431,5 +454,6 @@ def shard_unit(unit: nn.Module, members: List[tuple], ring: Ring,
         (m._rsdp_in, m._rsdp_out), m._rsdp_split = _io(m), "out" if style == COL else "in"
         swap_class(m, RSDPUnitMemberMixin, "RSDPUnit" + type(m).__name__)
     unit._rsdp_unit.layers = make_layer_views(unit, members, ring)
+    attach_adapters(unit, members)  # [Note: adapters inside a unit]
     swap_class(unit, RSDPUnitMixin, "RSDPUnit" + base.__name__)
     return unit

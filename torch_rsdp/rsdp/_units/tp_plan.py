@@ -15,7 +15,8 @@ in order:
 
 Patterns are matched against a module's qualified name and, for Hugging Face models, against
 the name inside the base model (``model.layers.0...`` is ``layers.0...`` there, which is what
-``base_model_tp_plan`` uses). Values other than column / row (``"gather"``, ``"colwise_rep"``,
+``base_model_tp_plan`` uses), a peft model's wrapper (``base_model.model.``) taken off first:
+its LoRA layers then pair up like the layers they wrap (:mod:`.unit_adapters`). Values other than column / row (``"gather"``, ``"colwise_rep"``,
 ...) are ignored: those layers are sharded one by one as usual.
 """
 from __future__ import annotations
@@ -29,6 +30,8 @@ __all__ = ["COL", "ROW", "BUILTIN_RULES", "resolve_plan", "group_units"]
 
 COL, ROW = "colwise", "rowwise"
 # suffix -> style; applied when neither the caller nor the model's config gives a plan
+#: Where a peft model (``PeftModel`` over a tuner such as ``LoraModel``) holds the model it wraps
+PEFT_PREFIX = "base_model.model."
 BUILTIN_RULES = {"q_proj": COL, "k_proj": COL, "v_proj": COL, "o_proj": ROW,
                  "gate_proj": COL, "up_proj": COL, "down_proj": ROW}
 
@@ -69,8 +72,10 @@ def resolve_plan(model: nn.Module, tp_plan) -> Dict[str, str]:
     out = {}
     for name, _ in model.named_modules():
         names = [name]
-        if prefix and name.startswith(prefix + "."):
-            names.append(name[len(prefix) + 1:])
+        if name.startswith(PEFT_PREFIX):
+            names.append(name[len(PEFT_PREFIX):])
+        if prefix and names[-1].startswith(prefix + "."):
+            names.append(names[-1][len(prefix) + 1:])
         for rx, style in rules:
             if style is not None and any(rx.fullmatch(n) for n in names):
                 out[name] = style

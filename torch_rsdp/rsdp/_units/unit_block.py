@@ -39,8 +39,8 @@ import torch.nn as nn
 
 from .._layers.block_gather import SmallLayers, _WholeLinear, group_by_block, open_pass
 from .._rotation.ring_order import Ring
-from .unit_call import Call
-from .unit_whole import call_whole, grads_whole, small_at
+from .unit_call import Call, replica_grads
+from .unit_whole import call_whole, grads_whole, replica_returns, small_at
 
 __all__ = ["UnitBlock", "make_unit_blocks", "member_forward"]
 
@@ -62,14 +62,16 @@ class _BlockUnitFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         unit = ctx.unit
-        n_in = len(ctx.in_meta)
+        n_in, n_w = len(ctx.in_meta), len(unit._rsdp.names)
         need_in = ctx.needs_input_grad[3:3 + n_in]
-        need_w = any(ctx.needs_input_grad[3 + n_in:])
+        need_w = any(ctx.needs_input_grad[3 + n_in:3 + n_in + n_w])
+        extras = replica_grads(ctx, 3 + n_in + n_w)  # [Note: a unit's own replicas]
         whole = ctx.p.whole_for_backward(unit)
-        gins, gws = grads_whole(ctx, dy, whole, whole, need_in, need_w)
+        gins, gws, gxs = grads_whole(ctx, dy, whole, whole, need_in, need_w, extras)
         del whole
         ctx.p.backward_done()
-        return (None, None, None, *gins, *(gws or [None] * len(unit._rsdp.names)))
+        return (None, None, None, *gins, *(gws or [None] * n_w),
+                *replica_returns(ctx, 3 + n_in + n_w, gxs))
 
 
 class UnitBlock:
@@ -100,7 +102,8 @@ class UnitBlock:
         p, whole = self._pass_for(unit)
         if whole is None:
             return None
-        y = _BlockUnitFn.apply(unit, call, p, *ins, *[whole[n] for n in unit._rsdp.names])
+        y = _BlockUnitFn.apply(unit, call, p, *ins, *[whole[n] for n in unit._rsdp.names],
+                               *call.extras)
         if y.requires_grad:  # its backward will ask for the weights again
             p.registered += 1
             p.waiting += 1

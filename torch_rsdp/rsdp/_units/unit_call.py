@@ -13,8 +13,12 @@ from typing import Dict, Optional
 import torch
 from torch.utils._pytree import tree_unflatten
 
+from ..._dtensor_params import computing
+from .unit_adapters import set_cut
+
 __all__ = ["CACHE_KWARGS", "is_cache", "Call", "CacheShard", "fill_caches", "run_part",
-           "rng_state", "set_rng_state", "stub", "WeightRefs", "check_graph_kept"]
+           "rng_state", "set_rng_state", "stub", "WeightRefs", "check_graph_kept",
+           "own_replicas", "replica_grads", "add_grads"]
 
 # The KV cache's keyword in Hugging Face attention forwards (it was renamed twice); any other
 # keyword whose value is a cache (``is_cache``) is taken too: a cache passed on to every
@@ -28,12 +32,20 @@ def is_cache(value) -> bool:
 
 
 class Call:
-    """One call's inputs: the flattened (args, kwargs), which leaves carry gradients, caches."""
+    """One call's inputs: the flattened (args, kwargs), which leaves carry gradients, caches,
+    and the unit's own replicas that need a gradient (:func:`own_replicas`)."""
 
-    def __init__(self, leaves, spec, grad_idx, caches):
+    def __init__(self, leaves, spec, grad_idx, caches, extras=()):
         self.leaves, self.spec, self.grad_idx, self.caches = leaves, spec, grad_idx, caches
+        self.extras = list(extras)
+        # inside torch's checkpoint ([Note: checkpointing without a second rotation])
+        self.checkpointed = False
         self.kv: dict = {}  # cache kwarg -> {shard: (keys, values, layer_idx, args, kwargs)}
         self.past: dict = {}  # cache kwarg -> {layer_idx: cached length before this call}
+
+    def tensors(self):
+        """Every tensor among the call's inputs (what tells one call from another)."""
+        return [t for t in self.leaves if isinstance(t, torch.Tensor)]
 
 
 class CacheShard:
@@ -90,12 +102,15 @@ def run_part(unit, call: Call, ins, weights: Dict[str, torch.Tensor], j: int, he
                                  call.past.setdefault(key, {}), heads, j)
     for _, m, _ in u.members:
         m._rsdp_hand = weights
+    set_cut(u.members, heads, u.atoms)  # [Note: adapters inside a unit]
     try:
-        out = u.base_forward(unit, *args, **kwargs)
+        with computing():  # the unit's replicas read as local tensors, in backward too
+            out = u.base_forward(unit, *args, **kwargs)
         row_out = u.row._rsdp_last
     finally:
         for _, m, _ in u.members:
             m._rsdp_hand = None
+        set_cut(u.members, None, u.atoms)
         u.row._rsdp_last = None
     y = out[0] if isinstance(out, (tuple, list)) else out
     if y is not row_out or y is None:
@@ -164,3 +179,41 @@ def check_graph_kept(unit, graph) -> None:
                            f"(retain_graph=True), but with unit_recompute=False (the default) a "
                            f"unit frees the graph it recorded in forward at its first backward; "
                            f"shard with unit_recompute=True to backpropagate through it twice")
+
+
+def own_replicas(unit) -> list:
+    """[Note: a unit's own replicas]
+    The parameters inside a unit that no shard holds and that need a gradient: a LoRA layer's
+    adapters ([Note: adapters inside a unit] in :mod:`.unit_adapters`), the per-head norms of
+    an attention block (Qwen3's ``q_norm`` / ``k_norm``). The unit's forward runs inside its
+    own autograd function, whose backward computes every gradient with ``autograd.grad``: a
+    parameter that is not one of the function's inputs gets none, and would silently never
+    train. So each unit function takes them as inputs after the shards, and its backward asks
+    ``autograd.grad`` for theirs too (summed over the shards' calls) and returns them; they
+    are replicas, so the group averages them with the other replicas' gradients. The
+    row-split layer's own bias is added outside the function and is not among them."""
+    st = unit._rsdp
+    sharded = {id(st.param(n)) for n in st.names}
+    members = {id(m) for _, m, _ in unit._rsdp_unit.members}
+    out, seen = [], set()
+    for mod in unit.modules():
+        if id(mod) in members:
+            continue
+        for p in mod.parameters(recurse=False):
+            if p.requires_grad and id(p) not in sharded and id(p) not in seen:
+                seen.add(id(p))
+                out.append(p)
+    return out
+
+
+def replica_grads(ctx, first: int) -> list:
+    """The unit's own replicas whose gradients backward must compute (the function's inputs
+    from index ``first`` on are ``ctx.call.extras``)."""
+    return [p for p, w in zip(ctx.call.extras, ctx.needs_input_grad[first:]) if w]
+
+
+def add_grads(acc: list, got) -> None:
+    """``acc[i] += got[i]`` (``acc`` starts as Nones; a None in ``got`` adds nothing)."""
+    for i, g in enumerate(got):
+        if g is not None:
+            acc[i] = g if acc[i] is None else acc[i] + g

@@ -41,12 +41,14 @@ import torch
 
 from .._layers.block_copies import copies_of, whole_shape
 from .._rotation.memory import alloc_buffer, release_buffers
+from .._rotation.outer_checkpoint import drop_output, keep_output, take_output
 from .._rotation.rotation import counter_rotate, rotate
 from .._layers.shard_state import ShardState
-from .unit_call import (Call, WeightRefs, check_graph_kept, fill_caches, rng_state, run_part,
-                        set_rng_state, stub)
+from .unit_call import (Call, WeightRefs, check_graph_kept, fill_caches, replica_grads,
+                        rng_state, run_part, set_rng_state, stub)
 
-__all__ = ["MODE", "computes_whole", "small_at", "call_whole", "grads_whole", "WholeUnitFn"]
+__all__ = ["MODE", "computes_whole", "small_at", "call_whole", "grads_whole", "replica_returns",
+           "WholeUnitFn"]
 
 #: ``"auto"``: units no larger than their activations compute whole; ``"never"``: every unit
 #: rotates shard by shard (for comparison); ``"always"``: every unit computes whole on CPU
@@ -147,10 +149,12 @@ def call_whole(ctx, unit, call: Call, ins, whole: Dict[str, torch.Tensor], buffe
     return y.to(unit._rsdp.mp.output_dtype or y.dtype)
 
 
-def grads_whole(ctx, dy, whole: Dict[str, torch.Tensor], buffers: dict, need_in, need_w):
+def grads_whole(ctx, dy, whole: Dict[str, torch.Tensor], buffers: dict, need_in, need_w,
+                extras=()):
     """Backward of :func:`call_whole`, the whole parameters gathered again into ``buffers``
     (``whole``: their views): (gradients of the inputs, of the whole parameters in
-    ``names`` order, or None when ``need_w`` is False)."""
+    ``names`` order or None when ``need_w`` is False, of the unit's own replicas ``extras``:
+    [Note: a unit's own replicas] in :mod:`.unit_call`)."""
     unit, call = ctx.unit, ctx.call
     st, u = unit._rsdp, unit._rsdp_unit
     if ctx.refs is not None:  # run the recorded graph, its weights resolved in ``buffers``
@@ -168,7 +172,8 @@ def grads_whole(ctx, dy, whole: Dict[str, torch.Tensor], buffers: dict, need_in,
     wanted = [t for t, w in zip(leaves_in, need_in) if w and t.requires_grad]
     wl = [leaves_w[n] for n in st.names] if need_w else []
     with torch.enable_grad():
-        got = list(torch.autograd.grad(y, wanted + wl, dy.to(y.dtype), allow_unused=True))
+        got = list(torch.autograd.grad(y, wanted + wl + list(extras), dy.to(y.dtype),
+                                       allow_unused=True))
     ctx.graph = ctx.leaves_in = None
     if ctx.refs is not None:
         ctx.refs.bwd = {}
@@ -178,7 +183,14 @@ def grads_whole(ctx, dy, whole: Dict[str, torch.Tensor], buffers: dict, need_in,
         if w and g is None:
             g = torch.zeros(shape, dtype=dt, device=dev)
         gins.append(g.to(dt) if g is not None else None)
-    return gins, (got if need_w else None)
+    return gins, (got[:len(wl)] if need_w else None), got[len(wl):]
+
+
+def replica_returns(ctx, first: int, gxs) -> list:
+    """The backward's returns for the function's inputs from ``first`` on (the unit's own
+    replicas): their gradients where they need one, else None."""
+    gxs = iter(gxs)
+    return [next(gxs) if w else None for w in ctx.needs_input_grad[first:]]
 
 
 class WholeUnitFn(torch.autograd.Function):
@@ -189,10 +201,16 @@ class WholeUnitFn(torch.autograd.Function):
     def forward(ctx, unit, call: Call, *tensors):
         u = unit._rsdp_unit
         ins = tensors[:len(call.grad_idx)]
+        y = take_output(unit, call.tensors())  # [Note: checkpointing without a second rotation]
+        if y is not None:
+            ctx.save_for_backward(*ins)  # what the first forward saved, in the same order
+            return y
         u.small.drop()
         flat, whole = _gather(unit._rsdp)
         y = call_whole(ctx, unit, call, ins, whole, {0: flat},
-                       keep=not u.recompute and any(ctx.needs_input_grad[2:]))
+                       keep=not (u.recompute or call.checkpointed)
+                       and any(ctx.needs_input_grad[2:]))
+        keep_output(ctx, unit, call.tensors(), y)
         ctx.kept = None
         if any(ctx.needs_input_grad[2:]):  # [Note: the last gather stays for backward]
             ctx.kept = _Kept(flat, whole)
@@ -207,13 +225,15 @@ class WholeUnitFn(torch.autograd.Function):
         st: ShardState = unit._rsdp
         if ctx.refs is not None:
             check_graph_kept(unit, ctx.graph)
-        n_in = len(ctx.in_meta)
+        n_in, n_w = len(ctx.in_meta), len(st.names)
         need_in = ctx.needs_input_grad[2:2 + n_in]
-        need_w = any(ctx.needs_input_grad[2 + n_in:])
+        need_w = any(ctx.needs_input_grad[2 + n_in:2 + n_in + n_w])
+        extras = replica_grads(ctx, 2 + n_in + n_w)
         flat, whole = ctx.kept.take() if ctx.kept is not None else (None, None)
         if flat is None:  # the forward's gather is gone: gather again
             flat, whole = _gather(st)
-        gins, gws = grads_whole(ctx, dy, whole, {0: flat}, need_in, need_w)
+        gins, gws, gxs = grads_whole(ctx, dy, whole, {0: flat}, need_in, need_w, extras)
+        drop_output(ctx)  # after the saved tensors: a checkpoint's recompute takes it there
         ctx.kept = None
         release_buffers(flat)
         del flat, whole
@@ -237,7 +257,8 @@ class WholeUnitFn(torch.autograd.Function):
             acc = counter_rotate(st.ring, shape_of, contribute=contribute, grad_dtype=gdt,
                                  label="RSDP::unit_whole_reduce", feedback=st.feedback)
             grads = st.grads_from(acc)
-        return (None, None, *gins, *[grads.get(n) for n in st.names])
+        return (None, None, *gins, *[grads.get(n) for n in st.names],
+                *replica_returns(ctx, 2 + n_in + n_w, gxs))
 
 
 def _copies(st: ShardState):
