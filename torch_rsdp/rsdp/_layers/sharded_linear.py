@@ -32,6 +32,7 @@ from ... import _C
 from .block_gather import is_small
 from .._rotation.flat_shard import chunk_sizes, chunk_starts
 from .._rotation.memory import alloc_buffer, release_buffers
+from .._rotation.outer_checkpoint import drop_output, keep_output, take_output, under_checkpoint
 from .._rotation.rotation import counter_rotate, rotate
 from .._rotation.ring_order import Ring
 from .shard_state import ShardState
@@ -145,6 +146,18 @@ class _LinearFn(torch.autograd.Function):
             raise ValueError(f"torch_rsdp.rsdp rank {ring.rank}: {type(mod).__name__} {name!r}: "
                              f"input of shape {tuple(x.shape)} "
                              f"does not end with in_features={fin}")
+        y = take_output(mod, (x,))  # [Note: checkpointing without a second rotation]
+        if y is not None:  # save what the first forward saved
+            ctx.save_for_backward(x.reshape(-1, fin).to(st.mp.param_dtype or st.local_flat().dtype))
+            return y
+        y = _LinearFn._forward(ctx, st, mod, x)
+        keep_output(ctx, mod, (x,), y, any(ctx.needs_input_grad[:3]))
+        return y
+
+    @staticmethod
+    def _forward(ctx, st: ShardState, mod, x):
+        ring, lay = st.ring, st.layout
+        fin, fout, split, tr = _geometry(mod)
         src = st.compute_flat()
         x2 = x.reshape(-1, fin).to(src.dtype)
         C = _native(st, src)
@@ -197,6 +210,7 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (x2,) = ctx.saved_tensors
+        drop_output(ctx)  # after the saved tensors: a checkpoint's recompute takes it there
         mod = ctx.mod
         st: ShardState = ctx.st
         ring, lay = st.ring, st.layout
@@ -274,7 +288,9 @@ def sharded_linear_forward(mod, x: torch.Tensor) -> torch.Tensor:
     rows and added inside the ring; input split: the replicated bias is added afterwards).
     A small layer of a block computes in its block's pass ([Note: block gathers])."""
     block = getattr(mod, "_rsdp_block", None)
-    if block is not None:
+    # under torch's checkpoint every call computes alone, so that its recompute can take the
+    # output it kept ([Note: checkpointing without a second rotation])
+    if block is not None and not under_checkpoint():
         y = block.forward(mod, x)
         if y is not None:
             return y

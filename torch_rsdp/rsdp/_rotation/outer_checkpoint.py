@@ -21,7 +21,8 @@ wrote into it since (its version counter); anything else rotates again, which is
 right. The recompute replays the same operations on the same values (the checkpoint restores
 the random state), so the sums agree bit for bit; and inputs equal in every value give the
 same output anyway. A kept output lives as long as the first forward's autograd node (it is
-held there) and is dropped when that node's backward runs.
+held there) and is dropped when that node's backward runs (a call with no node: see
+:func:`keep_output`).
 
 Only torch's ``checkpoint`` turns this on (its saved-tensor hooks are the innermost ones when
 the module runs); other saved-tensor hooks (``save_on_cpu``) never recompute.
@@ -75,18 +76,31 @@ def _fingerprint(tensors: Sequence[torch.Tensor]) -> tuple:
 
 
 class _Kept:
-    def __init__(self, key: tuple, y: torch.Tensor):
-        self.key, self.y, self.version = key, y, y._version
+    def __init__(self, key: tuple, y: torch.Tensor, strong: bool):
+        self.key, self.y, self.version, self.strong = key, y, y._version, strong
+
+    def __call__(self):  # a strong reference reads like a weak one
+        return self
 
 
-def keep_output(ctx, owner, inputs: Sequence[torch.Tensor], y: torch.Tensor) -> None:
+def keep_output(ctx, owner, inputs: Sequence[torch.Tensor], y: torch.Tensor,
+                has_node: bool) -> None:
     """In a checkpointed first forward: keeps ``y``, the output of ``owner`` (a sharded
-    module) for ``inputs``, on ``ctx`` (the function's node) for the recompute to take."""
+    module) for ``inputs``, for the recompute to take. ``has_node``: some input needs a
+    gradient, so autograd keeps ``ctx`` (the function's node) until backward, and the output
+    lives there. A call without one (a frozen layer whose input carries no gradient, as the
+    first block's projections under LoRA) has no node: its output is held by ``owner``
+    itself, until the recompute takes it or the next such call replaces it."""
     if recomputing() or not under_checkpoint():
         return
-    kept = ctx.rsdp_kept = _Kept(_fingerprint(inputs), y.detach())
-    refs: List[weakref.ref] = [r for r in owner.__dict__.get("_rsdp_kept", []) if r() is not None]
-    refs.append(weakref.ref(kept))
+    kept = _Kept(_fingerprint(inputs), y.detach(), strong=not has_node)
+    refs: List = [r for r in owner.__dict__.get("_rsdp_kept", [])
+                  if r() is not None and not (kept.strong and r().strong)]
+    if has_node:
+        ctx.rsdp_kept = kept
+        refs.append(weakref.ref(kept))
+    else:
+        refs.append(kept)
     owner.__dict__["_rsdp_kept"] = refs
 
 

@@ -205,7 +205,7 @@ class _UnitFn(torch.autograd.Function):
         ctx.save_for_backward(*([] if keep else ins))
         ctx.in_meta = [(t.dtype, t.shape, t.device) for t in ins]
         y = acc[0].to(st.mp.output_dtype or acc[0].dtype)
-        keep_output(ctx, unit, call.tensors(), y)
+        keep_output(ctx, unit, call.tensors(), y, any(ctx.needs_input_grad[2:]))
         return y
 
     @staticmethod

@@ -210,7 +210,7 @@ class WholeUnitFn(torch.autograd.Function):
         y = call_whole(ctx, unit, call, ins, whole, {0: flat},
                        keep=not (u.recompute or call.checkpointed)
                        and any(ctx.needs_input_grad[2:]))
-        keep_output(ctx, unit, call.tensors(), y)
+        keep_output(ctx, unit, call.tensors(), y, any(ctx.needs_input_grad[2:]))
         ctx.kept = None
         if any(ctx.needs_input_grad[2:]):  # [Note: the last gather stays for backward]
             ctx.kept = _Kept(flat, whole)
