@@ -107,7 +107,7 @@ def build(kind, shape, seq, path, mesh):
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS,
                                              lora_dropout=0.0))
     if kind == "rsdp":
-        rsdp.shard(model)
+        rsdp.shard(model, tp_plan="auto")  # rotation units: [Note: adapters inside a unit]
     else:
         from torch.distributed.fsdp import fully_shard
         for layer in model.base_model.model.model.layers:

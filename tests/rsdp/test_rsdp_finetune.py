@@ -249,9 +249,124 @@ def fam_lora_meta(ctx, rec, paths):
         _close(_loss(loaded, r)[1], _loss(model, r)[1], "logits of the saved adapter on the base")
 
 
+def fam_lora_units(ctx, rec, paths):
+    """LoRA layers inside rotation units ([Note: adapters inside a unit]): the units form,
+    the adapters stay whole and train as one process's, the frozen base holds no gradient."""
+    import torch_rsdp.rsdp as rsdp
+
+    r, W = ctx.rank, ctx.world_size
+    ref0 = _lora(_make("llama_u"))
+    ref = copy.deepcopy(ref0)
+    _train_adapters(ref, r, W, reference=True)
+    ref_params = dict(ref.named_parameters())
+    for recompute in (False, True):
+        with rec.case(f"unit_recompute={recompute}"):
+            model = rsdp.shard(copy.deepcopy(ref0), tp_plan="auto", unit_recompute=recompute)
+            st = rsdp.rsdp_state(model)
+            units = sorted(n for n in st.sharded if n.endswith(("self_attn", "mlp")))
+            assert len(units) == 4 and not st.not_units, (units, st.not_units)
+            assert all(e.reason.startswith("adapter") for e in st.left_whole
+                       if ".lora_" in e.name)
+            _train_adapters(model, r, W, reference=False)
+            for key, p in model.named_parameters():
+                if p.requires_grad:
+                    _close(_loc(p).detach(), ref_params[key].detach(), f"adapter {key}")
+                else:
+                    assert p.grad is None, f"the frozen {key} holds a gradient"
+
+
+class _Checkpointed(torch.nn.Module):
+    """A layer run through ``torch.utils.checkpoint.checkpoint(use_reentrant=False)``, as a
+    user who writes it by hand does."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, *args, **kwargs):
+        from torch.utils.checkpoint import checkpoint
+
+        return checkpoint(self.inner, *args, use_reentrant=False, **kwargs)
+
+
+def _enable_checkpointing(model, switch):
+    """Checkpoints every decoder layer of ``model`` (a peft model or not) by ``switch``."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+
+    hf = model.base_model.model if hasattr(model, "peft_config") else model
+    if switch == "hf":
+        hf.gradient_checkpointing_enable()
+        return
+    layers = hf.model.layers
+    for i, layer in enumerate(layers):
+        layers[i] = checkpoint_wrapper(layer) if switch == "wrapper" else _Checkpointed(layer)
+
+
+def _step_bytes_and_grads(model, r, switch, twice=False):
+    """(bytes this rank sent in one step, after a first step; the step's gradients by name)."""
+    import torch_rsdp
+
+    for p in model.parameters():
+        p.grad = None
+    _loss(model, r, 0)[0].backward()
+    for p in model.parameters():
+        p.grad = None
+    torch_rsdp.reset_comm_stats()
+    if twice:  # two forwards, then one backward of both: each recompute finds its own output
+        (_loss(model, r, 1)[0] + _loss(model, r, 2)[0]).backward()
+    else:
+        _loss(model, r, 1)[0].backward()
+    sent = torch_rsdp.comm_stats()["intra_node_bytes"]
+    names = {n: n.replace("_checkpoint_wrapped_module.", "").replace("inner.", "")
+             for n, _ in model.named_parameters()}
+    return sent, {names[n]: _loc(p.grad).clone() for n, p in model.named_parameters()
+                  if p.grad is not None}
+
+
+def fam_checkpointing(ctx, rec, paths):
+    """[Note: checkpointing without a second rotation]: each switch of activation
+    checkpointing gives the gradients of the run without it and sends no more bytes (within
+    1.02x); every output kept for a recompute is gone after backward."""
+    import torch_rsdp.rsdp as rsdp
+
+    r = ctx.rank
+    cases = [("lora units", "llama_u", True, "auto", s) for s in ("hf", "wrapper", "torch")]
+    cases += [("layers", "llama", False, None, s) for s in ("hf", "wrapper")]
+    cases += [("lora layers", "llama", True, None, "torch"),
+              ("lora units, two forwards", "llama_u", True, "auto", "wrapper")]
+    for what, kind, lora, tp_plan, switch in cases:
+        with rec.case(f"{what} {switch}"):
+            base = _make(kind)
+            if lora:
+                base = _lora(base)
+                for name, p in base.named_parameters():  # B = 0 would hide B's slicing
+                    if "lora_B" in name:
+                        torch.nn.init.normal_(p, std=0.1, generator=torch.Generator()
+                                              .manual_seed(len(name)))
+            twice = "two" in what
+            plain = rsdp.shard(copy.deepcopy(base), tp_plan=tp_plan)
+            sent0, grads0 = _step_bytes_and_grads(plain, r, switch, twice)
+            model = rsdp.shard(copy.deepcopy(base), tp_plan=tp_plan)
+            _enable_checkpointing(model, switch)
+            kept = []
+            model.register_forward_hook(lambda *_: kept.append(sum(
+                len(m.__dict__.get("_rsdp_kept", ())) for m in model.modules())))
+            sent, grads = _step_bytes_and_grads(model, r, switch, twice)
+            assert kept and kept[-1] > 0, f"{what}: nothing computed under the checkpoint"
+            alive = [m for m in model.modules()
+                     if any(k() is not None and k().y is not None
+                            for k in m.__dict__.get("_rsdp_kept", ()))]
+            assert not alive, f"{what}: outputs still kept after backward: {alive[:3]}"
+            assert sorted(grads) == sorted(grads0), (sorted(grads), sorted(grads0))
+            for name, g in grads.items():
+                _close(g, grads0[name], f"{what}: gradient of {name}")
+            assert sent <= 1.02 * sent0, f"{what}: {sent} bytes a step against {sent0} without"
+
+
 FAMILIES = {"meta_loaders": fam_meta_loaders, "meta_refusals": fam_meta_refusals,
             "replicas_agree": fam_replicas_agree, "lora": fam_lora, "lora_plans": fam_lora_plans,
-            "lora_meta": fam_lora_meta}
+            "lora_meta": fam_lora_meta, "lora_units": fam_lora_units,
+            "checkpointing": fam_checkpointing}
 
 
 def families_worker(ctx, names, paths):

@@ -26,8 +26,11 @@ def _config(kind):
     common = dict(vocab_size=VOCAB, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
                   bos_token_id=0, eos_token_id=1, pad_token_id=None)
-    if kind in ("llama_u", "qwen2_u"):  # 12 KV heads (GQA 2): whole KV groups for 2, 3, 4 ranks
-        common.update(hidden_size=96, num_attention_heads=24, num_key_value_heads=12)
+    if kind in ("llama_u", "qwen2_u", "qwen3_u"):  # 12 KV heads (GQA 2): whole KV groups
+        common.update(hidden_size=96, num_attention_heads=24, num_key_value_heads=12)  # 2-4 ranks
+        if kind == "qwen3_u":  # per-head q_norm / k_norm inside the attention unit
+            return tf.Qwen3ForCausalLM, tf.Qwen3Config(tie_word_embeddings=False, head_dim=4,
+                                                       **common)
         cls = tf.LlamaForCausalLM if kind == "llama_u" else tf.Qwen2ForCausalLM
         cfg = tf.LlamaConfig if kind == "llama_u" else tf.Qwen2Config
         return cls, cfg(tie_word_embeddings=kind == "llama_u", **common)

@@ -179,6 +179,8 @@ def fam_units(ctx, rec):
     cases = [("llama_u", "auto", True), ("qwen2_u", "auto", True),
              ("llama_u", _explicit_plan(), True), ("llama_u", "auto", False),
              ("qwen2_u", "auto", False),
+             # parameters inside a unit that no shard holds ([Note: a unit's own replicas])
+             ("qwen3_u", "auto", True), ("qwen3_u", "auto", False),
              ("llama", "auto", True)]  # the last: 2 KV heads, uneven over 3-4 ranks
     for kind, tp, recompute in cases:
         with rec.case(f"{kind} tp_plan={'auto' if tp == 'auto' else 'explicit'} "

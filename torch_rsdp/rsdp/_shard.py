@@ -75,6 +75,7 @@ from ._state import RSDPState
 __all__ = ["shard"]
 
 Filter = Callable[[str, nn.Module], bool]
+ADAPTER_WHOLE = f"{ADAPTER}: kept whole, its gradients averaged in one bucket with the others"
 
 
 def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
@@ -193,7 +194,7 @@ class _Sharding:
         if self.filter is not None and not self.filter(name, mod):
             return FILTERED
         if is_adapter(self.model, name):  # [Note: adapters stay whole]
-            return f"{ADAPTER}: kept whole, its gradients averaged in one bucket with the others"
+            return ADAPTER_WHOLE
         if numel < self.min_numel:
             return f"{TOO_SMALL} ({numel} weight elements < min_numel={self.min_numel})"
         return None
@@ -256,7 +257,8 @@ def _shard_layer(s: _Sharding, name: str, mod: nn.Module) -> None:
     rule, reason = classify(mod)
     if rule is None:
         if reason:  # (none for a module without parameters of its own)
-            s.why[name] = reason
+            # an adapter a rotation unit slices is no plain Linear any more
+            s.why[name] = ADAPTER_WHOLE if is_adapter(s.model, name) else reason
         return
     weight = mod.in_proj_weight if rule == "attention" else mod.weight
     reason = s.accept(name, mod, weight.numel())
