@@ -16,11 +16,13 @@ projections, one sequence of ``--seq`` tokens per rank, 2 ranks):
 
 How each run is built, as a user fine-tuning a pretrained model would: the parent process
 writes a ``save_pretrained`` checkpoint of the shape (random weights, std 0.02); every rank
-builds the model on ``meta``, wraps it with peft, shards it (``rsdp.shard``, or FSDP2's
-``fully_shard`` on every decoder layer and then on the root), allocates it with ``to_empty``
-and loads the checkpoint with ``rsdp.load_pretrained`` (each rank reads only its slices; for
-FSDP2 too, through its DTensor state dict). Both models live in the same processes and take
-turns step by step, so a machine that slows down halfway slows both alike; each appears twice,
+builds the model on ``meta``, wraps it with peft, shards it (``rsdp.shard``: ``rsdp`` with
+every projection rotating on its own, ``rsdp-units`` with ``tp_plan="auto"``, attention and
+MLP as rotation units; or FSDP2's ``fully_shard`` on every decoder layer and then on the
+root), allocates it with ``to_empty`` and loads the checkpoint with ``rsdp.load_pretrained``
+(each rank reads only its slices; for FSDP2 too, through its DTensor state dict). The three
+models live in the same processes and take turns step by step, so a machine that slows down
+halfway slows them alike; each appears twice,
 without and with Hugging Face's ``gradient_checkpointing_enable()`` (non-reentrant, per
 decoder layer). A step is forward, backward and an AdamW step over the adapters.
 
@@ -61,7 +63,8 @@ SHAPES = {
     "tiny": dict(hidden=64, layers=2, heads=4, kv=2, ffn=128, vocab=512, tied=False),
 }
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-RUNS = ("rsdp", "rsdp+ckpt", "fsdp2", "fsdp2+ckpt")
+KINDS = ("rsdp", "rsdp-units", "fsdp2")
+RUNS = tuple(k + c for k in KINDS for c in ("", "+ckpt"))
 
 
 def config(shape, seq):
@@ -106,8 +109,9 @@ def build(kind, shape, seq, path, mesh):
         model = tf.LlamaForCausalLM(config(shape, seq)).to(torch.bfloat16)
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS,
                                              lora_dropout=0.0))
-    if kind == "rsdp":
-        rsdp.shard(model, tp_plan="auto")  # rotation units: [Note: adapters inside a unit]
+    if kind.startswith("rsdp"):
+        # every projection rotating on its own, or attention and MLP as rotation units
+        rsdp.shard(model, tp_plan="auto" if kind == "rsdp-units" else None)
     else:
         from torch.distributed.fsdp import fully_shard
         for layer in model.base_model.model.model.layers:
@@ -137,7 +141,7 @@ def worker(rank, world, port, a, path, out_path):
     dist.init_process_group("rsdp", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     models, res = {}, {"runs": {}}
-    for kind in ("rsdp", "fsdp2"):
+    for kind in KINDS:
         models[kind], load_peak = build(kind, a.shape, a.seq, path, mesh)
         res["runs"][kind] = {"resident": tm.resident_bytes(models[kind]),
                              "load_peak": load_peak}
@@ -197,8 +201,7 @@ def worker(rank, world, port, a, path, out_path):
 
 def render(shape, n_params, a, res) -> str:
     runs = res["runs"]
-    base = {"rsdp": "fsdp2", "rsdp+ckpt": "fsdp2+ckpt", "fsdp2": "fsdp2",
-            "fsdp2+ckpt": "fsdp2+ckpt"}
+    base = {r: "fsdp2+ckpt" if r.endswith("+ckpt") else "fsdp2" for r in RUNS}
     rows = []
     for r in RUNS:
         x, b = runs[r], runs[base[r]]

@@ -81,7 +81,7 @@ def build(strategy, path, lora_r):
     model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r,
                                              target_modules=TARGETS, lora_dropout=0.0))
     if strategy == "rsdp":
-        rsdp.shard(model)
+        rsdp.shard(model, tp_plan="auto")  # attention and MLP as rotation units
     else:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard

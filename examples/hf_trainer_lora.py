@@ -47,7 +47,7 @@ def main() -> None:
         model = tf.AutoModelForCausalLM.from_config(config)
     model = get_peft_model(model, LoraConfig(r=args.lora_r, lora_alpha=2 * args.lora_r,
                                              target_modules=TARGETS, lora_dropout=0.0))
-    rsdp.shard(model)
+    rsdp.shard(model, tp_plan="auto")  # attention and MLP as rotation units
     model.to_empty(device="cpu")
     rsdp.load_pretrained(model, args.pretrained)
     if dist.get_rank() == 0:

@@ -94,6 +94,23 @@ def fam_auto(ctx, rec):
             # that is faster and the peak still fits (its state moves the peak by a few KiB)
             if owns[u.name] > 5000:
                 assert u.strategy in lean, tight.explain()
+    with rec.case("a frozen base fits a budget sized for it"):
+        # [Note: frozen parameters in the cost model]: the decoder layers frozen by hand (as
+        # under LoRA) hold no gradient or optimizer state, so the smallest budget drops, and
+        # the frozen model plans within a budget the fully trained one cannot meet
+        frozen = pc.make_llama()
+        for name, p in frozen.named_parameters():
+            p.requires_grad_(".layers." not in f".{name}")
+        try:
+            auto(frozen, _inputs(r), memory_budget=1024)
+        except plan.BudgetError as e:
+            smallest_frozen = e.smallest_feasible_bytes
+        else:
+            raise AssertionError("a 1 KiB budget was accepted")
+        assert smallest_frozen < smallest, (smallest_frozen, smallest)
+        fits = auto(frozen, _inputs(r), memory_budget=smallest_frozen)
+        assert fits.prediction.peak_bytes <= smallest_frozen < smallest
+        _same_everywhere(fits)
     with rec.case("step time never increases with the budget"):
         loose = p.prediction.peak_bytes
         times = []

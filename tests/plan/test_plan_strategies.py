@@ -81,13 +81,18 @@ def _links(world=4, nodes=2, s_per_byte=1e-9):
     return Links(world, nodes, fits)
 
 
-@pytest.mark.parametrize("accumulation", [1, 3])
-def test_handler_costs_follow_the_table(accumulation):
+@pytest.mark.parametrize("accumulation,frozen", [(1, False), (3, False), (1, True)])
+def test_handler_costs_follow_the_table(accumulation, frozen):
     """Every handler's memory terms, as the table in _planner/cost.py states them (W=4 ranks,
-    L=2 per node, AdamW f=2, bucket B), and its modelled communication."""
+    L=2 per node, AdamW f=2, bucket B), and its modelled communication; with ``frozen`` part
+    of each kind of parameter needs no gradient ([Note: frozen parameters in the cost
+    model]): it is held, but has no gradient, optimizer state or gradient traffic."""
     P, A, T, Pl, Pr, B = 4000, 300, 50, 2400, 3200, 1000
     W, L, f = 4, 2, 2.0
-    u = UnitProfile("layer", 1000, P, Pl, Pr, fwd_s=0.01, bwd_s=0.02, act_bytes=A, temp_bytes=T)
+    Fz, Fl, Fr = (3000, 2000, 2800) if frozen else (0, 0, 0)  # frozen bytes of P, Pl, Pr
+    G, Gl, Gr = P - Fz, Pl - Fl, Pr - Fr
+    u = UnitProfile("layer", 1000, P, Pl, Pr, fwd_s=0.01, bwd_s=0.02, act_bytes=A, temp_bytes=T,
+                    frozen_bytes=Fz, frozen_linear=Fl, frozen_rotate=Fr)
     links = _links()
     names = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard",
              "rotate", "split:2"]
@@ -95,14 +100,18 @@ def test_handler_costs_follow_the_table(accumulation):
                                                measured_ok=False, accumulation=accumulation)}
     # strategy: (state, grads, live, transient, extra kept between micro-batches)
     table = {
-        "no_shard": ((1 + f) * P, P, A, T + min(P, B), 0),
-        "shard_optim": (P + f * P / W, P, A, T + min(P, B), 0),
-        "full_shard": ((1 + f) * P / W, P / W, A, T + 4 * P, P),
-        "shard_grad_op": ((1 + f) * P / W, P / W, A + P * (W - 1) / W, T + 2.5 * P, P),
-        "hybrid_shard": ((1 + f) * P / L, P / L, A, T + 4 * P, P),
-        "rotate": ((1 + f) * (Pr / W + P - Pr), Pr / W + P - Pr, A, T + 2 * Pr / W, 0),
-        "split:2": ((1 + f) * (Pl / W + P - Pl), Pl / W + P - Pl, A, T + 3 * Pl / 2, Pl),
+        "no_shard": (P + f * G, G, A, T + min(G, B), 0),
+        "shard_optim": (P + f * G / W, G, A, T + min(G, B), 0),
+        "full_shard": ((P + f * G) / W, G / W, A, T + 2 * P + 2 * G, G),
+        "shard_grad_op": ((P + f * G) / W, G / W, A + P * (W - 1) / W, T + P + 1.5 * G, G),
+        "hybrid_shard": ((P + f * G) / L, G / L, A, T + 2 * P + 2 * G, G),
+        "rotate": ((Pr + f * Gr) / W + P - Pr + f * (G - Gr), Gr / W + G - Gr, A,
+                   T + (Pr + Gr) / W, 0),
+        "split:2": ((Pl + f * Gl) / W + P - Pl + f * (G - Gl), Gl / W + G - Gl, A,
+                    T + (2 * Pl + Gl) / 2, Gl),
     }
+    if not frozen:  # the same as the fully trained table
+        assert table["full_shard"][3] == T + 4 * P and table["split:2"][3] == T + 3 * Pl / 2
     assert set(got) == set(table)
     for name, (state, grads, live, transient, extra) in table.items():
         c = got[name]
@@ -113,11 +122,12 @@ def test_handler_costs_follow_the_table(accumulation):
         assert (c.resident_bytes, c.live_bytes, c.transient_bytes, c.grad_bytes) == \
             tuple(int(x) for x in want), name
         assert c.act_bytes == int(live), name
-        assert c.step_bytes == (int(P / W) if name == "shard_optim" else 0), name
+        assert c.step_bytes == (int(G / W) if name == "shard_optim" else 0), name
     # communication at 1 ns per byte, no latency: compute 30 ms plus these bytes
-    comm = {"no_shard": P, "shard_optim": P + P, "full_shard": 3 * P, "shard_grad_op": 2 * P,
-            "hybrid_shard": 3 * P + P / L, "rotate": 3 * (W - 1) * Pr / W + (P - Pr),
-            "split:2": 3 * Pl + (P - Pl)}
+    comm = {"no_shard": G, "shard_optim": G + G, "full_shard": 2 * P + G,
+            "shard_grad_op": P + G, "hybrid_shard": 2 * P + G + G / L,
+            "rotate": (W - 1) * (2 * Pr + Gr) / W + (G - Gr),
+            "split:2": 2 * Pl + Gl + (G - Gl)}
     for name, nbytes in comm.items():
         assert got[name].time_s == pytest.approx(0.03 + nbytes * 1e-9), name
 

@@ -33,6 +33,30 @@ class UnitProfile:
     # forward + backward seconds of the unit with each strategy applied, communication
     # included (measured here; absent for units that cannot run alone, e.g. the root)
     strategy_s: Dict[str, float] = field(default_factory=dict)
+    # [Note: frozen parameters in the cost model]
+    # The bytes of each part above that need no gradient (``requires_grad=False``: a frozen
+    # base under LoRA, parts frozen by hand). A frozen parameter holds no gradient and no
+    # optimizer state, is not stepped, and no strategy reduces a gradient for it: every
+    # handler prices parameters at P and gradients, optimizer state and gradient traffic at
+    # the trainable part only, so a frozen 1B base with adapters fits a budget sized for the
+    # base alone. (The coefficients of the temporaries were fitted on fully trained units;
+    # their gradient share is scaled to the trainable part.)
+    frozen_bytes: int = 0
+    frozen_linear: int = 0
+    frozen_rotate: int = 0
+
+    @property
+    def trainable(self) -> int:
+        """Bytes of parameters that get a gradient, an optimizer state and a step."""
+        return self.param_bytes - self.frozen_bytes
+
+    @property
+    def trainable_linear(self) -> int:
+        return self.linear_bytes - self.frozen_linear
+
+    @property
+    def trainable_rotate(self) -> int:
+        return self.rotate_bytes - self.frozen_rotate
 
 
 @dataclass

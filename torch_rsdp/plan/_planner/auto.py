@@ -241,7 +241,11 @@ def _unit_bytes(model: nn.Module, unit_names: List[str]) -> Dict[str, Dict[str, 
         out[name] = {"numel": sum(p.numel() for p in ps),
                      "param_bytes": nb(lambda p: True),
                      "linear_bytes": nb(lambda p: id(p) in linear),
-                     "rotate_bytes": nb(lambda p: id(p) in rotate)}
+                     "rotate_bytes": nb(lambda p: id(p) in rotate),
+                     # [Note: frozen parameters in the cost model] in _cost_terms.py
+                     "frozen_bytes": nb(lambda p: not p.requires_grad),
+                     "frozen_linear": nb(lambda p: id(p) in linear and not p.requires_grad),
+                     "frozen_rotate": nb(lambda p: id(p) in rotate and not p.requires_grad)}
     return out
 
 
@@ -485,4 +489,7 @@ def _merge(name: str, parts: List[UnitProfile]) -> UnitProfile:
         sum(u.linear_bytes for u in parts), sum(u.rotate_bytes for u in parts),
         fwd_s=sum(u.fwd_s for u in parts), bwd_s=sum(u.bwd_s for u in parts),
         act_bytes=sum(u.act_bytes for u in parts), temp_bytes=max(u.temp_bytes for u in parts),
-        strategy_s={s: sum(u.strategy_s[s] for u in parts) for s in sorted(timed)})
+        strategy_s={s: sum(u.strategy_s[s] for u in parts) for s in sorted(timed)},
+        frozen_bytes=sum(u.frozen_bytes for u in parts),
+        frozen_linear=sum(u.frozen_linear for u in parts),
+        frozen_rotate=sum(u.frozen_rotate for u in parts))

@@ -1,9 +1,11 @@
 """The planner's cost model: memory per rank and step time of one unit under one strategy.
 
 Notation, per unit: ``P`` parameter bytes it owns, ``Pl`` the part ``split:k`` slices (Linear
-weights), ``Pr`` the part ``rotate`` shards, ``f`` optimizer state per parameter byte (AdamW 2),
-``A`` activations saved for backward, ``T`` its peak temporaries; ``W`` ranks, ``L`` ranks per
-node, ``B`` the gradient bucket of replicated parameters.
+weights), ``Pr`` the part ``rotate`` shards, ``G`` / ``Gl`` / ``Gr`` the trainable bytes of each
+(``requires_grad``: a frozen base under LoRA has none; [Note: frozen parameters in the cost
+model] in :mod:`.._cost_terms`), ``f`` optimizer state per parameter byte (AdamW 2), ``A``
+activations saved for backward, ``T`` its peak temporaries; ``W`` ranks, ``L`` ranks per node,
+``B`` the gradient bucket of replicated parameters.
 
 Memory is split as :mod:`.search` needs it: *resident* (held all step: sharded parameters and
 optimizer state), *live* (held from the unit's forward to its backward: activations, and for
@@ -11,29 +13,33 @@ optimizer state), *live* (held from the unit's forward to its backward: activati
 per unit the larger of the two counts, as backward frees activations while it makes
 gradients), *transient* (only while the unit computes):
 
-=================  ===============================  ====================  ====================
-strategy           resident (+ gradients)           live                  transient
-=================  ===============================  ====================  ====================
-no_shard           (1 + f) P  (+ P)                 A                     T + min(P, B)
-shard_optim        P + f P / W  (+ P)               A                     T + min(P, B)
-full_shard         (1 + f) P / W  (+ P / W)         A                     T + 4 P  (in backward:
-                                                                          the gathered weights,
-                                                                          the unsharded gradient,
-                                                                          the reduce-scatter
-                                                                          input and the previous
-                                                                          unit's still in flight)
-shard_grad_op      (1 + f) P / W  (+ P / W)         A + P (W-1)/W         T + 2.5 P
-hybrid_shard       (1 + f) P / L  (+ P / L)         A                     T + 4 P
-rotate             (1 + f) (Pr / W + P - Pr)  (+ ..)  A                   T + 2 Pr / W  (the
-                                                                          weights arriving, this
-                                                                          rank's gradient
-                                                                          contribution; the
-                                                                          accumulator becomes
-                                                                          the gradient)
-split:k            (1 + f) (Pl / W + P - Pl)  (+ ..)  A                   T + 3 Pl / k  (one
-                                                                          slice, its gradient,
-                                                                          padding)
-=================  ===============================  ====================  ====================
+=================  ====================================  ====================  ===============
+strategy           resident (+ gradients)                live                  transient
+=================  ====================================  ====================  ===============
+no_shard           P + f G  (+ G)                        A                     T + min(G, B)
+shard_optim        P + f G / W  (+ G)                    A                     T + min(G, B)
+full_shard         (P + f G) / W  (+ G / W)              A                     T + 2 P + 2 G
+                                                                               (in backward:
+                                                                               the gathered
+                                                                               weights and the
+                                                                               previous unit's
+                                                                               in flight, the
+                                                                               unsharded
+                                                                               gradient and the
+                                                                               reduce-scatter
+                                                                               input)
+shard_grad_op      (P + f G) / W  (+ G / W)              A + P (W-1)/W         T + P + 1.5 G
+hybrid_shard       (P + f G) / L  (+ G / L)              A                     T + 2 P + 2 G
+rotate             (Pr + f Gr) / W + (P - Pr) + f (G -   A                     T + (Pr + Gr) / W
+                   Gr)  (+ Gr / W + G - Gr)                                    (the weights
+                                                                               arriving, this
+                                                                               rank's gradient
+                                                                               contribution)
+split:k            as rotate with Pl, Gl                 A                     T + (2 Pl + Gl)
+                                                                               / k (one slice,
+                                                                               padding, its
+                                                                               gradient)
+=================  ====================================  ====================  ===============
 
 These coefficients were fitted to torch's MemTracker on this backend: a Llama's layers under
 each strategy, the rest replicated, one AdamW step on 4 ranks (benchmarks/bench_plans.py checks
@@ -49,12 +55,12 @@ added from its fit). For a :class:`~torch_rsdp.plan.Cluster` it is modelled: pla
 (measured) + communication, all of it counted as exposed, each collective priced by its fit
 ``latency + bytes / bandwidth`` at its level:
 
-* no_shard: all-reduce(P); shard_optim: all-reduce(P) + W broadcasts of P/W;
-* full_shard: 2 all-gathers(P) + reduce-scatter(P); shard_grad_op: 1 all-gather + 1 reduce-scatter;
-* hybrid_shard: the same inside the node, plus all-reduce(P / L) along the rail;
-* rotate: 3 (W - 1) ring shifts of Pr / W (forward; backward weights and gradients) and an
-  all-reduce of what stays replicated;
-* split:k: 2k all-gathers and k reduce-scatters of Pl / k, and an all-reduce of the rest.
+* no_shard: all-reduce(G); shard_optim: all-reduce(G) + W broadcasts of G/W;
+* full_shard: 2 all-gathers(P) + reduce-scatter(G); shard_grad_op: 1 all-gather + 1 reduce-scatter;
+* hybrid_shard: the same inside the node, plus all-reduce(G / L) along the rail;
+* rotate: 2 (W - 1) ring shifts of Pr / W (forward; backward's weights), (W - 1) of Gr / W (the
+  gradients) and an all-reduce of what stays replicated and trains;
+* split:k: 2k all-gathers of Pl / k, k reduce-scatters of Gl / k, and an all-reduce of the rest.
 
 Compression (``full_shard+int8`` and the like, :mod:`.._compression`; candidates only with
 ``plan.auto(allow_compression=True)`` and more than one node) changes only what crosses

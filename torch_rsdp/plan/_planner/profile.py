@@ -108,7 +108,8 @@ def profile_key(model: nn.Module, example_inputs, units, optimizer: str,
     for name, mod in model.named_modules():
         h.update(f"{name}:{type(mod).__qualname__};".encode())
     for name, p in model.named_parameters(remove_duplicate=False):
-        h.update(f"{name}:{tuple(p.shape)}:{p.dtype};".encode())
+        # a frozen parameter changes backward's time and memory, and the cost model's terms
+        h.update(f"{name}:{tuple(p.shape)}:{p.dtype}:{p.requires_grad};".encode())
     h.update(repr((_shapes(example_inputs), units, optimizer, world, nodes, 5)).encode())
     return h.hexdigest()[:24]
 

@@ -61,7 +61,7 @@ class _FSDP(StrategyHandler):
         # a rail moves a node's share P / L of the unit (the rest stays in the node)
         rail = u.param_bytes / links.local
         return ([("all_gather", rail, "weights")] * self.gathers
-                + [("reduce_scatter", rail, "grads")])
+                + [("reduce_scatter", u.trainable / links.local, "grads")])
 
     def feedback_bytes(self, u, links):
         # FeedbackReduceScatter: one float32 region of the output (P / W) per node
@@ -89,11 +89,11 @@ class FullShard(_FSDP):
     kind = "full_shard"
 
     def cost(self, u, links, f, bucket) -> Cost:
-        P, W, t = u.param_bytes, links.world, links.t
-        return Cost(state=(1 + f) * P / W, grads=P / W, live=u.act_bytes,
-                    transient=u.temp_bytes + 4 * P,
-                    comm_s=2 * t("all_gather", P) + t("reduce_scatter", P), stepped=P / W,
-                    accumulation_bytes=P)
+        P, G, W, t = u.param_bytes, u.trainable, links.world, links.t
+        return Cost(state=(P + f * G) / W, grads=G / W, live=u.act_bytes,
+                    transient=u.temp_bytes + 2 * P + 2 * G,
+                    comm_s=2 * t("all_gather", P) + t("reduce_scatter", G), stepped=G / W,
+                    accumulation_bytes=G)
 
 
 @register
@@ -103,11 +103,11 @@ class ShardGradOp(_FSDP):
     gathers = 1
 
     def cost(self, u, links, f, bucket) -> Cost:
-        P, W, t = u.param_bytes, links.world, links.t
-        return Cost(state=(1 + f) * P / W, grads=P / W, live=u.act_bytes + P * (W - 1) / W,
-                    transient=u.temp_bytes + 2.5 * P,
-                    comm_s=t("all_gather", P) + t("reduce_scatter", P), stepped=P / W,
-                    accumulation_bytes=P)
+        P, G, W, t = u.param_bytes, u.trainable, links.world, links.t
+        return Cost(state=(P + f * G) / W, grads=G / W, live=u.act_bytes + P * (W - 1) / W,
+                    transient=u.temp_bytes + P + 1.5 * G,
+                    comm_s=t("all_gather", P) + t("reduce_scatter", G), stepped=G / W,
+                    accumulation_bytes=G)
 
 
 @register
@@ -121,7 +121,7 @@ class HybridShard(_FSDP):
         return ctx.meshes.hybrid(compression)
 
     def cross_node(self, u, links):
-        return [("all_reduce", u.param_bytes / links.local, "grads")]
+        return [("all_reduce", u.trainable / links.local, "grads")]
 
     def feedback_bytes(self, u, links):
         return 0.0
@@ -130,12 +130,12 @@ class HybridShard(_FSDP):
         return u.param_bytes > 0 and links.nodes > 1
 
     def cost(self, u, links, f, bucket) -> Cost:
-        P, L, t = u.param_bytes, links.local, links.t
-        return Cost(state=(1 + f) * P / L, grads=P / L, live=u.act_bytes,
-                    transient=u.temp_bytes + 4 * P,
-                    comm_s=(2 * t("all_gather", P, "intra") + t("reduce_scatter", P, "intra")
-                            + t("all_reduce", P / L, "inter")),
-                    stepped=P / L, accumulation_bytes=P)
+        P, G, L, t = u.param_bytes, u.trainable, links.local, links.t
+        return Cost(state=(P + f * G) / L, grads=G / L, live=u.act_bytes,
+                    transient=u.temp_bytes + 2 * P + 2 * G,
+                    comm_s=(2 * t("all_gather", P, "intra") + t("reduce_scatter", G, "intra")
+                            + t("all_reduce", G / L, "inter")),
+                    stepped=G / L, accumulation_bytes=G)
 
     def fallback(self, links) -> str:
         return "full_shard" if links.nodes == 1 else "no_shard"

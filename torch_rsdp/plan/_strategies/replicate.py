@@ -32,17 +32,17 @@ class NoShard(StrategyHandler):
         return True  # also a unit without parameters
 
     def cross_node(self, u, links):
-        return [("all_reduce", u.param_bytes / links.local, "grads")]
+        return [("all_reduce", u.trainable / links.local, "grads")]
 
     def feedback_bytes(self, u, links):
         # FeedbackAllReduce: the reduce-scatter's (nodes x P / W) and the owner's (P / W)
         return 4 * u.numel / links.world * (links.nodes + 1)
 
     def cost(self, u, links, f, bucket) -> Cost:
-        P = u.param_bytes
-        return Cost(state=(1 + f) * P, grads=P, live=u.act_bytes,
-                    transient=u.temp_bytes + min(P, bucket),
-                    comm_s=links.t("all_reduce", P), stepped=P)
+        P, G = u.param_bytes, u.trainable
+        return Cost(state=P + f * G, grads=G, live=u.act_bytes,
+                    transient=u.temp_bytes + min(G, bucket),
+                    comm_s=links.t("all_reduce", G), stepped=G)
 
 
 @register
@@ -58,9 +58,9 @@ class ShardOptim(NoShard):
         return u.param_bytes > 0
 
     def cost(self, u, links, f, bucket) -> Cost:
-        P, W = u.param_bytes, links.world
-        broadcast = links.t("broadcast", P / W) * W if W > 1 else 0.0  # owners after the step
-        return Cost(state=P + f * P / W, grads=P, live=u.act_bytes,
-                    transient=u.temp_bytes + min(P, bucket),
-                    comm_s=links.t("all_reduce", P) + W * links.t("broadcast", P / W),
-                    stepped=P / W, after_step_comm_s=broadcast, step_bytes=P / W)
+        P, G, W = u.param_bytes, u.trainable, links.world
+        broadcast = links.t("broadcast", G / W) * W if W > 1 else 0.0  # owners after the step
+        return Cost(state=P + f * G / W, grads=G, live=u.act_bytes,
+                    transient=u.temp_bytes + min(G, bucket),
+                    comm_s=links.t("all_reduce", G) + W * links.t("broadcast", G / W),
+                    stepped=G / W, after_step_comm_s=broadcast, step_bytes=G / W)

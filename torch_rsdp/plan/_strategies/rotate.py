@@ -89,7 +89,7 @@ class Rotate(StrategyHandler):
         # rotations (W-1 hops each) and the gradient accumulators' W-1 hops.
         hop, W = u.rotate_bytes / links.world, links.world
         return ([("ring_shift", hop, "weights")] * (2 * (W - 1))
-                + [("ring_shift", hop, "grads")] * (W - 1))
+                + [("ring_shift", u.trainable_rotate / W, "grads")] * (W - 1))
 
     def feedback_bytes(self, u, links):
         # RingFeedback: a float32 shard per gradient hop, (W-1)/W of the rotating parameters,
@@ -103,10 +103,11 @@ class Rotate(StrategyHandler):
         return u.param_bytes > 0 and u.rotate_bytes > 0
 
     def cost(self, u, links, f, bucket) -> Cost:
-        P, W, pr = u.param_bytes, links.world, u.rotate_bytes
-        rest = P - pr
-        return Cost(state=(1 + f) * (pr / W + rest), grads=pr / W + rest, live=u.act_bytes,
-                    transient=u.temp_bytes + 2 * pr / W,
-                    comm_s=3 * (W - 1) * links.t("ring_shift", pr / W)
-                    + links.t("all_reduce", rest),
-                    stepped=pr / W + rest)
+        P, W, pr, gr = u.param_bytes, links.world, u.rotate_bytes, u.trainable_rotate
+        rest, grest = P - pr, u.trainable - gr
+        t = links.t
+        return Cost(state=(pr + f * gr) / W + rest + f * grest, grads=gr / W + grest,
+                    live=u.act_bytes, transient=u.temp_bytes + (pr + gr) / W,
+                    comm_s=(W - 1) * (2 * t("ring_shift", pr / W) + t("ring_shift", gr / W))
+                    + t("all_reduce", grest),
+                    stepped=gr / W + grest)

@@ -90,10 +90,10 @@ class Split(StrategyHandler):
 
     def cost(self, u, links, f, bucket) -> Cost:
         P, W, k, t = u.param_bytes, links.world, self.strategy.k, links.t
-        pl = u.linear_bytes
-        rest = P - pl
-        return Cost(state=(1 + f) * (pl / W + rest), grads=pl / W + rest, live=u.act_bytes,
-                    transient=u.temp_bytes + 3 * pl / k,
-                    comm_s=(k * (2 * t("all_gather", pl / k) + t("reduce_scatter", pl / k))
-                            + t("all_reduce", rest)),
-                    stepped=pl / W + rest, accumulation_bytes=pl)
+        pl, gl = u.linear_bytes, u.trainable_linear
+        rest, grest = P - pl, u.trainable - gl
+        return Cost(state=(pl + f * gl) / W + rest + f * grest, grads=gl / W + grest,
+                    live=u.act_bytes, transient=u.temp_bytes + (2 * pl + gl) / k,
+                    comm_s=(k * (2 * t("all_gather", pl / k) + t("reduce_scatter", gl / k))
+                            + t("all_reduce", grest)),
+                    stepped=gl / W + grest, accumulation_bytes=gl)
