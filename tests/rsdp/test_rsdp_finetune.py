@@ -18,7 +18,8 @@ Families, each against the same model built whole in one process (fp32, atol/rto
   forward;
 * lora: peft LoRA on every projection, then ``rsdp.shard``: the adapters stay whole (reason
   "adapter"), ``report()`` counts trainable and frozen elements apart, three AdamW steps on the DDP loss give the adapters of one process, the frozen
-  base's shards never hold a gradient;
+  base's shards never hold a gradient; peft's ``merge_and_unload`` then gives the merged
+  model of one process, and its ``full_state_dict`` loads into the plain architecture;
 * lora_plans: the same under every strategy of ``torch_rsdp.plan`` (each alone on every
   block): the adapters equal one process's, the frozen base unchanged and without gradients;
 * lora_meta: the same model built on ``meta``, wrapped by peft, sharded, materialised and
@@ -26,6 +27,12 @@ Families, each against the same model built whole in one process (fp32, atol/rto
   adapters agree on every rank, it trains, and ``save_pretrained`` on rank 0 of
   ``rsdp.full_state_dict`` writes an adapter that ``PeftModel.from_pretrained`` loads onto the
   base for the same logits.
+* lora_units: LoRA inside rotation units (``tp_plan="auto"``, both ``unit_recompute``): the
+  units form, the adapters stay whole and train as one process's, merge_and_unload works;
+* checkpointing: Hugging Face's switch, ``checkpoint_wrapper`` and ``torch.utils.checkpoint``
+  over units with LoRA, per-layer layers trained whole and with LoRA, and two forwards then
+  one backward: the gradients of the run without checkpointing, at most 1.02x its bytes
+  (``comm_stats``), and no output kept for a recompute left after backward.
 
 One launch per world size (2, 3) runs every family; one more runs the adapter families over
 gloo at 2 ranks. Needs ``transformers`` and ``peft``
@@ -162,6 +169,23 @@ def _train_adapters(model, r, W, reference, steps=3):
         opt.zero_grad()
 
 
+def _check_merge(model, ref, kind, r, what):
+    """peft's ``merge_and_unload`` on the sharded model: the merged model computes the
+    reference's merged logits, and its whole state dict loads into the plain architecture."""
+    import torch.distributed as dist
+
+    import torch_rsdp.rsdp as rsdp
+
+    merged = model.merge_and_unload()
+    want = copy.deepcopy(ref).merge_and_unload()
+    _close(_loss(merged, r)[1], _loss(want, r)[1], f"{what}: logits after merge_and_unload")
+    whole = rsdp.full_state_dict(merged)  # collective
+    if dist.get_rank() == 0:
+        plain = _make(kind)
+        plain.load_state_dict(whole)
+        _close(_loss(plain, r)[1], _loss(want, r)[1], f"{what}: merged state dict")
+
+
 def fam_lora(ctx, rec, paths):
     import torch_rsdp.rsdp as rsdp
 
@@ -186,6 +210,8 @@ def fam_lora(ctx, rec, paths):
                 _close(_loc(p).detach(), ref_params[key].detach(), f"adapter {key}")
             else:
                 assert p.grad is None, f"the frozen {key} holds a gradient"
+    with rec.case("merge_and_unload"):
+        _check_merge(model, ref, "llama", r, "per layer")
 
 
 def fam_lora_plans(ctx, rec, paths):
@@ -273,6 +299,8 @@ def fam_lora_units(ctx, rec, paths):
                     _close(_loc(p).detach(), ref_params[key].detach(), f"adapter {key}")
                 else:
                     assert p.grad is None, f"the frozen {key} holds a gradient"
+            # the base layers move in the tree; the units keep their shards
+            _check_merge(model, ref, "llama_u", r, f"unit_recompute={recompute}")
 
 
 class _Checkpointed(torch.nn.Module):

@@ -32,8 +32,11 @@ def sharded_owner(model: nn.Module, key: str) -> Optional[Tuple[ShardState, str]
     """(ShardState, local name) when ``key`` names a sharded parameter, else None.
 
     The state may sit on an ancestor of the parameter's module (an attention module owns its
-    ``out_proj.weight``), so every split of ``key`` into module path and name is tried."""
+    ``out_proj.weight``), so every split of ``key`` into module path and name is tried. A
+    parameter whose module moved since sharding (peft's ``merge_and_unload`` puts a LoRA
+    layer's base layer in its place inside a rotation unit) is found by identity."""
     parts = key.split(".")
+    param = None
     for cut in range(len(parts) - 1, -1, -1):
         mod_name, pname = ".".join(parts[:cut]), ".".join(parts[cut:])
         try:
@@ -41,8 +44,18 @@ def sharded_owner(model: nn.Module, key: str) -> Optional[Tuple[ShardState, str]
         except AttributeError:
             continue
         st = getattr(mod, "_rsdp", None)
-        if isinstance(st, ShardState) and pname in st.names:
+        if not isinstance(st, ShardState):
+            continue
+        if pname in st.names:
             return st, pname
+        if param is None:
+            try:
+                param = model.get_parameter(key)
+            except AttributeError:
+                return None  # a buffer
+        for name in st.names:
+            if st.param(name) is param:
+                return st, name
     return None
 
 

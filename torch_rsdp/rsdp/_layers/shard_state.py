@@ -103,8 +103,12 @@ class ShardState:
 
     # ----------------------------------------------------------------------------------------
     def param(self, name: str) -> nn.Parameter:
-        owner, attr = owner_of(self.module_ref, name)
-        return getattr(owner, attr)
+        # through the owners resolved once: a module moved in the tree (peft's
+        # merge_and_unload puts a LoRA layer's base layer in its place) still holds it
+        for n, owner, attr in self._owners():
+            if n == name:
+                return getattr(owner, attr)
+        raise KeyError(name)
 
     def assemble(self, name: str, shards: list) -> torch.Tensor:
         """The full parameter ``name`` from every rank's shard of it (in rank order)."""
