@@ -99,8 +99,8 @@ def fam_auto(ctx, rec):
         # under LoRA) hold no gradient or optimizer state, so the smallest budget drops, and
         # the frozen model plans within a budget the fully trained one cannot meet
         frozen = pc.make_llama()
-        for name, p in frozen.named_parameters():
-            p.requires_grad_(".layers." not in f".{name}")
+        for name, param in frozen.named_parameters():
+            param.requires_grad_(".layers." not in f".{name}")
         try:
             auto(frozen, _inputs(r), memory_budget=1024)
         except plan.BudgetError as e:

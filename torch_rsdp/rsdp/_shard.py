@@ -106,12 +106,17 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
             or a dict of name pattern -> ``"colwise"`` / ``"rowwise"`` (torch's
             ``parallelize_module`` vocabulary). Column-split layers and the row-split layer
             they feed, under one parent (an attention block, an MLP), become one rotation
-            unit: their shards travel in one buffer (:mod:`._units.rotation_unit`). With a
-            dict, a pairing that cannot form a unit raises.
+            unit: their shards travel in one buffer (:mod:`._units.rotation_unit`); peft's
+            LoRA layers pair up like the layers they wrap, their adapters whole
+            (:mod:`._units.unit_adapters`). With a dict, a pairing that cannot form a unit
+            raises.
         unit_recompute: with True, units recompute their forward in backward and keep only
             their inputs (activation checkpointing built into the unit: less memory, one more
             forward of every unit); by default they keep their activations from forward, as
             much activation memory as the unsharded model and FSDP2 (never their weights).
+            torch's activation checkpointing (Hugging Face's switch, ``checkpoint_wrapper``)
+            works either way and rotates nothing again ([Note: checkpointing without a second
+            rotation] in :mod:`._rotation.outer_checkpoint`).
         sync_replicated: average the gradients of the parameters left whole during every
             backward (default); with False the caller does it (``torch_rsdp.plan`` syncs
             them with its other replicated parameters).
