@@ -3,6 +3,8 @@ shards, built on ``meta`` and loaded shard by shard.
 
     python examples/finetune_chess.py --nproc 2 --steps 150 --save-pretrained /tmp/chess-hf
     torchrun --nproc_per_node 2 examples/hf_trainer_lora.py --pretrained /tmp/chess-hf
+    torchrun --nproc_per_node 2 examples/hf_trainer_lora.py --pretrained /tmp/chess-hf \
+        --gradient-checkpointing
 
 The recipe of docs/finetuning.md with the Trainer on top: the model is built on ``meta``,
 wrapped by peft, sharded by ``rsdp.shard``, allocated by ``to_empty`` and loaded by
@@ -37,6 +39,8 @@ def main() -> None:
     ap.add_argument("--pretrained", required=True, help="a save_pretrained directory")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--lora-r", type=int, default=8)
+    ap.add_argument("--gradient-checkpointing", action="store_true",
+                    help="the Trainer's activation checkpointing (RSDP rotates nothing again)")
     ap.add_argument("--out", default="examples/results/hf_trainer_lora")
     args = ap.parse_args()
 
@@ -56,7 +60,8 @@ def main() -> None:
     training = tf.TrainingArguments(
         output_dir=args.out, per_device_train_batch_size=16, max_steps=args.steps,
         learning_rate=3e-3, warmup_steps=5, logging_steps=20, save_strategy="no",
-        report_to=[], use_cpu=True, seed=0, disable_tqdm=True)
+        report_to=[], use_cpu=True, seed=0, disable_tqdm=True,
+        gradient_checkpointing=args.gradient_checkpointing)
     trainer = tf.Trainer(model=model, args=training,
                          train_dataset=Games(data, args.steps * 16 * dist.get_world_size()))
     trainer.train()
