@@ -5,8 +5,10 @@ torch's non-reentrant ``checkpoint`` (which Hugging Face's ``gradient_checkpoint
 and ``checkpoint_wrapper`` use) keeps none of a region's activations and, when backward first
 needs one, runs the region's forward again. Every sharded module in the region would rotate
 all of its shards a second time just to produce the output the first forward had already
-computed, where FSDP2 recomputes with the layer its backward gathers anyway. So a sharded
-module computing under a checkpoint keeps its *output* (one ``tokens x features`` tensor per
+computed, where FSDP2 recomputes with the layer its backward gathers anyway. So a rotation
+unit or a sharded Linear / Conv1D (the modules a transformer block's checkpoint holds; a
+sharded embedding or ``nn.MultiheadAttention`` inside one still rotates again) computing
+under a checkpoint keeps its *output* (one ``tokens x features`` tensor per
 call: a rotation unit's is the size of the block's input) beside the checkpoint's kept inputs,
 and when the same call runs again in the recompute it returns that output instead of
 rotating; its own backward then rotates the shards once, as without checkpointing (a
