@@ -16,7 +16,7 @@
 #   3. the same fine-tuning where the weights dominate memory (--preset weights: a wider
 #      Llama, 15.7 M parameters, 2 games per rank) with RSDP, FSDP2 and DDP: RSDP's peak
 #      memory per rank is well below both; table, JSON and plots in examples/results/weights/;
-#   4. the collective benchmark up to 1 MiB, 2 ranks, rsdp (plain and communication-memory
+#   4. the collective benchmark up to 512 KiB, 2 ranks, rsdp (plain and communication-memory
 #      buffers) vs gloo, with Open MPI and Intel oneCCL as references (each left out with a note where it
 #      cannot run), one round (table, JSON, PNG in benchmarks/results/;
 #      --rounds 2-3 in benchmarks/bench_collectives.py when the machine is busy).
@@ -45,5 +45,5 @@ python3 examples/finetune_lora.py --pretrained examples/results/pretrained --npr
 python3 examples/finetune_chess.py --compare --preset weights --nproc "$NPROC" \
   --out examples/results/weights
 python3 benchmarks/bench_collectives.py --backends rsdp,rsdp:pool,gloo --peers mpi,oneccl --world-size 2 \
-  --dtypes float32 --max-bytes 1M
+  --dtypes float32 --max-bytes 512K
 echo "main job: $(( $(date +%s) - start )) s after set-up"
