@@ -301,6 +301,15 @@ def fam_lora_units(ctx, rec, paths):
                     assert p.grad is None, f"the frozen {key} holds a gradient"
             # the base layers move in the tree; the units keep their shards
             _check_merge(model, ref, "llama_u", r, f"unit_recompute={recompute}")
+    with rec.case("DoRA refused by name"):
+        from peft import LoraConfig, get_peft_model
+
+        dora = get_peft_model(_make("llama_u"), LoraConfig(r=4, target_modules=LORA_TARGETS,
+                                                           use_dora=True))
+        st = rsdp.rsdp_state(rsdp.shard(dora, tp_plan="auto"))
+        why = st.not_units["base_model.model.model.layers.0.self_attn"]
+        assert "q_proj is a peft layer the unit cannot split" in why and "Dora" in why, why
+        assert "not rotation units" in st.report()
 
 
 class _Checkpointed(torch.nn.Module):

@@ -16,6 +16,7 @@ import torch.nn as nn
 from ._layers.sharded_attention import can_shard_attention
 from .._utils import is_conv1d
 from ._layers.sharded_embedding import can_shard_embedding
+from ._units.unit_adapters import is_peft_layer
 
 __all__ = ["LeftWhole", "classify", "can_rotate", "left_whole", "report", "TOO_SMALL", "FILTERED",
            "NOT_DECOMPOSABLE", "ADAPTER", "is_adapter"]
@@ -81,7 +82,7 @@ def is_adapter(model: nn.Module, name: str) -> bool:
     parts = name.split(".")
     for cut in range(len(parts) - 1, 0, -1):
         parent = model.get_submodule(".".join(parts[:cut]))
-        if any(c.__name__ == "BaseTunerLayer" for c in type(parent).__mro__):
+        if is_peft_layer(parent):
             return parts[cut] != "base_layer"
     return False
 

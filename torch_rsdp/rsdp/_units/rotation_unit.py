@@ -48,8 +48,8 @@ from .._layers.shard_state import ShardState
 from .tp_plan import COL, ROW
 from .unit_adapters import attach_adapters
 from .unit_call import (CACHE_KWARGS, Call, WeightRefs, add_grads, check_graph_kept, fill_caches,
-                        is_cache, own_replicas, replica_grads, rng_state, run_part,
-                        set_rng_state, stub)
+                        is_cache, own_replicas, replica_grads, replica_returns, rng_state,
+                        run_part, set_rng_state, stub)
 from .unit_block import member_forward
 from .unit_layers import by_layers, layer_forward, layers_forward, make_layer_views
 from .unit_whole import WholeUnitFn, computes_whole
@@ -273,10 +273,8 @@ class _UnitFn(torch.autograd.Function):
         del acc
         gins = [g.to(dt) if g is not None else None
                 for g, (dt, _, _) in zip(grads_in, ctx.in_meta)]
-        grads_x = iter(grads_x)
         return (None, None, *gins, *[grads.get(n) for n in names],
-                *[next(grads_x) if w else None
-                  for w in ctx.needs_input_grad[2 + n_in + len(names):]])
+                *replica_returns(ctx, 2 + n_in + len(names), grads_x))
 
 
 @torch.compiler.disable  # [Note: ring steps under torch.compile] in .ring_order

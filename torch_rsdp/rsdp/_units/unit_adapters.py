@@ -50,7 +50,8 @@ def _adapter_problem(m: nn.Module, style: str) -> Optional[str]:
     if getattr(m, "merged", False):
         return "its adapters are merged into the base layer"
     if getattr(m, "lora_variant", None):
-        return f"it uses a LoRA variant ({', '.join(sorted(m.lora_variant))})"
+        kinds = sorted({type(v).__name__ for v in m.lora_variant.values()})
+        return f"it uses a LoRA variant ({', '.join(kinds)})"
     for name in ("lora_embedding_A", "lora_embedding_B"):
         if len(getattr(m, name, {})):
             return "it has embedding adapters"

@@ -39,8 +39,8 @@ import torch.nn as nn
 
 from .._layers.block_gather import SmallLayers, _WholeLinear, group_by_block, open_pass
 from .._rotation.ring_order import Ring
-from .unit_call import Call, replica_grads
-from .unit_whole import call_whole, grads_whole, replica_returns, small_at
+from .unit_call import Call, replica_grads, replica_returns
+from .unit_whole import call_whole, grads_whole, small_at
 
 __all__ = ["UnitBlock", "make_unit_blocks", "member_forward"]
 

@@ -18,7 +18,7 @@ from .unit_adapters import set_cut
 
 __all__ = ["CACHE_KWARGS", "is_cache", "Call", "CacheShard", "fill_caches", "run_part",
            "rng_state", "set_rng_state", "stub", "WeightRefs", "check_graph_kept",
-           "own_replicas", "replica_grads", "add_grads"]
+           "own_replicas", "replica_grads", "replica_returns", "add_grads"]
 
 # The KV cache's keyword in Hugging Face attention forwards (it was renamed twice); any other
 # keyword whose value is a cache (``is_cache``) is taken too: a cache passed on to every
@@ -210,6 +210,13 @@ def replica_grads(ctx, first: int) -> list:
     """The unit's own replicas whose gradients backward must compute (the function's inputs
     from index ``first`` on are ``ctx.call.extras``)."""
     return [p for p, w in zip(ctx.call.extras, ctx.needs_input_grad[first:]) if w]
+
+
+def replica_returns(ctx, first: int, gxs) -> list:
+    """The backward's returns for the function's inputs from ``first`` on (the unit's own
+    replicas): their gradients where they need one, else None."""
+    gxs = iter(gxs)
+    return [next(gxs) if w else None for w in ctx.needs_input_grad[first:]]
 
 
 def add_grads(acc: list, got) -> None:

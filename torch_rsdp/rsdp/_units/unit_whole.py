@@ -45,10 +45,9 @@ from .._rotation.outer_checkpoint import drop_output, keep_output, take_output
 from .._rotation.rotation import counter_rotate, rotate
 from .._layers.shard_state import ShardState
 from .unit_call import (Call, WeightRefs, check_graph_kept, fill_caches, replica_grads,
-                        rng_state, run_part, set_rng_state, stub)
+                        replica_returns, rng_state, run_part, set_rng_state, stub)
 
-__all__ = ["MODE", "computes_whole", "small_at", "call_whole", "grads_whole", "replica_returns",
-           "WholeUnitFn"]
+__all__ = ["MODE", "computes_whole", "small_at", "call_whole", "grads_whole", "WholeUnitFn"]
 
 #: ``"auto"``: units no larger than their activations compute whole; ``"never"``: every unit
 #: rotates shard by shard (for comparison); ``"always"``: every unit computes whole on CPU
@@ -184,13 +183,6 @@ def grads_whole(ctx, dy, whole: Dict[str, torch.Tensor], buffers: dict, need_in,
             g = torch.zeros(shape, dtype=dt, device=dev)
         gins.append(g.to(dt) if g is not None else None)
     return gins, (got[:len(wl)] if need_w else None), got[len(wl):]
-
-
-def replica_returns(ctx, first: int, gxs) -> list:
-    """The backward's returns for the function's inputs from ``first`` on (the unit's own
-    replicas): their gradients where they need one, else None."""
-    gxs = iter(gxs)
-    return [next(gxs) if w else None for w in ctx.needs_input_grad[first:]]
 
 
 class WholeUnitFn(torch.autograd.Function):
