@@ -63,6 +63,7 @@ from torch.utils._pytree import tree_flatten
 
 from ._dtensor_params import local, local_grad, set_grad
 from ._compression import FeedbackAllReduce
+from ._host_staging import collective_device
 
 __all__ = ["GradSync", "pack_buckets", "DEFAULT_BUCKET_BYTES"]
 
@@ -208,20 +209,22 @@ class GradSync:
         and only one parameter's is ever held twice."""
         if b.flat is None:
             n = sum(q.numel() for q in b.params)
-            b.flat = torch.zeros(n + len(b.params), dtype=b.dtype, device=p.device)
+            b.flat = torch.zeros(n + len(b.params), dtype=b.dtype,
+                                 device=collective_device(self.group, p.device))
         i = b.index[id(p)]
         off = b.offsets[i]
         dst = b.flat[off:off + p.numel()]
         g = local_grad(p)
         dst.copy_(g.reshape(-1))
         b.flat[b.flat.numel() - len(b.params) + i] = 1
-        if g.dtype == b.dtype:
+        if g.dtype == b.dtype and g.device == dst.device:
             set_grad(p, dst.view(g.shape))
 
     def _launch(self, b: _Bucket) -> None:
         if b.flat is None:  # no parameter of the bucket had a gradient on this rank
             n = sum(q.numel() for q in b.params)
-            b.flat = torch.zeros(n + len(b.params), dtype=b.dtype, device=b.params[0].device)
+            b.flat = torch.zeros(n + len(b.params), dtype=b.dtype,
+                                 device=collective_device(self.group, b.params[0].device))
         if self.world == 1:
             return
         with record_function("RSDP::plan::grad_all_reduce"):
@@ -267,6 +270,7 @@ class GradSync:
             g = b.flat[off:off + p.numel()].view(local(p).shape)
             if b.flat[n + i] == 0:
                 p.grad = None  # no rank had a gradient: the optimizer skips it
-            elif p.grad is None or local_grad(p).data_ptr() != g.data_ptr():
-                set_grad(p, g if g.dtype == p.dtype else g.to(p.dtype))
+            elif (p.grad is None or local_grad(p).device != g.device
+                  or local_grad(p).data_ptr() != g.data_ptr()):
+                set_grad(p, g.to(dtype=p.dtype, device=local(p).device))
             off += p.numel()

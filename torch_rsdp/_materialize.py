@@ -45,6 +45,7 @@ import torch.nn as nn
 from torch.distributed.tensor import DTensor, Replicate
 
 from ._dtensor_params import dtensor_param, local, mesh_of_group
+from ._host_staging import broadcast_coalesced
 from ._utils import group_rank0
 
 __all__ = ["allocates", "materialize", "init_non_persistent_buffers", "has_meta", "refuse_forward_on_meta"]
@@ -169,7 +170,7 @@ def sync_replicas_before_first_forward(model: nn.Module, group) -> None:
         tensors = [local(t).detach() for t in _replicas(module)]
         if tensors and dist.get_world_size(group) > 1:
             with torch.no_grad():
-                dist._broadcast_coalesced(group, tensors, 250 << 20, group_rank0(group))
+                broadcast_coalesced(group, tensors, 250 << 20, group_rank0(group))
 
     handle = model.register_forward_pre_hook(sync)
 

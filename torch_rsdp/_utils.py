@@ -9,7 +9,8 @@ from typing import Dict, List, Optional, Tuple
 
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.utils import _sync_module_states
+
+from ._host_staging import broadcast_coalesced
 
 __all__ = ["chunk_sizes", "chunk_starts", "group_rank0", "is_conv1d", "swap_class", "broadcast_module_states",
            "all_gather_tensor", "reduce_scatter_tensor"]
@@ -78,4 +79,5 @@ def broadcast_module_states(model: nn.Module, group: Optional[dist.ProcessGroup]
     construction), in coalesced broadcasts of up to 250 MiB. Collective."""
     if dist.get_world_size(group) == 1:
         return
-    _sync_module_states(model, group or dist.group.WORLD, 250 << 20, group_rank0(group), set())
+    tensors = [t.detach() for t in list(model.parameters()) + list(model.buffers())]
+    broadcast_coalesced(group, tensors, 250 << 20, group_rank0(group))

@@ -34,6 +34,9 @@ def _config(kind):
         cls = tf.LlamaForCausalLM if kind == "llama_u" else tf.Qwen2ForCausalLM
         cfg = tf.LlamaConfig if kind == "llama_u" else tf.Qwen2Config
         return cls, cfg(tie_word_embeddings=kind == "llama_u", **common)
+    if kind == "wide":  # weights outweigh a small batch's activations, as in fine-tuning
+        common.update(vocab_size=1000, hidden_size=256, intermediate_size=512)
+        return tf.LlamaForCausalLM, tf.LlamaConfig(tie_word_embeddings=False, **common)
     if kind in ("llama", "llama_tied"):
         return tf.LlamaForCausalLM, tf.LlamaConfig(tie_word_embeddings=kind == "llama_tied",
                                                    **common)

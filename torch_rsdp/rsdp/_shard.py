@@ -47,7 +47,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 from .. import _checkpoint_hooks
 from .._apply_guard import guard_apply
@@ -84,7 +84,8 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
           mp_policy: Optional[MixedPrecisionPolicy] = None,
           sync_module_states: bool = True, tp_plan=None,
           unit_recompute: bool = False, sync_replicated: bool = True,
-          checkpoint_hooks: bool = True) -> nn.Module:
+          checkpoint_hooks: bool = True,
+          offload_policy: Optional[OffloadPolicy] = None) -> nn.Module:
     """Shards ``model`` over ``group`` (default: world) in place and returns it. Collective.
 
     Args:
@@ -123,8 +124,14 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
         checkpoint_hooks: hook ``model.state_dict()`` and any optimizer's (copies, loads of
             whole tensors, a clear error for a shard a checkpoint cannot describe; default);
             ``torch_rsdp.plan`` installs its own for the whole model.
+        offload_policy: FSDP2's ``CPUOffloadPolicy`` keeps every shard, its gradient and so
+            its optimizer state in host memory (pinned with ``pin_memory`` when the model
+            computes on CUDA); the ring rotates host buffers and only the shard in hand is
+            copied to the device the layer computes on ([Note: shards offloaded to host
+            memory] in :mod:`._rotation.device_copies`). What stays whole stays where the
+            model is. ``OffloadPolicy()`` (the default) offloads nothing.
     """
-    _check_arguments(model, linear_split, tp_plan, mp_policy)
+    _check_arguments(model, linear_split, tp_plan, mp_policy, offload_policy)
     # Collective, on every rank in this order; the broadcast needs the model still whole
     ring = Ring(group)
     if sync_module_states:
@@ -136,6 +143,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     _shard_layers(s)
     _share_small_layers(s)
     _find_replicated(s)
+    _offload(s, offload_policy)
     _warn_undecomposable(s)
     if sync_replicated:
         _sync_replicated(s)
@@ -143,7 +151,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     return model
 
 
-def _check_arguments(model: nn.Module, linear_split, tp_plan, mp_policy) -> None:
+def _check_arguments(model: nn.Module, linear_split, tp_plan, mp_policy, offload_policy) -> None:
     """Raises for an argument :func:`shard` cannot use: on every rank alike, before any rank
     waits in a collective."""
     if getattr(model, "_rsdp_root", None) is not None:
@@ -157,6 +165,10 @@ def _check_arguments(model: nn.Module, linear_split, tp_plan, mp_policy) -> None
     if mp_policy is not None and not isinstance(mp_policy, MixedPrecisionPolicy):
         raise TypeError(f"torch_rsdp.rsdp.shard: mp_policy must be a torch.distributed.fsdp."
                         f"MixedPrecisionPolicy, got {type(mp_policy).__name__}")
+    if offload_policy is not None and not isinstance(offload_policy, OffloadPolicy):
+        raise TypeError(f"torch_rsdp.rsdp.shard: offload_policy must be a torch.distributed."
+                        f"fsdp.CPUOffloadPolicy or OffloadPolicy, got "
+                        f"{type(offload_policy).__name__}")
 
 
 @dataclass
@@ -347,6 +359,15 @@ def _warn_undecomposable(s: _Sharding) -> None:
         # stacklevel: called by shard() itself, so the warning names shard()'s caller
         warnings.warn(f"torch_rsdp.rsdp.shard: kept whole on every rank (no RSDP rule): "
                       f"{listed}{more}; see rsdp_state(model).report()", stacklevel=3)
+
+
+def _offload(s: _Sharding, policy: Optional[OffloadPolicy]) -> None:
+    """Every flat shard storage in host memory under a ``CPUOffloadPolicy``."""
+    if not isinstance(policy, CPUOffloadPolicy):
+        return
+    states = {id(m._rsdp): m._rsdp for m in s.sharded.values()}
+    for st in states.values():
+        st.offload(policy.pin_memory)
 
 
 def _sync_replicated(s: _Sharding) -> None:

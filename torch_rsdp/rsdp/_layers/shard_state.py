@@ -62,6 +62,9 @@ class ShardState:
                                   for n in self.names})
         ref = full[self.names[0]]
         self.flat = torch.zeros(self.layout.numel, dtype=ref.dtype, device=ref.device)
+        # [Note: shards offloaded to host memory] in .._rotation.device_copies
+        self.offloaded = False
+        self.pin_memory = False
         mesh = mesh_of_group(ring.group, ref.device.type)
         with torch.no_grad():
             for n in self.names:
@@ -90,9 +93,30 @@ class ShardState:
 
     def materialize(self, device: torch.device) -> None:
         """Allocates the flat storage of a module sharded on ``meta`` on ``device`` (zeros,
-        padding included) and makes every parameter a view of it again, each keeping its
-        Python identity (:mod:`torch_rsdp._materialize`)."""
-        self.flat = torch.zeros(self.layout.numel, dtype=self.flat.dtype, device=device)
+        padding included; host memory when offloaded) and makes every parameter a view of it
+        again, each keeping its Python identity (:mod:`torch_rsdp._materialize`)."""
+        self._place(self._host(device), copy=False)
+
+    def offload(self, pin_memory: bool) -> None:
+        """Keeps the flat storage in host memory from now on, moving it there if it is on a
+        device ([Note: shards offloaded to host memory] in :mod:`.._rotation.device_copies`);
+        ``pin_memory`` pins it when the model computes on CUDA."""
+        self.offloaded, self.pin_memory = True, pin_memory
+        if not self.flat.is_meta and self.flat.device.type != "cpu":
+            self._place(self._host(self.flat.device), copy=True)
+
+    def _host(self, device: torch.device) -> torch.device:
+        return torch.device("cpu") if self.offloaded else device
+
+    def _place(self, device: torch.device, copy: bool) -> None:
+        """A new flat storage on ``device`` (this one's values if ``copy``, else zeros), every
+        parameter made a view of it, keeping its identity."""
+        flat = torch.zeros(self.layout.numel, dtype=self.flat.dtype, device=device)
+        if copy:
+            flat.copy_(self.flat)
+        if self.pin_memory and torch.cuda.is_available():
+            flat = flat.pin_memory()
+        self.flat = flat
         mesh = mesh_of_group(self.ring.group, device.type)
         for n in self.names:
             p = self.param(n)

@@ -140,7 +140,8 @@ class _AttentionFn(torch.autograd.Function):
                 weights[:, geo.first[j]:geo.first[j] + geo.heads[j]] = probs
 
         with torch.no_grad():
-            rotate(st.ring, src, visit, direction=1, label="RSDP::attention_forward")
+            rotate(st.ring, src, visit, direction=1, label="RSDP::attention_forward",
+                   device=qc.device)
         st.release(src)
         del src, visit
         ctx.mod, ctx.geo, ctx.rng = mod, geo, rng
@@ -188,7 +189,8 @@ class _AttentionFn(torch.autograd.Function):
                     st.layout.view(out, n, j).copy_(st.layout.view(gbuf, n, j))
 
         acc = rotate_accumulate(st.ring, src, step, grad_dtype=st.grad_dtype,
-                                label="RSDP::attention_backward", feedback=st.feedback)
+                                label="RSDP::attention_backward", feedback=st.feedback,
+                                device=dy.device)
         st.release(src)
         del src
         grads = st.grads_from(acc) if need_w else {}

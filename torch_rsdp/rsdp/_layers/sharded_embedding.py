@@ -34,14 +34,15 @@ class _EmbeddingFn(torch.autograd.Function):
         starts = chunk_starts(mod.embedding_dim, ring.world)
         src = st.compute_flat()
         flat_idx = idx.reshape(-1)
-        y = src.new_empty(flat_idx.numel(), mod.embedding_dim)
+        y = torch.empty(flat_idx.numel(), mod.embedding_dim, dtype=src.dtype, device=idx.device)
 
         def visit(j, buf):
             if sizes[j]:
                 y[:, starts[j]:starts[j] + sizes[j]] = F.embedding(flat_idx,
                                                                    lay.view(buf, "weight", j))
 
-        rotate(ring, src, visit, direction=1, label="RSDP::embedding_forward")
+        rotate(ring, src, visit, direction=1, label="RSDP::embedding_forward",
+               device=idx.device)
         st.release(src)
         del src, visit
         ctx.mod = mod
@@ -73,7 +74,8 @@ class _EmbeddingFn(torch.autograd.Function):
                     g[mod.padding_idx].zero_()
 
         acc = counter_rotate(ring, st.local_flat(), contribute=contribute, grad_dtype=gdt,
-                             label="RSDP::embedding_backward", feedback=st.feedback)
+                             label="RSDP::embedding_backward", feedback=st.feedback,
+                             device=dy2.device)
         grads = st.grads_from(acc)
         return None, grads["weight"], None
 

@@ -69,9 +69,11 @@ NATIVE = True
 _GEOMETRY: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _native(st: ShardState, src: torch.Tensor, grad_dtype=None):
-    """The C++ extension if ``st``'s schedules can run natively on ``src``, else None."""
-    if not (NATIVE and st.ring.one_node and src.device.type == "cpu" and st.ring.fused(src)
+def _native(st: ShardState, src: torch.Tensor, device: torch.device, grad_dtype=None):
+    """The C++ extension if ``st``'s schedules can run natively on ``src`` for a layer
+    computing on ``device``, else None."""
+    if not (NATIVE and st.ring.one_node and src.device.type == "cpu" and device == src.device
+            and st.ring.fused(src)
             and (grad_dtype is None or grad_dtype == src.dtype)):
         return None
     return _C
@@ -160,7 +162,7 @@ class _LinearFn(torch.autograd.Function):
         fin, fout, split, tr = _geometry(mod)
         src = st.compute_flat()
         x2 = x.reshape(-1, fin).to(src.dtype)
-        C = _native(st, src)
+        C = _native(st, src, x2.device)
         if C is not None:
             W = ring.world
             whole = _whole(W, x2.shape[0], fin, fout)
@@ -199,7 +201,7 @@ class _LinearFn(torch.autograd.Function):
                 if sizes[j]:
                     y.addmm_(x2[:, starts[j]:starts[j] + sizes[j]], w_io(buf, j))
 
-        rotate(ring, src, visit, direction=1, label="RSDP::linear_forward")
+        rotate(ring, src, visit, direction=1, label="RSDP::linear_forward", device=x2.device)
         st.release(src)
         del src, visit
         ctx.mod = mod
@@ -221,7 +223,7 @@ class _LinearFn(torch.autograd.Function):
             return None, None, None, None
         src = st.compute_flat() if need_x else st.local_flat()
         dy2 = dy.reshape(-1, fout).to(x2.dtype)
-        C = _native(st, src, st.grad_dtype)
+        C = _native(st, src, dy2.device, st.grad_dtype)
         if C is not None:
             W = ring.world
             n, dt, dev = src.numel(), src.dtype, src.device
@@ -276,7 +278,7 @@ class _LinearFn(torch.autograd.Function):
         acc = counter_rotate(ring, src, visit=visit if need_x else None,
                              contribute=contribute if need_w else None,
                              grad_dtype=st.grad_dtype, label="RSDP::linear_backward",
-                             feedback=st.feedback)
+                             feedback=st.feedback, device=dy2.device)
         st.release(src)
         del src
         return _grads(ctx, st, acc, gx, dy, fin)

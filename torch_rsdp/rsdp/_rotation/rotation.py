@@ -23,6 +23,10 @@ Each ring's compute overlaps the other ring's communication (ops of one group ru
 order: w0, g1, w1, g2, ...; waiting for w_t lets the visit of t+1 overlap g_{t+1}, and the
 contribution for g_{t+2} overlaps w_{t+1}). Buffers: weight (1), accumulator (1, becomes the
 gradient) and contribution (1): at most two beyond the gradient itself.
+
+With ``device`` (the device the layer computes on) other than the shards' own, the shards
+live in host memory and only the one in hand is on the device: [Note: shards offloaded to
+host memory] in :mod:`.device_copies`.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ from typing import Callable, Optional
 
 import torch
 
+from .device_copies import DeviceCopies
 from .memory import alloc_buffer, release_buffers
 from .ring_feedback import RingFeedback
 from .ring_order import Pending, Ring
@@ -40,13 +45,14 @@ Visit = Callable[[int, torch.Tensor], None]
 
 
 def rotate(ring: Ring, src: torch.Tensor, visit: Visit, *, direction: int = 1,
-           label: str = "RSDP::rotate") -> None:
+           label: str = "RSDP::rotate", device: Optional[torch.device] = None) -> None:
     """Calls ``visit(j, shard_j)`` once for every group rank ``j``, own shard first.
 
     ``src`` is this rank's flat shard and is only read. ``visit`` must not keep references
     to the buffer it is given (it is reused and freed when this returns).
     """
     W = ring.world
+    on = DeviceCopies(src, device)
     bufs: list = []
     cur = src
     for t in range(W):
@@ -56,17 +62,19 @@ def rotate(ring: Ring, src: torch.Tensor, visit: Visit, *, direction: int = 1,
                 bufs.append(alloc_buffer(src.numel(), src.dtype, src.device))
             nxt = bufs[t % 2]
             pending = ring.shift(cur, nxt, direction, label)
-        visit(ring.origin(direction, t), cur)
+        on.visit(visit, ring.origin(direction, t), cur)
         if pending is not None:
             pending.wait()
             cur = nxt
     release_buffers(*bufs)
+    on.close()
 
 
 def counter_rotate(ring: Ring, src: torch.Tensor, *, visit: Optional[Visit] = None,
                    contribute: Optional[Visit] = None, grad_dtype: Optional[torch.dtype] = None,
                    direction: int = -1, label: str = "RSDP::counter_rotate",
-                   feedback: Optional[RingFeedback] = None) -> Optional[torch.Tensor]:
+                   feedback: Optional[RingFeedback] = None,
+                   device: Optional[torch.device] = None) -> Optional[torch.Tensor]:
     """Backward schedule; returns the flat gradient *sum* of this rank's own shard, or None.
 
     ``visit(j, shard_j)`` (optional) is called for every shard, own first; ``contribute(j, buf)``
@@ -75,13 +83,14 @@ def counter_rotate(ring: Ring, src: torch.Tensor, *, visit: Optional[Visit] = No
     """
     W = ring.world
     d = direction
+    on = DeviceCopies(src, device)
     gdt = grad_dtype or src.dtype
     acc = local = w = None
     pw: Optional[Pending] = None
     pg: Optional[Pending] = None
     if contribute is not None:
         acc = alloc_buffer(src.numel(), gdt, src.device, zero=True)
-        contribute(ring.origin(d, 1), acc)  # hop 0: start the accumulator headed for origin(d, 1)
+        on.fill(contribute, ring.origin(d, 1), acc)  # hop 0: start the accumulator headed for origin(d, 1)
     for t in range(W):
         if visit is not None:
             if t == 0:
@@ -89,7 +98,7 @@ def counter_rotate(ring: Ring, src: torch.Tensor, *, visit: Optional[Visit] = No
             else:
                 pw.wait()
                 cur = w
-            visit(ring.origin(d, t), cur)
+            on.visit(visit, ring.origin(d, t), cur)
             if t < W - 1:
                 if w is None:
                     w = alloc_buffer(src.numel(), src.dtype, src.device)
@@ -99,7 +108,7 @@ def counter_rotate(ring: Ring, src: torch.Tensor, *, visit: Optional[Visit] = No
                 pg.wait()  # `local` is read by the op in flight
             if local is None:
                 local = alloc_buffer(src.numel(), gdt, src.device, zero=True)
-            contribute(ring.origin(d, t + 2), local)
+            on.fill(contribute, ring.origin(d, t + 2), local)
             pg = ring.shift_reduce(acc, local, acc, d, label + "::grads",
                                    feedback and feedback.row(ring, d, t, W - 1, acc))
     if pg is not None:
@@ -107,6 +116,7 @@ def counter_rotate(ring: Ring, src: torch.Tensor, *, visit: Optional[Visit] = No
     if pw is not None:
         pw.wait()
     release_buffers(w, local)
+    on.close()
     return acc
 
 
@@ -114,7 +124,8 @@ def rotate_accumulate(ring: Ring, src: torch.Tensor, step: Callable[[int, torch.
                                                                           torch.Tensor], None],
                       *, grad_dtype: Optional[torch.dtype] = None, direction: int = -1,
                       label: str = "RSDP::rotate_accumulate",
-                      feedback: Optional[RingFeedback] = None) -> torch.Tensor:
+                      feedback: Optional[RingFeedback] = None,
+                      device: Optional[torch.device] = None) -> torch.Tensor:
     """Backward schedule for layers whose gradient contribution to shard ``j`` needs shard
     ``j`` itself (attention: the weights enter the gradient through the softmax). Returns the
     flat gradient *sum* of this rank's own shard.
@@ -129,6 +140,7 @@ def rotate_accumulate(ring: Ring, src: torch.Tensor, step: Callable[[int, torch.
     """
     W = ring.world
     d = direction
+    on = DeviceCopies(src, device)
     gdt = grad_dtype or src.dtype
     acc = alloc_buffer(src.numel(), gdt, src.device, zero=True)
     local = w = None
@@ -141,13 +153,13 @@ def rotate_accumulate(ring: Ring, src: torch.Tensor, step: Callable[[int, torch.
             pw.wait()
             cur = w
         if t == 0:
-            step(ring.origin(d, 0), cur, acc)
+            on.step(step, ring.origin(d, 0), cur, acc)
         else:
             if pg is not None:
                 pg.wait()  # `local` is read by the accumulator op in flight
             if local is None:
                 local = alloc_buffer(src.numel(), gdt, src.device, zero=True)
-            step(ring.origin(d, t), cur, local)
+            on.step(step, ring.origin(d, t), cur, local)
         if t < W - 1:
             if w is None:
                 w = alloc_buffer(src.numel(), src.dtype, src.device)
@@ -166,4 +178,5 @@ def rotate_accumulate(ring: Ring, src: torch.Tensor, step: Callable[[int, torch.
         else:
             ring.shift(acc, acc, d, label + "::home").wait()
     release_buffers(w, local)
+    on.close()
     return acc

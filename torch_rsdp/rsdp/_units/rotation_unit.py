@@ -166,7 +166,8 @@ class _UnitFn(torch.autograd.Function):
             return y
         keep = not (u.recompute or call.checkpointed) and any(ctx.needs_input_grad[2:])
         src = st.compute_flat()
-        rng = rng_state(src.device)
+        dev = call.device(src)
+        rng = rng_state(dev)
         acc, graphs = [], {}
         refs = WeightRefs() if keep else None
         leaves_in = [t.detach().requires_grad_(t.requires_grad) for t in ins] if keep else ins
@@ -174,7 +175,7 @@ class _UnitFn(torch.autograd.Function):
         def visit(j, buf):
             if not u.sizes[j]:
                 return
-            set_rng_state(rng, src.device)  # every shard draws the same dropout masks
+            set_rng_state(rng, dev)  # every shard draws the same dropout masks
             if keep:  # record this shard's graph; its weights are saved as references
                 refs.watch({0: buf})
                 weights = _views(st, buf, j, leaves=True)
@@ -195,7 +196,7 @@ class _UnitFn(torch.autograd.Function):
                 acc.append(y.clone())
 
         with torch.no_grad():
-            rotate(st.ring, src, visit, direction=1, label="RSDP::unit_forward")
+            rotate(st.ring, src, visit, direction=1, label="RSDP::unit_forward", device=dev)
         st.release(src)
         del src, visit
         fill_caches(call)
@@ -223,6 +224,7 @@ class _UnitFn(torch.autograd.Function):
         ins = ctx.leaves_in if keep else ctx.saved_tensors
         drop_output(ctx)  # after the saved tensors: a checkpoint's recompute takes it there
         src = st.compute_flat()
+        dev = dy.device
         dy = dy.to(src.dtype)
         grads_in = [torch.zeros(shape, dtype=dt, device=dev) if w else None
                     for (dt, shape, dev), w in zip(ctx.in_meta, need_in)]
@@ -239,8 +241,8 @@ class _UnitFn(torch.autograd.Function):
                 leaves_in = [t.detach().requires_grad_(w) for t, w in zip(ins, need_in)]
                 weights = _views(st, buf, j, leaves=need_w)
                 with torch.enable_grad(), torch.random.fork_rng(
-                        devices=[src.device] if src.device.type == "cuda" else []):
-                    set_rng_state(ctx.rng, src.device)
+                        devices=[dev] if dev.type == "cuda" else []):
+                    set_rng_state(ctx.rng, dev)
                     y = run_part(unit, call, leaves_in, weights, j, u.heads(j), record=False)
             wanted = [t for t, w in zip(leaves_in, need_in) if w and t.requires_grad]
             wl = [weights[n] for n in names] if need_w else []
@@ -262,13 +264,16 @@ class _UnitFn(torch.autograd.Function):
 
         if need_w:
             acc = rotate_accumulate(st.ring, src, step, grad_dtype=st.grad_dtype,
-                                    label="RSDP::unit_backward", feedback=st.feedback)
+                                    label="RSDP::unit_backward", feedback=st.feedback,
+                                    device=dev)
         else:  # a frozen unit: its weights rotate, no gradient travels
             acc = counter_rotate(st.ring, src, visit=lambda j, buf: step(j, buf, None),
-                                 label="RSDP::unit_backward")
+                                 label="RSDP::unit_backward", device=dev)
         st.release(src)
         del src
         ctx.graphs = ctx.leaves_in = None
+        if keep:  # the buffer the graph's weights were resolved in: not beyond this backward
+            ctx.refs.bwd = {}
         grads = st.grads_from(acc) if need_w else {}
         del acc
         gins = [g.to(dt) if g is not None else None

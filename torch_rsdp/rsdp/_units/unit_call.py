@@ -47,6 +47,11 @@ class Call:
         """Every tensor among the call's inputs (what tells one call from another)."""
         return [t for t in self.leaves if isinstance(t, torch.Tensor)]
 
+    def device(self, src: torch.Tensor) -> torch.device:
+        """Where the unit computes: its inputs' device (the shards ``src`` may be in host
+        memory: [Note: shards offloaded to host memory] in ``_rotation.device_copies``)."""
+        return next((t.device for t in self.tensors()), src.device)
+
 
 class CacheShard:
     """Stands in for a KV cache during one shard's call. ``update`` hands back what the real
