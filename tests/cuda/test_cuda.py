@@ -23,6 +23,9 @@ before ``init_process_group`` (the launches use ``init=False`` for that).
 * ``test_cuda_rsdp_parity``: the RSDP forward/backward families of test_rsdp.py (Linear,
   Embedding, MultiheadAttention, a small transformer) on the GPU against the same model in one
   process on the same GPU.
+* ``test_cuda_offload``: a Llama's shards offloaded to pinned host memory
+  (``CPUOffloadPolicy``), 2 ranks sharing the GPU: the cases of support/offload_checks.py, the
+  device's bytes from ``torch.cuda.max_memory_allocated`` (needs transformers and peft).
 * ``test_cuda_ddp_matches_reference``: DDP (SGD, Adam, allreduce comm hook) on the GPU over
   rsdp, 2 ranks, against a single-process reference trained on the GPU.
 * ``test_cuda_mixed_devices_raise``: CPU and CUDA tensors in one op raise on the calling rank,
@@ -291,6 +294,38 @@ def _rsdp_batch(ws):
 def test_cuda_rsdp_parity(ws, family):
     results, errors = _rsdp_batch(ws)
     assert_family(results, errors, family, f"RSDP on {ws} ranks sharing one GPU")
+
+
+# --------------------------------------------------------------------------------------------
+# Offload at shard granularity
+# --------------------------------------------------------------------------------------------
+
+
+def _offload_worker(ctx, names, paths):
+    from support import offload_checks
+
+    dev = _cuda_setup(ctx)
+
+    def offload(c, rec):
+        offload_checks.check_offload(c, rec, paths, dev, offload_checks.CudaMemory(),
+                                     pin_memory=True)
+
+    return run_families(ctx, {"offload": offload}, names)
+
+
+def test_cuda_offload(tmp_path):
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from support.hf_models import _make
+
+    paths = {}
+    for kind in ("llama", "wide"):
+        paths[kind] = str(tmp_path / kind)
+        _make(kind).save_pretrained(paths[kind])
+    results, errors, _ = launch_families(
+        lambda batch: launch(_offload_worker, 2, (batch, paths), init=False, deadline=300,
+                             pg_timeout=PG_TIMEOUT, env=_one_gpu_env()), ["offload"], 2)
+    assert_family(results, errors, "offload", "offload, 2 ranks sharing one GPU")
 
 
 # --------------------------------------------------------------------------------------------

@@ -48,23 +48,9 @@ import pytest
 import torch
 
 from support.harness import assert_family, launch, launch_families, run_families
-from support.hf_models import _close, _ids, _loc, _loss, _make
+from support.hf_models import LORA_TARGETS, _close, _lora, _loc, _loss, _make, _on_meta
 
 WORLD_SIZES = (2, 3)
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def _on_meta(kind):
-    with torch.device("meta"):
-        return _make(kind)
-
-
-def _lora(model):
-    from peft import LoraConfig, get_peft_model
-
-    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS,
-                                            lora_dropout=0.0))
-
 
 def _assert_equal_to(model, ref, what):
     """Every parameter (this rank's shard of it) and buffer of ``model`` equals ``ref``'s."""
@@ -400,138 +386,12 @@ def fam_checkpointing(ctx, rec, paths):
             assert sent <= 1.02 * sent0, f"{what}: {sent} bytes a step against {sent0} without"
 
 
-# AdamW's first steps move an element by about lr whatever its gradient's size, so rounding
-# differences in small gradients show at lr times their relative size (2.5e-5 for the wide
-# model's adapters at 2 ranks without offload)
-ADAM_TOL = dict(atol=1e-4, rtol=1e-4)
-
-
-def _train_on(model, r, W, device, reference, steps=2):
-    """``_train_adapters`` for a model computing on ``device`` (every trainable parameter)."""
-    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, eps=1e-6)
-    for step in range(steps):
-        qs = range(W) if reference else [r]
-        loss = sum(model(input_ids=_ids(q, step).to(device), labels=_ids(q, step).to(device)).loss
-                   for q in qs) / len(qs)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return opt
-
-
-def _offloaded(kind, device, paths, ref, **kw):
-    """``kind`` built on ``meta`` (with LoRA if ``ref`` has it), sharded with shards in host
-    memory, materialised on ``device``, loaded from its checkpoint, adapters as ``ref``'s."""
-    from torch.distributed.fsdp import CPUOffloadPolicy
-
-    import torch_rsdp.rsdp as rsdp
-
-    lora = any(".lora_" in n for n, _ in ref.named_parameters())
-    model = _on_meta(kind)
-    model = rsdp.shard(_lora(model) if lora else model,
-                       offload_policy=CPUOffloadPolicy(pin_memory=False), **kw)
-    model.to_empty(device=device)
-    rsdp.load_pretrained(model, paths[kind])
-    if lora:
-        ref_params = dict(ref.named_parameters())
-        with torch.no_grad():
-            for n, p in model.named_parameters():
-                if p.requires_grad:
-                    _loc(p).copy_(_loc(ref_params[n]))
-    return model
-
-
-def _placement(model, device):
-    """(bytes of this rank's shards, of its largest flat shard); asserts every shard is in
-    host memory and everything else on ``device``."""
-    import torch_rsdp.rsdp as rsdp
-
-    st = rsdp.rsdp_state(model)
-    flats = {id(m._rsdp): m._rsdp.flat for m in st.sharded.values()}
-    shard_ids = {id(m._rsdp.param(n)) for m in st.sharded.values() for n in m._rsdp.names}
-    for n, p in model.named_parameters():
-        want = "cpu" if id(p) in shard_ids else device.type
-        assert _loc(p).device.type == want, f"{n} on {_loc(p).device}, expected {want}"
-        if p.grad is not None:
-            assert _loc(p.grad).device.type == want, f"{n}'s gradient on {_loc(p.grad).device}"
-    for n, b in model.named_buffers():
-        assert b.device.type == device.type, f"buffer {n} on {b.device}"
-    sizes = [f.untyped_storage().nbytes() for f in flats.values()]
-    return sum(sizes), max(sizes)
-
 
 def fam_offload(ctx, rec, paths):
-    """[Note: shards offloaded to host memory] on a stand-in device with memory of its own
-    (support/standin_device.py; an op mixing it with host memory raises): shards, their
-    gradients and optimizer state on the host, everything else on the device, training as one
-    process; the device never holds this rank's share of the model."""
-    import torch_rsdp.rsdp as rsdp
-    from support import standin_device
+    """Offload on the stand-in device (support/offload_checks.py)."""
+    from support import offload_checks, standin_device
 
-    dev = standin_device.setup()
-    mem = standin_device.MEMORY
-    r, W = ctx.rank, ctx.world_size
-    with rec.case("trained whole"):
-        ref = _make("llama")
-        model = _offloaded("llama", dev, paths, ref)
-        opt = _train_on(model, r, W, dev, reference=False)
-        _train_on(ref, r, W, "cpu", reference=True)
-        _placement(model, dev)
-        shard_ids = {id(p) for p in model.parameters() if _loc(p).device.type == "cpu"}
-        assert shard_ids, "no parameter in host memory"
-        for p, state in opt.state.items():
-            want = "cpu" if id(p) in shard_ids else dev.type
-            for k, v in state.items():
-                if torch.is_tensor(v) and v.dim():
-                    assert _loc(v).device.type == want, f"optimizer {k} on {_loc(v).device}"
-        st = rsdp.rsdp_state(model)
-        ref_params = dict(ref.named_parameters())
-        for n, p in model.named_parameters():
-            _close(_loc(p).detach().to("cpu"), st.local_shard_of(n, ref_params[n].detach()), n,
-                   **ADAM_TOL)
-    with rec.case("moved to the device, then sharded"):
-        from torch.distributed.fsdp import CPUOffloadPolicy
-
-        ref = _make("llama")
-        model = rsdp.shard(copy.deepcopy(ref).to(dev),
-                           offload_policy=CPUOffloadPolicy(pin_memory=False))
-        _placement(model, dev)
-        _close(model(input_ids=_ids(r).to(dev)).logits.to("cpu"), ref(input_ids=_ids(r)).logits,
-               "logits")
-    with rec.case("refusal"):
-        try:
-            rsdp.shard(_make("llama"), offload_policy="cpu")
-        except TypeError as e:
-            assert "offload_policy must be a torch.distributed.fsdp.CPUOffloadPolicy" in str(e), e
-        else:
-            raise AssertionError("offload_policy='cpu' was accepted")
-    for what, kw in (("lora per layer", {}), ("lora units", {"tp_plan": "auto"})):
-        with rec.case(what):
-            ref = _lora(_make("wide"))
-            on_device = _offloaded("wide", dev, paths, ref, **kw)
-            share, largest = _placement(on_device, dev)
-            base = mem.current
-            mem.reset_peak()
-            _train_on(on_device, r, W, dev, reference=False)
-            peak = mem.peak - base
-            whole = copy.deepcopy(ref).to(dev)  # the model whole on the device, one process
-            base = mem.current
-            mem.reset_peak()
-            _train_on(whole, r, W, dev, reference=False)
-            beyond_weights = mem.peak - base
-            del whole
-            _train_on(ref, r, W, "cpu", reference=True)
-            _placement(on_device, dev)
-            ref_params = dict(ref.named_parameters())
-            for n, p in on_device.named_parameters():
-                if p.requires_grad:
-                    _close(_loc(p).detach().to("cpu"), ref_params[n].detach(), f"adapter {n}",
-                           **ADAM_TOL)
-            # beyond what the model computed whole holds beyond its weights, at most the
-            # shard in hand and its gradient contribution; never this rank's share
-            assert peak <= beyond_weights + 2 * largest, (what, peak, beyond_weights, largest)
-            assert peak < share, (what, peak, share)
-
+    offload_checks.check_offload(ctx, rec, paths, standin_device.setup(), standin_device.MEMORY)
 
 FAMILIES = {"meta_loaders": fam_meta_loaders, "meta_refusals": fam_meta_refusals,
             "replicas_agree": fam_replicas_agree, "lora": fam_lora, "lora_plans": fam_lora_plans,
@@ -541,6 +401,10 @@ FAMILIES = {"meta_loaders": fam_meta_loaders, "meta_refusals": fam_meta_refusals
 
 def families_worker(ctx, names, paths):
     torch.set_num_threads(1)
+    # before any backward: autograd's engine sizes its device queues once, at the first one
+    from support import standin_device
+
+    standin_device.setup()
     import transformers
 
     transformers.logging.set_verbosity_error()

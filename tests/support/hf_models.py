@@ -66,6 +66,22 @@ def _make(kind, seed=0):
     return cls(cfg)
 
 
+def _on_meta(kind):
+    with torch.device("meta"):
+        return _make(kind)
+
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def _lora(model):
+    """peft's LoRA (r = 4) on every projection of a Llama-like ``model``."""
+    from peft import LoraConfig, get_peft_model
+
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=LORA_TARGETS,
+                                            lora_dropout=0.0))
+
+
 def _gen(*key):
     return torch.Generator().manual_seed(zlib.crc32(repr(key).encode()))
 

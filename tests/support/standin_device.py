@@ -18,7 +18,8 @@ are wrapper subclasses (:class:`StandinTensor`) over CPU tensors of their own:
   included), and its peak: what a CUDA caching allocator's ``max_memory_allocated`` would say
   without the caching.
 
-It is imported only in a test's worker process: renaming PrivateUse1 is once per process.
+Set it up in a test's worker process only (renaming PrivateUse1 is once per process), and
+before the process's first backward: autograd's engine counts each backend's devices once.
 """
 from __future__ import annotations
 
@@ -136,6 +137,30 @@ def _copy_into(src, dst):
     return dst
 
 
+class _Module:
+    """``torch.standin``: one device, and "not available" to code that would drive it like a
+    real accelerator (torch.distributed.checkpoint then writes as on a CPU-only machine: the
+    families that share the worker process must not see another writer)."""
+
+    def is_available(self) -> bool:
+        return False
+
+    def is_initialized(self) -> bool:
+        return True
+
+    def device_count(self) -> int:
+        return 1
+
+    def current_device(self) -> int:
+        return 0
+
+    def _is_in_bad_fork(self) -> bool:
+        return False
+
+    def manual_seed_all(self, seed: int) -> None:
+        pass
+
+
 def setup() -> torch.device:
     """Registers the stand-in device (once per process) and returns it."""
     global DEVICE, _LIB
@@ -143,7 +168,7 @@ def setup() -> torch.device:
         return DEVICE
     from torch.utils.backend_registration import _setup_privateuseone_for_python_backend
 
-    _setup_privateuseone_for_python_backend(NAME)
+    _setup_privateuseone_for_python_backend(NAME, backend_module=_Module())
     DEVICE = torch.device(NAME, 0)
     # Factories with device="standin" reach the PrivateUse1 key with no tensor to dispatch
     # on; copies into a fresh stand-in tensor reach ``_copy_from``.

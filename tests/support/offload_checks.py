@@ -1,0 +1,175 @@
+"""Offload at shard granularity, checked end to end on a device: [Note: shards offloaded to
+host memory] in torch_rsdp/rsdp/_rotation/device_copies.py.
+
+:func:`check_offload` runs the same cases on whatever device it is given: the stand-in device
+in CPU CI (tests/rsdp/test_rsdp_finetune.py, family ``offload``: support/standin_device.py,
+whose ops raise on a host tensor) and CUDA on a GPU (tests/cuda/test_cuda.py,
+``test_cuda_offload``). Each against one process on the CPU:
+
+* trained whole: a Llama built on ``meta``, sharded with ``CPUOffloadPolicy``, materialised
+  on the device and loaded with ``load_pretrained``, trained two AdamW steps: every shard,
+  its gradient and its optimizer state in host memory, everything else on the device, the
+  parameters those of one process;
+* moved to the device, then sharded: the shards leave the device, the logits are one
+  process's;
+* refusal: an ``offload_policy`` that is not FSDP2's names the type expected;
+* LoRA per layer and in rotation units on a model whose weights outweigh its activations:
+  the adapters train as one process's, and the device's peak during a step is at most what
+  the model computed whole holds beyond its weights plus two flat shards (the one in hand
+  and its gradient contribution), and below this rank's share of the model.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from .hf_models import _close, _ids, _lora, _loc, _make, _on_meta
+
+
+class CudaMemory:
+    """:data:`.standin_device.MEMORY`'s interface over torch's CUDA allocator statistics."""
+
+    @property
+    def current(self) -> int:
+        return torch.cuda.memory_allocated()
+
+    @property
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated()
+
+    def reset_peak(self) -> None:
+        torch.cuda.reset_peak_memory_stats()
+
+
+# AdamW's first steps move an element by about lr whatever its gradient's size, so rounding
+# differences in small gradients show at lr times their relative size (2.5e-5 for the wide
+# model's adapters at 2 ranks without offload)
+ADAM_TOL = dict(atol=1e-4, rtol=1e-4)
+
+
+def _train_on(model, r, W, device, reference, steps=2):
+    """``steps`` AdamW steps of every trainable parameter, on this rank's batches (or on all
+    ranks' with ``reference``), the inputs on ``device``; returns the optimizer."""
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, eps=1e-6)
+    for step in range(steps):
+        qs = range(W) if reference else [r]
+        loss = sum(model(input_ids=_ids(q, step).to(device), labels=_ids(q, step).to(device)).loss
+                   for q in qs) / len(qs)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return opt
+
+
+def _offloaded(kind, device, paths, ref, pin_memory=False, **kw):
+    """``kind`` built on ``meta`` (with LoRA if ``ref`` has it), sharded with shards in host
+    memory, materialised on ``device``, loaded from its checkpoint, adapters as ``ref``'s."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    import torch_rsdp.rsdp as rsdp
+
+    lora = any(".lora_" in n for n, _ in ref.named_parameters())
+    model = _on_meta(kind)
+    model = rsdp.shard(_lora(model) if lora else model,
+                       offload_policy=CPUOffloadPolicy(pin_memory=pin_memory), **kw)
+    model.to_empty(device=device)
+    rsdp.load_pretrained(model, paths[kind])
+    if lora:
+        ref_params = dict(ref.named_parameters())
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                if p.requires_grad:
+                    _loc(p).copy_(_loc(ref_params[n]))
+    return model
+
+
+def _placement(model, device, pinned=False):
+    """(bytes of this rank's shards, of its largest flat shard); asserts every shard is in
+    host memory (pinned if ``pinned``) and everything else on ``device``."""
+    import torch_rsdp.rsdp as rsdp
+
+    st = rsdp.rsdp_state(model)
+    flats = {id(m._rsdp): m._rsdp.flat for m in st.sharded.values()}
+    shard_ids = {id(m._rsdp.param(n)) for m in st.sharded.values() for n in m._rsdp.names}
+    for n, p in model.named_parameters():
+        want = "cpu" if id(p) in shard_ids else device.type
+        assert _loc(p).device.type == want, f"{n} on {_loc(p).device}, expected {want}"
+        if p.grad is not None:
+            assert _loc(p.grad).device.type == want, f"{n}'s gradient on {_loc(p.grad).device}"
+    for n, b in model.named_buffers():
+        assert b.device.type == device.type, f"buffer {n} on {b.device}"
+    for f in flats.values():
+        assert f.device.type == "cpu" and (f.is_pinned() or not pinned), (f.device, pinned)
+    sizes = [f.untyped_storage().nbytes() for f in flats.values()]
+    return sum(sizes), max(sizes)
+
+
+def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
+    """The cases, on ``dev``; ``mem`` counts its bytes (``current``, ``peak``,
+    ``reset_peak()``: :data:`.standin_device.MEMORY` or :class:`CudaMemory`); ``paths``: the
+    ``save_pretrained`` directories of ``llama`` and ``wide``."""
+    import torch_rsdp.rsdp as rsdp
+
+    r, W = ctx.rank, ctx.world_size
+    with rec.case("trained whole"):
+        ref = _make("llama")
+        model = _offloaded("llama", dev, paths, ref, pin_memory)
+        opt = _train_on(model, r, W, dev, reference=False)
+        _train_on(ref, r, W, "cpu", reference=True)
+        _placement(model, dev, pin_memory)
+        shard_ids = {id(p) for p in model.parameters() if _loc(p).device.type == "cpu"}
+        assert shard_ids, "no parameter in host memory"
+        for p, state in opt.state.items():
+            want = "cpu" if id(p) in shard_ids else dev.type
+            for k, v in state.items():
+                if torch.is_tensor(v) and v.dim():
+                    assert _loc(v).device.type == want, f"optimizer {k} on {_loc(v).device}"
+        st = rsdp.rsdp_state(model)
+        ref_params = dict(ref.named_parameters())
+        for n, p in model.named_parameters():
+            _close(_loc(p).detach().to("cpu"), st.local_shard_of(n, ref_params[n].detach()), n,
+                   **ADAM_TOL)
+    with rec.case("moved to the device, then sharded"):
+        from torch.distributed.fsdp import CPUOffloadPolicy
+
+        ref = _make("llama")
+        model = rsdp.shard(copy.deepcopy(ref).to(dev),
+                           offload_policy=CPUOffloadPolicy(pin_memory=pin_memory))
+        _placement(model, dev, pin_memory)
+        _close(model(input_ids=_ids(r).to(dev)).logits.to("cpu"), ref(input_ids=_ids(r)).logits,
+               "logits")
+    with rec.case("refusal"):
+        try:
+            rsdp.shard(_make("llama"), offload_policy="cpu")
+        except TypeError as e:
+            assert "offload_policy must be a torch.distributed.fsdp.CPUOffloadPolicy" in str(e), e
+        else:
+            raise AssertionError("offload_policy='cpu' was accepted")
+    for what, kw in (("lora per layer", {}), ("lora units", {"tp_plan": "auto"})):
+        with rec.case(what):
+            ref = _lora(_make("wide"))
+            on_device = _offloaded("wide", dev, paths, ref, pin_memory, **kw)
+            share, largest = _placement(on_device, dev, pin_memory)
+            base = mem.current
+            mem.reset_peak()
+            _train_on(on_device, r, W, dev, reference=False)
+            peak = mem.peak - base
+            whole = copy.deepcopy(ref).to(dev)  # the model whole on the device, one process
+            base = mem.current
+            mem.reset_peak()
+            _train_on(whole, r, W, dev, reference=False)
+            beyond_weights = mem.peak - base
+            del whole
+            _train_on(ref, r, W, "cpu", reference=True)
+            _placement(on_device, dev, pin_memory)
+            ref_params = dict(ref.named_parameters())
+            for n, p in on_device.named_parameters():
+                if p.requires_grad:
+                    _close(_loc(p).detach().to("cpu"), ref_params[n].detach(), f"adapter {n}",
+                           **ADAM_TOL)
+            # beyond what the model computed whole holds beyond its weights, at most the
+            # shard in hand and its gradient contribution; never this rank's share
+            assert peak <= beyond_weights + 2 * largest, (what, peak, beyond_weights, largest)
+            assert peak < share, (what, peak, share)
+
