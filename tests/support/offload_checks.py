@@ -13,6 +13,9 @@ whose ops raise on a host tensor) and CUDA on a GPU (tests/cuda/test_cuda.py,
 * moved to the device, then sharded: the shards leave the device, the logits are one
   process's;
 * refusal: an ``offload_policy`` that is not FSDP2's names the type expected;
+* ``plan.apply(model, "rotate", offload_policy=...)``: placement and parity as above; on CUDA
+  also ``"full_shard"`` (FSDP2's own offload, whose gathers need a device backend the
+  stand-in does not have); ``"split:2"`` refused by name;
 * LoRA per layer and in rotation units on a model whose weights outweigh its activations:
   the adapters train as one process's, and the device's peak during a step is at most what
   the model computed whole holds beyond its weights plus two flat shards (the one in hand
@@ -87,11 +90,12 @@ def _offloaded(kind, device, paths, ref, pin_memory=False, **kw):
 def _placement(model, device, pinned=False):
     """(bytes of this rank's shards, of its largest flat shard); asserts every shard is in
     host memory (pinned if ``pinned``) and everything else on ``device``."""
-    import torch_rsdp.rsdp as rsdp
-
-    st = rsdp.rsdp_state(model)
-    flats = {id(m._rsdp): m._rsdp.flat for m in st.sharded.values()}
-    shard_ids = {id(m._rsdp.param(n)) for m in st.sharded.values() for n in m._rsdp.names}
+    # every sharded module's state, under rsdp.shard or a plan's rotate units
+    states = {id(m._rsdp): m._rsdp for m in model.modules()
+              if hasattr(getattr(m, "_rsdp", None), "flat")}
+    assert states, "no sharded module"
+    flats = {k: st.flat for k, st in states.items()}
+    shard_ids = {id(st.param(n)) for st in states.values() for n in st.names}
     for n, p in model.named_parameters():
         want = "cpu" if id(p) in shard_ids else device.type
         assert _loc(p).device.type == want, f"{n} on {_loc(p).device}, expected {want}"
@@ -103,6 +107,16 @@ def _placement(model, device, pinned=False):
         assert f.device.type == "cpu" and (f.is_pinned() or not pinned), (f.device, pinned)
     sizes = [f.untyped_storage().nbytes() for f in flats.values()]
     return sum(sizes), max(sizes)
+
+
+def _close_whole(model, ref, what):
+    """Every parameter of ``model``, gathered whole (collective), against ``ref``'s."""
+    from torch.distributed.tensor import DTensor
+
+    ref_params = dict(ref.named_parameters())
+    for n, p in model.named_parameters():
+        whole = p.full_tensor() if isinstance(p, DTensor) else p
+        _close(whole.detach().to("cpu"), ref_params[n].detach(), f"{what}: {n}", **ADAM_TOL)
 
 
 def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
@@ -146,6 +160,34 @@ def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
             assert "offload_policy must be a torch.distributed.fsdp.CPUOffloadPolicy" in str(e), e
         else:
             raise AssertionError("offload_policy='cpu' was accepted")
+    with rec.case("plan.apply rotate"):
+        import torch_rsdp.plan as plan
+
+        ref = _make("llama")
+        model = plan.apply(copy.deepcopy(ref).to(dev), "rotate",
+                           offload_policy=CPUOffloadPolicy(pin_memory=pin_memory))
+        _train_on(model, r, W, dev, reference=False)
+        _train_on(ref, r, W, "cpu", reference=True)
+        _placement(model, dev, pin_memory)
+        _close_whole(model, ref, "plan.apply rotate")
+    if dev.type == "cuda":  # FSDP2 gathers on the device: the stand-in has no backend for it
+        with rec.case("plan.apply full_shard"):
+            ref = _make("llama")
+            model = plan.apply(copy.deepcopy(ref).to(dev), "full_shard",
+                               offload_policy=CPUOffloadPolicy(pin_memory=pin_memory))
+            _train_on(model, r, W, dev, reference=False)
+            _train_on(ref, r, W, "cpu", reference=True)
+            for n, p in model.named_parameters():
+                assert _loc(p).device.type == "cpu", f"{n} on {_loc(p).device}"
+            _close_whole(model, ref, "plan.apply full_shard")
+    with rec.case("plan.apply split refused"):
+        try:
+            plan.apply(_make("llama"), "split:2",
+                       offload_policy=CPUOffloadPolicy(pin_memory=False))
+        except ValueError as e:
+            assert "split:k cannot offload" in str(e), e
+        else:
+            raise AssertionError("split:2 with an offload policy was accepted")
     for what, kw in (("lora per layer", {}), ("lora units", {"tp_plan": "auto"})):
         with rec.case(what):
             ref = _lora(_make("wide"))

@@ -32,10 +32,10 @@ from typing import Dict, List, Mapping, Optional, Union
 
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
 from .._apply_guard import guard_apply
-from .._dtensor_params import refuse_ddp, replicate_params
+from .._dtensor_params import local, refuse_ddp, replicate_params
 from .._grad_sync import DEFAULT_BUCKET_BYTES, GradSync
 from .._materialize import has_meta
 from .._ring import backend_of, rsdp_backend
@@ -45,7 +45,7 @@ from ._mesh import Meshes
 from . import _compression as compression_spec
 from ._mixed_precision import as_policy
 from ._spec import Plan, Resolution, resolve
-from ._strategies import ApplyContext
+from ._strategies import ApplyContext, fsdp_kwargs
 from ._units import Unit, build_units, depth, units_by_key
 
 __all__ = ["apply", "PlanState", "plan_state", "Unit"]
@@ -94,7 +94,8 @@ def _compression_needs_rsdp(units, comp, group) -> None:
 def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
           group: Optional[dist.ProcessGroup] = None, default: Optional[str] = None,
           mp_policy=None, strict: bool = True, sync_module_states: bool = True,
-          bucket_bytes: int = DEFAULT_BUCKET_BYTES, compression=None) -> nn.Module:
+          bucket_bytes: int = DEFAULT_BUCKET_BYTES, compression=None,
+          offload_policy: Optional[OffloadPolicy] = None) -> nn.Module:
     """Applies ``plan`` to ``model`` in place over ``group`` (default: world); returns it.
     Collective.
 
@@ -115,16 +116,26 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
             (:mod:`torch_rsdp.plan._compression`): ``"int8"`` or ``"int4"`` gradients with
             int8 weights and error feedback, or a dict; ``None`` (default): only the units
             whose strategy says so.
+        offload_policy: FSDP2's ``CPUOffloadPolicy``: the units that shard parameters keep
+            their shards, gradients and optimizer state in host memory (``rotate`` as
+            :func:`torch_rsdp.rsdp.shard` does, the FSDP2 strategies as ``fully_shard``
+            does); what a plan keeps whole stays where the model is. ``split:k`` units
+            cannot offload and are refused.
     """
     if getattr(model, "_rsdp_plan", None) is not None:
         raise ValueError("torch_rsdp.plan: apply() was already called on this module")
     mp = as_policy(mp_policy)
+    if offload_policy is not None and not isinstance(offload_policy, OffloadPolicy):
+        raise TypeError(f"torch_rsdp.plan.apply: offload_policy must be a torch.distributed."
+                        f"fsdp.CPUOffloadPolicy or OffloadPolicy, got "
+                        f"{type(offload_policy).__name__}")
     comp = compression_spec.parse(compression)
     error, res, plan_obj = None, None, None
     try:
         plan_obj = Plan.of(plan, default, model)
         res = resolve(model, plan_obj, strict=strict)
         _check_local(model, res)
+        _check_offload(res, offload_policy)
         if has_meta(model):
             raise ValueError(
                 "torch_rsdp.plan.apply: the model has parameters on the meta device; plans "
@@ -140,15 +151,15 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
 
     units = build_units(model, res)
     _compression_needs_rsdp(units, comp, group)
-    meshes = Meshes(group)
-    ctx = ApplyContext(group, meshes, mp, [], comp)
+    meshes = Meshes(group, _device_type(model))
+    ctx = ApplyContext(group, meshes, mp, [], comp, offload_policy)
     replicated: List[nn.Parameter] = []
     for unit in sorted(units.values(), key=lambda u: -depth(u.name)):
         if unit.params:
             replicated += unit.strategy.handler.apply(unit, ctx)
     replicated = _as_dtensors(model, units, replicated, ctx, meshes)
     state = PlanState(plan_obj, group, units, None, meshes,
-                      _fsdp_root(model, units, meshes, mp), ctx.optim_sharded)
+                      _fsdp_root(model, units, meshes, mp, offload_policy), ctx.optim_sharded)
     order = {id(p): i for i, p in enumerate(model.parameters())}
     replicated.sort(key=lambda p: order.get(id(p), len(order)))
     if replicated:
@@ -186,6 +197,23 @@ def _as_dtensors(model: nn.Module, units: Dict[str, Unit], replicated: List[nn.P
         u.params = {n: new.get(id(p), p) for n, p in u.params.items()}
     ctx.optim_sharded[:] = [new.get(id(p), p) for p in ctx.optim_sharded]
     return [new.get(id(p), p) for p in replicated]
+
+
+def _device_type(model: nn.Module) -> str:
+    """The device type the model computes on, for its meshes: a DTensor moves its local
+    tensor to its mesh's device type, and FSDP2 the module to its mesh's device."""
+    return next((local(p).device.type for p in model.parameters()), "cpu")
+
+
+def _check_offload(res: Resolution, offload) -> None:
+    """``split:k`` keeps its slices on the model's device: refused under a CPU offload."""
+    if not isinstance(offload, CPUOffloadPolicy):
+        return
+    split = [n or "<root>" for n, s in res.units.items() if s.kind == "split"]
+    if split:
+        raise ValueError(f"torch_rsdp.plan.apply: offload_policy=CPUOffloadPolicy() offloads "
+                         f"the units that shard parameters by rotation or FSDP2; split:k "
+                         f"cannot offload its slices: units {split}")
 
 
 def _check_local(model: nn.Module, res: Resolution) -> None:
@@ -233,7 +261,7 @@ def _install_checkpoint_hooks(model: nn.Module, units: Dict[str, Unit]) -> None:
     _checkpoint_hooks.install(model, list(by_key), refusal)
 
 
-def _fsdp_root(model: nn.Module, units: Dict[str, Unit], meshes: Meshes, mp
+def _fsdp_root(model: nn.Module, units: Dict[str, Unit], meshes: Meshes, mp, offload
                ) -> Optional[nn.Module]:
     """Makes the model an FSDP2 root when FSDP units sit under a root that is not one.
 
@@ -252,6 +280,6 @@ def _fsdp_root(model: nn.Module, units: Dict[str, Unit], meshes: Meshes, mp
     if not managed:
         return None
     ignored = {p for p in model.parameters() if id(p) not in managed}
-    kwargs = {"mp_policy": mp} if mp is not None else {}
+    kwargs = fsdp_kwargs(mp, offload)
     fully_shard(model, mesh=meshes.flat(), ignored_params=ignored or None, **kwargs)
     return model

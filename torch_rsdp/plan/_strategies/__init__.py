@@ -12,7 +12,8 @@ modules below the handlers (``spec``, ``registry``, ``units``, ``mesh``, ``mixed
 ``compression``, ``cost_terms``). ``apply``, ``accumulate``, ``checkpoint``, ``report`` and the
 planner import this package (through ``__all__``), never the other way round.
 """
-from .base import ApplyContext, Cost, StrategyHandler, families, handler_for, kinds, register
+from .base import (ApplyContext, Cost, StrategyHandler, families, fsdp_kwargs, handler_for, kinds,
+                   register)
 # Each module registers its handlers; this order is the order strategies are listed in.
 from . import replicate, fsdp, rotate, split  # noqa: F401,I001
 from .split_linear import is_splittable
@@ -22,4 +23,4 @@ from .split_linear import is_splittable
 STRATEGIES = tuple(f"{kind}:k" if takes_k else kind for kind, takes_k in families().items())
 
 __all__ = ["StrategyHandler", "ApplyContext", "Cost", "handler_for", "kinds", "families",
-           "register", "is_splittable", "STRATEGIES"]
+           "register", "is_splittable", "STRATEGIES", "fsdp_kwargs"]

@@ -28,7 +28,7 @@ from typing import ClassVar, Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-from torch.distributed.fsdp import MixedPrecisionPolicy
+from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
 from .._compression import for_unit
 from .._cost_terms import Cost, Links, UnitProfile
@@ -41,7 +41,7 @@ from .._units import Unit
 # Cost is defined in ..cost_terms (the planner reads it too); the registry is ..registry
 # (spec checks names against it); both stay importable from here.
 __all__ = ["StrategyHandler", "ApplyContext", "Cost", "cast_unit", "register", "handler_for",
-           "kinds", "families"]
+           "kinds", "families", "fsdp_kwargs"]
 
 
 @dataclass
@@ -56,6 +56,8 @@ class ApplyContext:
     #: ``plan.apply(compression=)`` parsed (:func:`~torch_rsdp.plan._compression.parse`), or
     #: None: the setting of the compressible units without a ``+`` suffix of their own.
     compression: Optional[dict] = None
+    #: ``plan.apply(offload_policy=)``: FSDP2's ``CPUOffloadPolicy`` or None.
+    offload: Optional[OffloadPolicy] = None
 
     def unit_compression(self, unit: Unit) -> Optional[dict]:
         """The unit's compression where it changes anything (its traffic crosses nodes),
@@ -180,3 +182,13 @@ def cast_unit(unit: Unit, params: List[nn.Parameter], mp: Optional[MixedPrecisio
     names = {n: p for n, p in unit.module.named_parameters(remove_duplicate=False)
              if id(p) in ids}
     cast_replicated(unit.module, names, mp)
+
+
+def fsdp_kwargs(mp: Optional[MixedPrecisionPolicy], offload: Optional[OffloadPolicy]) -> dict:
+    """``fully_shard``'s policies from a plan's: only those given (FSDP2's defaults else)."""
+    kwargs = {}
+    if mp is not None:
+        kwargs["mp_policy"] = mp
+    if offload is not None:
+        kwargs["offload_policy"] = offload
+    return kwargs

@@ -18,7 +18,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..._compression import FeedbackReduceScatter
 from .._units import Unit, qualified_params
-from .base import ApplyContext, Cost, StrategyHandler, register
+from .base import ApplyContext, Cost, StrategyHandler, fsdp_kwargs, register
 
 __all__ = ["FullShard", "ShardGradOp", "HybridShard"]
 
@@ -36,7 +36,7 @@ class _FSDP(StrategyHandler):
     def apply(self, unit: Unit, ctx: ApplyContext) -> List[nn.Parameter]:
         own = {id(p) for p in unit.params.values()}
         ignored = {p for p in unit.module.parameters() if id(p) not in own}
-        kwargs = {"mp_policy": ctx.mp} if ctx.mp is not None else {}
+        kwargs = fsdp_kwargs(ctx.mp, ctx.offload)
         comp = ctx.unit_compression(unit)
         fully_shard(unit.module, mesh=self.mesh(ctx, comp),
                     reshard_after_forward=self.reshard_after_forward,

@@ -42,7 +42,8 @@ class Rotate(StrategyHandler):
         comp = ctx.unit_compression(unit)
         group = ctx.meshes.group_for(comp) if comp else ctx.group
         shard(unit.module, group, filter=owned, mp_policy=ctx.mp,
-              sync_module_states=False, sync_replicated=False, checkpoint_hooks=False)
+              sync_module_states=False, sync_replicated=False, checkpoint_hooks=False,
+              offload_policy=ctx.offload)
         st = rsdp_state(unit.module)
         if comp and not comp["error_feedback"]:
             st.set_error_feedback(False)
