@@ -3,10 +3,11 @@
 
     python benchmarks/bench_finetune.py                     # the 1B shape, then the small one
     python benchmarks/bench_finetune.py --shapes small --steps 3
+    python benchmarks/bench_finetune.py --shapes small --dtype float32   # weights in fp32
     python benchmarks/bench_finetune.py --shapes tiny --steps 1   # seconds: what CI runs
 
-Shapes (Hugging Face ``LlamaForCausalLM`` from a config, bf16, LoRA r = 16 on all seven
-projections, one sequence of ``--seq`` tokens per rank, 2 ranks):
+Shapes (Hugging Face ``LlamaForCausalLM`` from a config, bf16 unless ``--dtype float32``, LoRA
+r = 16 on all seven projections, one sequence of ``--seq`` tokens per rank, 2 ranks):
 
 * ``1b``: Llama-3.2-1B's shape: hidden 2048, 16 layers, 32 heads with 8 key-value heads, FFN
   8192, vocabulary 128,256, embedding tied to the head (1.24 B parameters);
@@ -67,7 +68,7 @@ KINDS = ("rsdp", "rsdp-units", "fsdp2")
 RUNS = tuple(k + c for k in KINDS for c in ("", "+ckpt"))
 
 
-def config(shape, seq):
+def config(shape, seq, dtype="bfloat16"):
     import transformers as tf
     s = SHAPES[shape]
     return tf.LlamaConfig(
@@ -75,16 +76,16 @@ def config(shape, seq):
         num_hidden_layers=s["layers"], num_attention_heads=s["heads"],
         num_key_value_heads=s["kv"], max_position_embeddings=max(seq, 128),
         tie_word_embeddings=s["tied"], use_cache=False, bos_token_id=0, eos_token_id=1,
-        dtype="bfloat16")
+        dtype=dtype)
 
 
-def write_checkpoint(shape, seq, path) -> int:
+def write_checkpoint(shape, seq, path, dtype) -> int:
     """A save_pretrained directory of the shape with random weights; returns the parameters."""
     import torch
     import transformers as tf
     tf.logging.set_verbosity_error()
     with torch.device("meta"):
-        model = tf.LlamaForCausalLM(config(shape, seq)).to(torch.bfloat16)
+        model = tf.LlamaForCausalLM(config(shape, seq, dtype)).to(getattr(torch, dtype))
     model.to_empty(device="cpu")
     model.tie_weights()  # to_empty gave the head a Parameter of its own
     g = torch.Generator().manual_seed(0)
@@ -99,14 +100,14 @@ def write_checkpoint(shape, seq, path) -> int:
     return n
 
 
-def build(kind, shape, seq, path, mesh):
+def build(kind, shape, seq, path, mesh, dtype):
     """The peft-wrapped model, sharded by ``kind`` on meta, materialised and loaded."""
     import torch
     import transformers as tf
     from peft import LoraConfig, get_peft_model
     import torch_rsdp.rsdp as rsdp
     with torch.device("meta"):  # the class itself builds in the default dtype: cast on meta
-        model = tf.LlamaForCausalLM(config(shape, seq)).to(torch.bfloat16)
+        model = tf.LlamaForCausalLM(config(shape, seq, dtype)).to(getattr(torch, dtype))
     model = get_peft_model(model, LoraConfig(r=16, lora_alpha=32, target_modules=TARGETS,
                                              lora_dropout=0.0))
     if kind.startswith("rsdp"):
@@ -142,7 +143,7 @@ def worker(rank, world, port, a, path, out_path):
     mesh = init_device_mesh("cpu", (world,))
     models, res = {}, {"runs": {}}
     for kind in KINDS:
-        models[kind], load_peak = build(kind, a.shape, a.seq, path, mesh)
+        models[kind], load_peak = build(kind, a.shape, a.seq, path, mesh, a.dtype)
         res["runs"][kind] = {"resident": tm.resident_bytes(models[kind]),
                              "load_peak": load_peak}
     opts = {k: torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-4)
@@ -213,7 +214,7 @@ def render(shape, n_params, a, res) -> str:
                      f"{x['sent'] / 1e6:.1f}", f"{x['loss_first']:.4f}"])
     s = SHAPES[shape]
     head = (f"### {shape}: hidden {s['hidden']}, {s['layers']} layers, vocabulary {s['vocab']}"
-            f"{', tied' if s['tied'] else ''}; {n_params / 1e9:.2f} B parameters, bf16, LoRA "
+            f"{', tied' if s['tied'] else ''}; {n_params / 1e9:.2f} B parameters, {a.dtype}, LoRA "
             f"r=16 on {len(TARGETS)} projections, {a.seq} tokens per rank, 2 ranks\n\n")
     return head + tm.md_table(
         ["run", "resident", "beyond", "beyond / FSDP2's", "load peak", "load / resident",
@@ -226,6 +227,8 @@ def main(argv=None) -> int:
     ap.add_argument("--shapes", default="1b,small", help="comma list of " + ", ".join(SHAPES))
     ap.add_argument("--seq", type=int, default=256, help="tokens per rank per step")
     ap.add_argument("--steps", type=int, default=2, help="timed steps per run (after a warm-up)")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                    help="the weights' dtype (results go to finetune-float32.* for float32)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     a = ap.parse_args(argv)
     shapes = [s for s in a.shapes.split(",") if s]
@@ -236,13 +239,13 @@ def main(argv=None) -> int:
     os.makedirs(a.out, exist_ok=True)
     report = [f"Machine: {os.cpu_count()} CPUs, load average at start {tm.load_average()}. "
               f"Command: python benchmarks/bench_finetune.py --shapes {a.shapes} --seq {a.seq} "
-              f"--steps {a.steps}\n"]
+              f"--steps {a.steps} --dtype {a.dtype}\n"]
     results = {}
     for shape in shapes:
         a.shape = shape
         tmp = tempfile.mkdtemp(prefix="bench_finetune_")
         try:
-            n = write_checkpoint(shape, a.seq, os.path.join(tmp, "ckpt"))
+            n = write_checkpoint(shape, a.seq, os.path.join(tmp, "ckpt"), a.dtype)
             out_path = os.path.join(tmp, "res.json")
             mp.spawn(worker, args=(2, tm.free_port(), a, os.path.join(tmp, "ckpt"), out_path),
                      nprocs=2)
@@ -252,9 +255,10 @@ def main(argv=None) -> int:
             shutil.rmtree(tmp, ignore_errors=True)
         report.append(render(shape, n, a, results[shape]))
         print(report[-1], flush=True)
-    with open(os.path.join(a.out, "finetune.json"), "w") as f:
+    name = "finetune" if a.dtype == "bfloat16" else f"finetune-{a.dtype}"
+    with open(os.path.join(a.out, name + ".json"), "w") as f:
         json.dump(results, f, indent=1)
-    with open(os.path.join(a.out, "finetune.md"), "w") as f:
+    with open(os.path.join(a.out, name + ".md"), "w") as f:
         f.write("\n".join(report))
     return 0
 

@@ -1,7 +1,7 @@
 """Small helpers that ``torch_rsdp.rsdp`` and ``torch_rsdp.plan`` both need.
 
-Neutral ground: this module imports torch only, so either package may use it without
-depending on the other.
+Neutral ground: this module imports torch (and ``_host_staging``, which imports torch only), so
+either package may use it without depending on the other.
 """
 from __future__ import annotations
 

@@ -46,7 +46,8 @@ BACKEND = {"torch_rsdp._C", "torch_rsdp._extension", "torch_rsdp._registration",
 BACKEND_API = {"torch_rsdp._ring", "torch_rsdp._topology", "torch_rsdp._compression"}
 #: Neutral ground that ``rsdp`` and ``plan`` both build on (each module's docstring says so).
 SHARED = {"torch_rsdp._utils", "torch_rsdp._dtensor_params", "torch_rsdp._grad_sync",
-          "torch_rsdp._checkpoint_hooks", "torch_rsdp._apply_guard", "torch_rsdp._materialize"}
+          "torch_rsdp._checkpoint_hooks", "torch_rsdp._apply_guard", "torch_rsdp._materialize",
+          "torch_rsdp._host_staging"}
 #: plan's bottom: plans as data, the handler registry, units, meshes, mixed precision,
 #: compression settings, and the terms handlers price units in.
 PLAN_BOTTOM = {"torch_rsdp.plan._spec", "torch_rsdp.plan._registry", "torch_rsdp.plan._units",
@@ -65,12 +66,15 @@ RSDP_UNITS = {"torch_rsdp.rsdp._units"}
 RULES: Dict[str, Set[str]] = {
     # The backend (and torchft's process group, testing): torch and each other.
     "torch_rsdp": BACKEND | SHARED,
-    "torch_rsdp._utils": set(),                               # torch only
+    "torch_rsdp._host_staging": set(),                        # torch only
+    "torch_rsdp._utils": {"torch_rsdp._host_staging"},
     "torch_rsdp._dtensor_params": set(),                      # torch only
     "torch_rsdp._checkpoint_hooks": {"torch_rsdp._dtensor_params"},
-    "torch_rsdp._grad_sync": {"torch_rsdp._dtensor_params", "torch_rsdp._compression"},
+    "torch_rsdp._grad_sync": {"torch_rsdp._dtensor_params", "torch_rsdp._compression",
+                              "torch_rsdp._host_staging"},
     "torch_rsdp._apply_guard": {"torch_rsdp._dtensor_params", "torch_rsdp._materialize"},
-    "torch_rsdp._materialize": {"torch_rsdp._dtensor_params", "torch_rsdp._utils"},
+    "torch_rsdp._materialize": {"torch_rsdp._dtensor_params", "torch_rsdp._utils",
+                                "torch_rsdp._host_staging"},
     # The package's entry point: the backend, and the integrations it installs.
     "torch_rsdp.__init__": BACKEND | SHARED | {"torch_rsdp.integrations"},
     # `python -m torch_rsdp`: the report (the package's __version__, integrations.status())

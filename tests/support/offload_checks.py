@@ -160,26 +160,22 @@ def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
             assert "offload_policy must be a torch.distributed.fsdp.CPUOffloadPolicy" in str(e), e
         else:
             raise AssertionError("offload_policy='cpu' was accepted")
-    with rec.case("plan.apply rotate"):
-        import torch_rsdp.plan as plan
+    import torch_rsdp.plan as plan
 
-        ref = _make("llama")
-        model = plan.apply(copy.deepcopy(ref).to(dev), "rotate",
-                           offload_policy=CPUOffloadPolicy(pin_memory=pin_memory))
-        _train_on(model, r, W, dev, reference=False)
-        _train_on(ref, r, W, "cpu", reference=True)
-        _placement(model, dev, pin_memory)
-        _close_whole(model, ref, "plan.apply rotate")
-    if dev.type == "cuda":  # FSDP2 gathers on the device: the stand-in has no backend for it
-        with rec.case("plan.apply full_shard"):
+    # FSDP2 gathers on the device: the stand-in has no backend for it
+    for strategy in ("rotate", "full_shard") if dev.type == "cuda" else ("rotate",):
+        with rec.case(f"plan.apply {strategy}"):
             ref = _make("llama")
-            model = plan.apply(copy.deepcopy(ref).to(dev), "full_shard",
+            model = plan.apply(copy.deepcopy(ref).to(dev), strategy,
                                offload_policy=CPUOffloadPolicy(pin_memory=pin_memory))
             _train_on(model, r, W, dev, reference=False)
             _train_on(ref, r, W, "cpu", reference=True)
-            for n, p in model.named_parameters():
-                assert _loc(p).device.type == "cpu", f"{n} on {_loc(p).device}"
-            _close_whole(model, ref, "plan.apply full_shard")
+            if strategy == "rotate":
+                _placement(model, dev, pin_memory)
+            else:  # FSDP2 shards every parameter; its own offload keeps them all on the host
+                for n, p in model.named_parameters():
+                    assert _loc(p).device.type == "cpu", f"{n} on {_loc(p).device}"
+            _close_whole(model, ref, f"plan.apply {strategy}")
     with rec.case("plan.apply split refused"):
         try:
             plan.apply(_make("llama"), "split:2",
