@@ -16,21 +16,26 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["collective_device", "broadcast_coalesced"]
+__all__ = ["has_backend", "collective_device", "broadcast_coalesced"]
 
 _HOST = torch.device("cpu")
 
 
-def collective_device(group: Optional[dist.ProcessGroup], device: torch.device) -> torch.device:
-    """``device`` if ``group`` has a backend for its type, else the host."""
-    if device.type in ("cpu", "meta"):
-        return device
+def has_backend(group: Optional[dist.ProcessGroup], device: torch.device) -> bool:
+    """Whether ``group`` (default: world) has a backend for tensors of ``device``'s type."""
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     try:
-        pg._get_backend(device)
+        pg._get_backend(torch.device(device))
     except RuntimeError:
-        return _HOST
-    return device
+        return False
+    return True
+
+
+def collective_device(group: Optional[dist.ProcessGroup], device: torch.device) -> torch.device:
+    """``device`` if ``group`` has a backend for its type, else the host."""
+    if device.type in ("cpu", "meta") or has_backend(group, device):
+        return device
+    return _HOST
 
 
 def broadcast_coalesced(group: Optional[dist.ProcessGroup], tensors: List[torch.Tensor],

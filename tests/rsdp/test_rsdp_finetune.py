@@ -469,3 +469,28 @@ def test_lora_on_gloo(checkpoints):
                              deadline=600, pg_timeout=120, allow_exit_abort=True), names, 2)
     for name in names:
         assert_family(results, errors, name, "gloo, world size 2")
+
+
+def test_offload_needs_a_host_backend():
+    """Offload rotates host buffers: a group with a backend for CUDA only (as
+    ``init_process_group("nccl")`` makes) is refused before anything changes, naming the
+    fix; its replicas' collectives would run on the device."""
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    import torch_rsdp.rsdp as rsdp
+    from torch_rsdp._host_staging import collective_device, has_backend
+
+    class CudaOnly:
+        def _get_backend(self, device):
+            if device.type != "cuda":
+                raise RuntimeError(f"No backend type associated with device type {device.type}")
+            return object()
+
+    cuda = torch.device("cuda", 0)
+    assert not has_backend(CudaOnly(), torch.device("cpu"))
+    assert collective_device(CudaOnly(), cuda) == cuda
+    model = _make("llama")
+    with pytest.raises(ValueError, match=r"no backend for CPU tensors.*cpu:rsdp,cuda:nccl"):
+        rsdp.shard(model, CudaOnly(), offload_policy=CPUOffloadPolicy())
+    assert not hasattr(model, "_rsdp_root")
+

@@ -45,6 +45,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
+import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
@@ -53,6 +54,7 @@ from .. import _checkpoint_hooks
 from .._apply_guard import guard_apply
 from .._dtensor_params import mesh_of_group, refuse_ddp, replicate_params
 from .._grad_sync import GradSync
+from .._host_staging import has_backend
 from .._materialize import refuse_forward_on_meta
 from .._utils import broadcast_module_states
 from . import _coverage as coverage
@@ -131,7 +133,7 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
             memory] in :mod:`._rotation.device_copies`). What stays whole stays where the
             model is. ``OffloadPolicy()`` (the default) offloads nothing.
     """
-    _check_arguments(model, linear_split, tp_plan, mp_policy, offload_policy)
+    _check_arguments(model, group, linear_split, tp_plan, mp_policy, offload_policy)
     # Collective, on every rank in this order; the broadcast needs the model still whole
     ring = Ring(group)
     if sync_module_states:
@@ -151,7 +153,8 @@ def shard(model: nn.Module, group: Optional[dist.ProcessGroup] = None, *,
     return model
 
 
-def _check_arguments(model: nn.Module, linear_split, tp_plan, mp_policy, offload_policy) -> None:
+def _check_arguments(model: nn.Module, group, linear_split, tp_plan, mp_policy,
+                     offload_policy) -> None:
     """Raises for an argument :func:`shard` cannot use: on every rank alike, before any rank
     waits in a collective."""
     if getattr(model, "_rsdp_root", None) is not None:
@@ -169,6 +172,13 @@ def _check_arguments(model: nn.Module, linear_split, tp_plan, mp_policy, offload
         raise TypeError(f"torch_rsdp.rsdp.shard: offload_policy must be a torch.distributed."
                         f"fsdp.CPUOffloadPolicy or OffloadPolicy, got "
                         f"{type(offload_policy).__name__}")
+    host = torch.device("cpu")
+    if isinstance(offload_policy, CPUOffloadPolicy) and not has_backend(group, host):
+        # the ring rotates host buffers ([Note: shards offloaded to host memory])
+        raise ValueError("torch_rsdp.rsdp.shard: offload_policy=CPUOffloadPolicy() keeps the "
+                         "shards in host memory and rotates them there, but the group has no "
+                         "backend for CPU tensors: initialise it with one, e.g. "
+                         "init_process_group('cpu:rsdp,cuda:nccl') or 'cpu:gloo,cuda:nccl'")
 
 
 @dataclass
