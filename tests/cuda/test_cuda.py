@@ -319,7 +319,7 @@ def test_cuda_offload(tmp_path):
     from support.hf_models import _make
 
     paths = {}
-    for kind in ("llama", "wide"):
+    for kind in ("llama", "llama_tied", "wide"):
         paths[kind] = str(tmp_path / kind)
         _make(kind).save_pretrained(paths[kind])
     results, errors, _ = launch_families(

@@ -6,8 +6,9 @@ in CPU CI (tests/rsdp/test_rsdp_finetune.py, family ``offload``: support/standin
 whose ops raise on a host tensor) and CUDA on a GPU (tests/cuda/test_cuda.py,
 ``test_cuda_offload``). Each against one process on the CPU:
 
-* trained whole: a Llama built on ``meta``, sharded with ``CPUOffloadPolicy``, materialised
-  on the device and loaded with ``load_pretrained``, trained two AdamW steps: every shard,
+* trained whole: a Llama (untied, and with the head tied to the embedding) built on
+  ``meta``, sharded with ``CPUOffloadPolicy``, materialised on the device and loaded with
+  ``load_pretrained``, trained two AdamW steps: every shard,
   its gradient and its optimizer state in host memory, everything else on the device, the
   parameters those of one process;
 * moved to the device, then sharded: the shards leave the device, the logits are one
@@ -16,7 +17,9 @@ whose ops raise on a host tensor) and CUDA on a GPU (tests/cuda/test_cuda.py,
 * ``plan.apply(model, "rotate", offload_policy=...)``: placement and parity as above; on CUDA
   also ``"full_shard"`` (FSDP2's own offload, whose gathers need a device backend the
   stand-in does not have); ``"split:2"`` refused by name;
-* LoRA per layer and in rotation units on a model whose weights outweigh its activations:
+* LoRA per layer (also under Hugging Face's checkpointing, on CUDA only: torch's recompute
+  inside backward aborts a Python device backend) and in rotation units (also with
+  ``unit_recompute``) on a model whose weights outweigh its activations:
   the adapters train as one process's, and the device's peak during a step is at most what
   the model computed whole holds beyond its weights plus two flat shards (the one in hand
   and its gradient contribution), and below this rank's share of the model.
@@ -119,31 +122,40 @@ def _close_whole(model, ref, what):
         _close(whole.detach().to("cpu"), ref_params[n].detach(), f"{what}: {n}", **ADAM_TOL)
 
 
+def _trained_whole(kind, dev, paths, r, W, pin_memory):
+    """``kind`` built on meta, offloaded, trained whole: placement of every shard, gradient
+    and optimizer state, and the parameters of one process."""
+    import torch_rsdp.rsdp as rsdp
+
+    ref = _make(kind)
+    model = _offloaded(kind, dev, paths, ref, pin_memory)
+    opt = _train_on(model, r, W, dev, reference=False)
+    _train_on(ref, r, W, "cpu", reference=True)
+    _placement(model, dev, pin_memory)
+    shard_ids = {id(p) for p in model.parameters() if _loc(p).device.type == "cpu"}
+    assert shard_ids, "no parameter in host memory"
+    for p, state in opt.state.items():
+        want = "cpu" if id(p) in shard_ids else dev.type
+        for k, v in state.items():
+            if torch.is_tensor(v) and v.dim():
+                assert _loc(v).device.type == want, f"optimizer {k} on {_loc(v).device}"
+    st = rsdp.rsdp_state(model)
+    ref_params = dict(ref.named_parameters())
+    for n, p in model.named_parameters():
+        _close(_loc(p).detach().to("cpu"), st.local_shard_of(n, ref_params[n].detach()), n,
+               **ADAM_TOL)
+
+
 def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
     """The cases, on ``dev``; ``mem`` counts its bytes (``current``, ``peak``,
     ``reset_peak()``: :data:`.standin_device.MEMORY` or :class:`CudaMemory`); ``paths``: the
-    ``save_pretrained`` directories of ``llama`` and ``wide``."""
+    ``save_pretrained`` directories of ``llama``, ``llama_tied`` and ``wide``."""
     import torch_rsdp.rsdp as rsdp
 
     r, W = ctx.rank, ctx.world_size
-    with rec.case("trained whole"):
-        ref = _make("llama")
-        model = _offloaded("llama", dev, paths, ref, pin_memory)
-        opt = _train_on(model, r, W, dev, reference=False)
-        _train_on(ref, r, W, "cpu", reference=True)
-        _placement(model, dev, pin_memory)
-        shard_ids = {id(p) for p in model.parameters() if _loc(p).device.type == "cpu"}
-        assert shard_ids, "no parameter in host memory"
-        for p, state in opt.state.items():
-            want = "cpu" if id(p) in shard_ids else dev.type
-            for k, v in state.items():
-                if torch.is_tensor(v) and v.dim():
-                    assert _loc(v).device.type == want, f"optimizer {k} on {_loc(v).device}"
-        st = rsdp.rsdp_state(model)
-        ref_params = dict(ref.named_parameters())
-        for n, p in model.named_parameters():
-            _close(_loc(p).detach().to("cpu"), st.local_shard_of(n, ref_params[n].detach()), n,
-                   **ADAM_TOL)
+    for kind in ("llama", "llama_tied"):
+        with rec.case(f"{kind} trained whole"):
+            _trained_whole(kind, dev, paths, r, W, pin_memory)
     with rec.case("moved to the device, then sharded"):
         from torch.distributed.fsdp import CPUOffloadPolicy
 
@@ -184,7 +196,16 @@ def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
             assert "split:k cannot offload" in str(e), e
         else:
             raise AssertionError("split:2 with an offload policy was accepted")
-    for what, kw in (("lora per layer", {}), ("lora units", {"tp_plan": "auto"})):
+    for what, kw, ckpt in (("lora per layer", {}, False),
+                           ("lora per layer, checkpointed", {}, True),
+                           ("lora units", {"tp_plan": "auto"}, False),
+                           ("lora units, unit_recompute", {"tp_plan": "auto",
+                                                           "unit_recompute": True}, False)):
+        if ckpt and dev.type != "cuda":
+            # torch's checkpoint recomputes inside backward, on autograd's thread for the
+            # device, where a Python device backend aborts the process (the model alone, on
+            # the stand-in, without RSDP): this case runs on CUDA only
+            continue
         with rec.case(what):
             ref = _lora(_make("wide"))
             on_device = _offloaded("wide", dev, paths, ref, pin_memory, **kw)
@@ -196,6 +217,9 @@ def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
             _train_on(on_device, r, W, dev, reference=False)
             peak = mem.peak - base
             whole = copy.deepcopy(ref).to(dev)  # the model whole on the device, one process
+            if ckpt:  # Hugging Face's switch, on both: the bound compares like with like
+                for m in (on_device, whole):
+                    m.base_model.model.gradient_checkpointing_enable()
             base = mem.current
             mem.reset_peak()
             _train_on(whole, r, W, dev, reference=False)
