@@ -318,7 +318,7 @@ def test_cuda_offload(tmp_path):
     pytest.importorskip("peft")
     from support.hf_models import _make
 
-    paths = {}
+    paths = {"work": str(tmp_path)}
     for kind in ("llama", "llama_tied", "wide"):
         paths[kind] = str(tmp_path / kind)
         _make(kind).save_pretrained(paths[kind])

@@ -22,11 +22,14 @@ whose ops raise on a host tensor) and CUDA on a GPU (tests/cuda/test_cuda.py,
   ``unit_recompute``) on a model whose weights outweigh its activations:
   the adapters train as one process's, and the device's peak during a step is at most what
   the model computed whole holds beyond its weights plus two flat shards (the one in hand
-  and its gradient contribution), and below this rank's share of the model.
+  and its gradient contribution), and below this rank's share of the model; the adapter,
+  gathered by ``rsdp.full_state_dict`` and saved by peft on rank 0, loads onto the base with
+  the adapter values of one process.
 """
 from __future__ import annotations
 
 import copy
+import os
 
 import torch
 
@@ -146,10 +149,31 @@ def _trained_whole(kind, dev, paths, r, W, pin_memory):
                **ADAM_TOL)
 
 
+def _save_adapter(model, ref, paths, r):
+    """The trained adapter of an offloaded ``model``, gathered and saved by peft on rank 0,
+    loads onto the CPU base with ``ref``'s adapter values (``ref`` trained alike)."""
+    import torch.distributed as dist
+    from peft import PeftModel
+
+    import torch_rsdp.rsdp as rsdp
+
+    out = os.path.join(paths["work"], "offloaded-adapter")
+    whole = rsdp.full_state_dict(model)  # collective; whole tensors on rank 0
+    if dist.get_rank() == 0:
+        model.save_pretrained(out, state_dict=whole)
+    dist.barrier()
+    loaded = PeftModel.from_pretrained(_make("wide"), out)
+    ref_params = dict(ref.named_parameters())
+    for n, p in loaded.named_parameters():
+        if ".lora_" in n:
+            _close(p.detach(), ref_params[n].detach(), f"saved adapter {n}", **ADAM_TOL)
+
+
 def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
     """The cases, on ``dev``; ``mem`` counts its bytes (``current``, ``peak``,
     ``reset_peak()``: :data:`.standin_device.MEMORY` or :class:`CudaMemory`); ``paths``: the
-    ``save_pretrained`` directories of ``llama``, ``llama_tied`` and ``wide``."""
+    ``save_pretrained`` directories of ``llama``, ``llama_tied`` and ``wide``, and ``work``, a
+    directory every rank sees."""
     import torch_rsdp.rsdp as rsdp
 
     r, W = ctx.rank, ctx.world_size
@@ -236,4 +260,6 @@ def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
             # shard in hand and its gradient contribution; never this rank's share
             assert peak <= beyond_weights + 2 * largest, (what, peak, beyond_weights, largest)
             assert peak < share, (what, peak, share)
+    with rec.case("adapter saved and loaded by peft"):
+        _save_adapter(on_device, ref, paths, r)
 
