@@ -11,6 +11,8 @@ whose ops raise on a host tensor) and CUDA on a GPU (tests/cuda/test_cuda.py,
   ``load_pretrained``, trained two AdamW steps: every shard,
   its gradient and its optimizer state in host memory, everything else on the device, the
   parameters those of one process;
+* mixed precision: bf16 compute over float32 master shards on the host, logits and
+  gradients of one process within bf16's precision;
 * moved to the device, then sharded: the shards leave the device, the logits are one
   process's;
 * refusal: an ``offload_policy`` that is not FSDP2's names the type expected;
@@ -169,6 +171,33 @@ def _save_adapter(model, ref, paths, r):
             _close(p.detach(), ref_params[n].detach(), f"saved adapter {n}", **ADAM_TOL)
 
 
+def _mixed_precision(dev, paths, r, W, pin_memory):
+    """bf16 compute over float32 master shards in host memory (FSDP2's ``MixedPrecisionPolicy``
+    beside the offload): logits and gradients of one process within bf16's precision, the
+    master shards and their gradients float32 on the host."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    import torch_rsdp.rsdp as rsdp
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32,
+                              output_dtype=torch.float32)
+    ref = _make("llama_tied")
+    model = _offloaded("llama_tied", dev, paths, ref, pin_memory, mp_policy=mp)
+    ids = _ids(r)
+    out = model(input_ids=ids.to(dev), labels=ids.to(dev))
+    out.loss.backward()
+    (sum(ref(input_ids=_ids(q), labels=_ids(q)).loss for q in range(W)) / W).backward()
+    _close(out.logits.detach().to("cpu"), ref(input_ids=ids).logits.detach(), "bf16 logits",
+           5e-2, 5e-2)
+    _placement(model, dev, pin_memory)
+    st = rsdp.rsdp_state(model)
+    ref_params = dict(ref.named_parameters())
+    for n, p in model.named_parameters():
+        assert p.dtype == torch.float32 and p.grad.dtype == torch.float32, n
+        exp = st.local_shard_of(n, ref_params[n].grad)
+        _close(_loc(p.grad).to("cpu"), exp, f"bf16 grad of {n}", 2e-2, 5e-2)
+
+
 def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
     """The cases, on ``dev``; ``mem`` counts its bytes (``current``, ``peak``,
     ``reset_peak()``: :data:`.standin_device.MEMORY` or :class:`CudaMemory`); ``paths``: the
@@ -180,6 +209,8 @@ def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
     for kind in ("llama", "llama_tied"):
         with rec.case(f"{kind} trained whole"):
             _trained_whole(kind, dev, paths, r, W, pin_memory)
+    with rec.case("mixed precision"):
+        _mixed_precision(dev, paths, r, W, pin_memory)
     with rec.case("moved to the device, then sharded"):
         from torch.distributed.fsdp import CPUOffloadPolicy
 
