@@ -48,7 +48,8 @@ import pytest
 import torch
 
 from support.harness import assert_family, launch, launch_families, run_families
-from support.hf_models import LORA_TARGETS, _close, _lora, _loc, _loss, _make, _on_meta
+from support.hf_models import (LORA_TARGETS, _close, _lora, _loc, _loss, _make, _on_meta,
+                               _saved_adapter)
 
 WORLD_SIZES = (2, 3)
 
@@ -250,14 +251,7 @@ def fam_lora_meta(ctx, rec, paths):
         for q in range(1, W):
             _close(got[q], got[0], f"lora_A on rank {q} against rank 0", atol=0, rtol=0)
         _train_adapters(model, r, W, reference=False)
-        out = os.path.join(paths["work"], "adapter")
-        whole = rsdp.full_state_dict(model)  # collective; whole tensors on rank 0
-        if dist.get_rank() == 0:
-            model.save_pretrained(out, state_dict=whole)
-        dist.barrier()
-        from peft import PeftModel
-
-        loaded = PeftModel.from_pretrained(_make("llama"), out)
+        loaded = _saved_adapter(model, "llama", os.path.join(paths["work"], "adapter"))
         _close(_loss(loaded, r)[1], _loss(model, r)[1], "logits of the saved adapter on the base")
 
 

@@ -35,7 +35,7 @@ import os
 
 import torch
 
-from .hf_models import _close, _ids, _lora, _loc, _make, _on_meta
+from .hf_models import _close, _ids, _lora, _loc, _make, _on_meta, _saved_adapter
 
 
 class CudaMemory:
@@ -154,17 +154,7 @@ def _trained_whole(kind, dev, paths, r, W, pin_memory):
 def _save_adapter(model, ref, paths, r):
     """The trained adapter of an offloaded ``model``, gathered and saved by peft on rank 0,
     loads onto the CPU base with ``ref``'s adapter values (``ref`` trained alike)."""
-    import torch.distributed as dist
-    from peft import PeftModel
-
-    import torch_rsdp.rsdp as rsdp
-
-    out = os.path.join(paths["work"], "offloaded-adapter")
-    whole = rsdp.full_state_dict(model)  # collective; whole tensors on rank 0
-    if dist.get_rank() == 0:
-        model.save_pretrained(out, state_dict=whole)
-    dist.barrier()
-    loaded = PeftModel.from_pretrained(_make("wide"), out)
+    loaded = _saved_adapter(model, "wide", os.path.join(paths["work"], "offloaded-adapter"))
     ref_params = dict(ref.named_parameters())
     for n, p in loaded.named_parameters():
         if ".lora_" in n:
