@@ -35,13 +35,13 @@ import torch.nn as nn
 from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
 from .._apply_guard import guard_apply
-from .._dtensor_params import local, refuse_ddp, replicate_params
+from .._dtensor_params import refuse_ddp, replicate_params
 from .._grad_sync import DEFAULT_BUCKET_BYTES, GradSync
 from .._materialize import has_meta
 from .._ring import backend_of, rsdp_backend
 from .._utils import broadcast_module_states
 from .. import _checkpoint_hooks
-from ._mesh import Meshes
+from ._mesh import Meshes, device_type_of
 from . import _compression as compression_spec
 from ._mixed_precision import as_policy
 from ._spec import Plan, Resolution, resolve
@@ -151,7 +151,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
 
     units = build_units(model, res)
     _compression_needs_rsdp(units, comp, group)
-    meshes = Meshes(group, _device_type(model))
+    meshes = Meshes(group, device_type_of(model))
     ctx = ApplyContext(group, meshes, mp, [], comp, offload_policy)
     replicated: List[nn.Parameter] = []
     for unit in sorted(units.values(), key=lambda u: -depth(u.name)):
@@ -197,12 +197,6 @@ def _as_dtensors(model: nn.Module, units: Dict[str, Unit], replicated: List[nn.P
         u.params = {n: new.get(id(p), p) for n, p in u.params.items()}
     ctx.optim_sharded[:] = [new.get(id(p), p) for p in ctx.optim_sharded]
     return [new.get(id(p), p) for p in replicated]
-
-
-def _device_type(model: nn.Module) -> str:
-    """The device type the model computes on, for its meshes: a DTensor moves its local
-    tensor to its mesh's device type, and FSDP2 the module to its mesh's device."""
-    return next((local(p).device.type for p in model.parameters()), "cpu")
 
 
 def _check_offload(res: Resolution, offload) -> None:

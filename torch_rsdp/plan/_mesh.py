@@ -16,12 +16,21 @@ from typing import Dict, List, Optional
 
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
 
 from .._compression import set_compression
 from .._topology import topology
 from ._compression import key
 
-__all__ = ["Meshes", "node_ranks"]
+__all__ = ["Meshes", "node_ranks", "device_type_of"]
+
+
+def device_type_of(model) -> str:
+    """The device type ``model`` computes on, for its meshes: a DTensor moves its local tensor
+    to its mesh's device type, and FSDP2 the module to its mesh's device."""
+    for p in model.parameters():
+        return (p._local_tensor if isinstance(p, DTensor) else p).device.type
+    return "cpu"
 
 
 def node_ranks(group: Optional[dist.ProcessGroup]) -> List[List[int]]:

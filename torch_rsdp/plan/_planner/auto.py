@@ -24,7 +24,7 @@ import torch.nn as nn
 from ..._utils import group_rank0
 from ...rsdp import can_rotate
 from .._cost_terms import Links, UnitProfile
-from .._mesh import Meshes
+from .._mesh import Meshes, device_type_of
 from .._spec import Plan, block_patterns, parse_strategy, resolve
 from .._strategies import is_splittable
 from .._units import build_units
@@ -112,7 +112,7 @@ class _Planning:
     choices: List[List[Choice]] = field(default_factory=list)  # per profiled unit
 
     def __post_init__(self):
-        self.meshes = Meshes(self.group)
+        self.meshes = Meshes(self.group, device_type_of(self.model))
 
     def ranks_per_node(self) -> int:
         """Ranks sharing a machine's memory (a budget given as a fraction of it is split

@@ -53,7 +53,7 @@ from ..._utils import all_gather_tensor, group_rank0, reduce_scatter_tensor
 from ..._ring import ring_shift
 from .._apply import apply
 from .._cost_terms import Fit, UnitProfile
-from .._mesh import Meshes
+from .._mesh import Meshes, device_type_of
 
 # UnitProfile and Fit live in ..cost_terms (the handlers price with them too); they stay
 # importable from here.
@@ -338,7 +338,7 @@ def profile_model(model: nn.Module, example_inputs, unit_params: Dict[str, Dict[
     """Measures (or loads) the profile. Collective. ``unit_params``: unit name -> byte counts
     {"numel", "param_bytes", "linear_bytes", "rotate_bytes"} of what the unit owns;
     ``strategies(unit_profile) -> [names]``: the strategies to time each unit with."""
-    meshes = meshes or Meshes(group)
+    meshes = meshes or Meshes(group, device_type_of(model))
     world, nodes = dist.get_world_size(group), meshes.nodes()
     names = list(unit_params)
     cand = {n: tuple(strategies(UnitProfile(n, **unit_params[n]))) if strategies else ()
