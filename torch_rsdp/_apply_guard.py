@@ -11,8 +11,8 @@ trains its own model.
 So every module of a sharded model gets an ``_apply`` that first asks the conversion what it
 would do to each parameter and buffer, one at a time: if it returns each of them as it is, or
 an equal copy (the usual case: same device, same dtype), nothing is swapped and the model is
-left alone; if it would move or
-cast one, it raises before touching anything, naming the rank and the tensor, since a sharded
+left alone (an offloaded shard that it would only move to the device stays in host memory);
+if it would move or cast one, it raises before touching anything, naming the rank and the tensor, since a sharded
 parameter's storage is the one the ring or the plan's buckets hold (cast or move the model
 before sharding it; ``plan.apply(mixed_precision=...)`` computes in lower precision).
 """
@@ -52,6 +52,17 @@ def _unchanged(t: torch.Tensor, out) -> bool:
             and out.shape == t.shape and (a.data_ptr() == b.data_ptr() or torch.equal(a, b)))
 
 
+def _stays_on_host(t: torch.Tensor, out) -> bool:
+    """``t`` is an offloaded shard (``_rsdp_offloaded``, set by its owner) that ``out`` would
+    only move: it stays in host memory, where offload keeps it ([Note: shards offloaded to host
+    memory] in ``rsdp/_rotation/device_copies.py``), so the Trainer's move of the model to its
+    device is a no-op for it."""
+    if not getattr(t, "_rsdp_offloaded", False) or not isinstance(out, torch.Tensor):
+        return False
+    a, b = local(t), local(out)
+    return a.dtype == b.dtype and a.shape == b.shape and out.shape == t.shape
+
+
 def _guarded_apply(self: nn.Module, fn, recurse: bool = True):
     tensors = list(self.named_parameters(recurse=recurse, remove_duplicate=False))
     tensors += list(self.named_buffers(recurse=recurse, remove_duplicate=False))
@@ -63,7 +74,7 @@ def _guarded_apply(self: nn.Module, fn, recurse: bool = True):
             meta += 1  # to_empty of a model sharded on meta: allocated below
             continue
         out = fn(t)
-        if not _unchanged(t, out):
+        if not (_unchanged(t, out) or _stays_on_host(t, out)):
             rank = dist.get_rank() if dist.is_initialized() else 0
             what = (f"{t.dtype} on {t.device} -> {out.dtype} on {out.device}"
                     if hasattr(out, "dtype") else "a new tensor")

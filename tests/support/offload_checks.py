@@ -13,8 +13,9 @@ whose ops raise on a host tensor) and CUDA on a GPU (tests/cuda/test_cuda.py,
   parameters those of one process;
 * mixed precision: bf16 compute over float32 master shards on the host, logits and
   gradients of one process within bf16's precision;
-* moved to the device, then sharded: the shards leave the device, the logits are one
-  process's;
+* moved to the device, then sharded: the shards leave the device, and stay on the host when
+  the model is moved to the device again (as the Hugging Face ``Trainer`` does), a cast is
+  refused, the logits are one process's;
 * refusal: an ``offload_policy`` that is not FSDP2's names the type expected;
 * ``plan.apply(model, "rotate", offload_policy=...)``: placement and parity as above; on CUDA
   also ``"full_shard"`` (FSDP2's own offload, whose gathers need a device backend the
@@ -208,6 +209,14 @@ def check_offload(ctx, rec, paths, dev, mem, pin_memory=False):
         model = rsdp.shard(copy.deepcopy(ref).to(dev),
                            offload_policy=CPUOffloadPolicy(pin_memory=pin_memory))
         _placement(model, dev, pin_memory)
+        model.to(dev)  # the Hugging Face Trainer moves every model to its device: a no-op
+        _placement(model, dev, pin_memory)
+        try:
+            model.to(torch.float16)
+        except ValueError as e:
+            assert "converting a sharded model" in str(e), e
+        else:
+            raise AssertionError("casting an offloaded model was accepted")
         _close(model(input_ids=_ids(r).to(dev)).logits.to("cpu"), ref(input_ids=_ids(r)).logits,
                "logits")
     with rec.case("refusal"):

@@ -104,6 +104,8 @@ class ShardState:
         self.offloaded, self.pin_memory = True, pin_memory
         if not self.flat.is_meta and self.flat.device.type != "cpu":
             self._place(self._host(self.flat.device), copy=True)
+        for n in self.names:  # model.to(device) leaves it here (torch_rsdp._apply_guard)
+            self.param(n)._rsdp_offloaded = True
 
     def _host(self, device: torch.device) -> torch.device:
         return torch.device("cpu") if self.offloaded else device
