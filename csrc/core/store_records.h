@@ -2,7 +2,8 @@
 // publishes through the rendezvous store (core/bootstrap.h) and the header of
 // the shared-memory segment group rank 0 creates. Each is encoded and decoded
 // here and nowhere else, because a peer may be broken, of another version, of
-// another job, or hostile (docs/reliability.md): a decoder checks length,
+// another job, or hostile (docs/architecture.md, Records a peer leaves; the
+// attacks the tests make: docs/reliability.md): a decoder checks length,
 // separators, numeric ranges, the writer's rank and the version tag, and
 // returns what was wrong instead of throwing or reading past the value.
 //

@@ -3,10 +3,11 @@
 // every rank published at join time (core/group.h), so every rank computes the
 // same answer without further communication.
 //
-// Words: a *node* is a set of ranks sharing memory; *local rank*
-// is the position on the node (by group rank); a *rail* is the set of ranks
-// with one local rank across all nodes; a *leader* is local rank 0.
-// Nodes are numbered in the order of their lowest group rank.
+// Words (docs/architecture.md, Layers; the rules in Node topology): a *node*
+// is a set of ranks sharing memory; *local rank* is the position on the node
+// (by group rank); a *rail* is the set of ranks with one local rank across
+// all nodes; a *leader* is local rank 0. Nodes are numbered in the order of
+// their lowest group rank.
 #pragma once
 
 #include <string>

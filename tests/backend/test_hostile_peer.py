@@ -1,4 +1,5 @@
-"""A hostile and a broken peer, end to end (docs/reliability.md).
+"""A hostile and a broken peer, end to end (docs/reliability.md; the decoders' rules:
+docs/architecture.md, Records a peer leaves).
 
 Store: rank 1 of the launch is a plain process with its own client of the job's TCPStore and no
 process group. Before each case it writes malformed records under the keys a real rank reads

@@ -1,9 +1,10 @@
 // One POSIX shared-memory segment, mapped into this process.
 //
-// Hygiene: names carry a random per-job nonce, creation is
-// O_CREAT|O_EXCL with mode 0600, the size is reserved with posix_fallocate so
-// a full /dev/shm fails at init instead of with SIGBUS later, and the fd is
-// closed right after mmap (the mapping keeps the memory alive).
+// Hygiene (docs/architecture.md, Shared-memory segments): names are random,
+// creation is O_CREAT|O_EXCL with mode 0600, the reserved size is allocated
+// with posix_fallocate so a full /dev/shm fails at init instead of with
+// SIGBUS later, and the fd is closed right after mmap (the mapping keeps the
+// memory alive).
 #pragma once
 
 #include <cstddef>

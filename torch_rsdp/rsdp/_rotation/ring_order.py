@@ -81,10 +81,10 @@ def _id_device(group) -> torch.device:
 class Ring:
     """Ring order of ``group`` plus async, profiler-labelled shift / shift-reduce.
 
-    Any backend: hops run as the rsdp backend's fused ring steps where the
-    group serves the tensor's device with rsdp, as torch's batched point-to-point ops
-    (:class:`torch_rsdp._ring.P2PRing`) elsewhere; the order, the schedules and the bits are
-    the same."""
+    Any backend (docs/architecture.md, Ring order): hops run as the rsdp backend's fused ring
+    steps where the group serves the tensor's device with rsdp, as torch's batched
+    point-to-point ops (:class:`torch_rsdp._ring.P2PRing`) elsewhere; the order, the schedules
+    and the bits are the same."""
 
     def __init__(self, group: Optional[dist.ProcessGroup] = None):
         self.group = group
