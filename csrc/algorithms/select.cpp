@@ -21,13 +21,13 @@ Algo automatic(const Choice& c) {
     // [Note: one-shot bound]
     // One-shot is one exchange, but every rank reads and reduces all n
     // copies; reduce-scatter + all-gather is two exchanges and each rank
-    // reduces 1/n. Measured on a 2-vCPU AMD EPYC KVM guest, both in one
-    // launch (two groups of the same ranks, 40 alternating batches of 20
-    // ops, median): 2 ranks, a core each: equal at 8 KiB, reduce-scatter +
-    // all-gather ahead from 16 KiB (32 KiB 14.3 vs 15.6 us, 64 KiB 18.4 vs
-    // 21.2, 256 KiB 32.8 vs 45.6); 4 ranks on the 2 cores: one-shot ahead
-    // up to 8 KiB, behind by 27-30% at 32 KiB. Reduce keeps its own bound
-    // (RSDP_ONESHOT_BYTES, 32 KiB: at 2 ranks the two meet at 32-64 KiB).
+    // reduces 1/n. The saved exchange pays only while a step's fixed cost
+    // outweighs the n-fold reduction, i.e. for small messages; the two are
+    // about even at kNodeAllreduceOneshotBytes (select.h), and beyond it the
+    // redundant reduction loses, the more so with more ranks than cores.
+    // Reduce keeps its own, larger bound (RSDP_ONESHOT_BYTES): its one-shot
+    // form has the root alone reduce, repeating no rank's work, so it stays
+    // ahead to a larger size.
     const size_t oneshot = allreduce_oneshot_bytes(c.opts, c.device);
     return c.bytes <= oneshot && c.bytes <= c.half_bytes ? Algo::kOneshot : Algo::kRsAg;
   }

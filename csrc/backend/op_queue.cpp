@@ -39,10 +39,11 @@ void OpQueue::loop() {
   // waiting runs the op] in work_rsdp.cpp), or a peer rank's thread in the
   // middle of the same collective. As SCHED_BATCH (the same share of the
   // core, no wake-up preemption) it runs when that thread waits, yields or
-  // its slice ends, or at once on an idle core. 2 ranks, async all-reduce
-  // waited at once, 8 B: 12-13 us as SCHED_OTHER, 21-27 with the waiter
-  // running the op, 4.4-6 with both. Best effort: a refusal (a seccomp
-  // policy) leaves the thread as it was.
+  // its slice ends, or at once on an idle core. The two go together: with
+  // wake-up preemption, a waiter that runs the op is itself preempted by the
+  // worker it woke, and a small async op waited at once gets slower, not
+  // faster. Best effort: a refusal (a seccomp policy) leaves the thread as
+  // it was.
   sched_param param{};
   param.sched_priority = 0;
   (void)sched_setscheduler(0, SCHED_BATCH, &param);

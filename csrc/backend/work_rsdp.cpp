@@ -49,8 +49,8 @@ void WorkRSDP::complete(std::exception_ptr err, int src) {
 // An async op (async_op=True, and every op FSDP2 issues) is run by the
 // group's worker thread, and its waiter sleeps on the Work's condition
 // variable: two thread hand-offs, each a futex wake-up through the scheduler
-// (8 us per op with the ranks pinned, about 50 us where the worker is woken on an
-// idle vCPU), against none for a blocking op, which runs on the caller's
+// (more than a small op's own work, and more again where the worker is woken
+// on an idle core), against none for a blocking op, which runs on the caller's
 // thread when the queue is idle. So a waiter whose op the worker has not
 // taken yet runs it itself, after the ops queued before it (issue order
 // holds: the queue hands out one task at a time), and a waiter whose op is

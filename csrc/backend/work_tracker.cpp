@@ -71,7 +71,7 @@ void WorkTracker::completed(WorkRSDP& work, std::exception_ptr err) {
     hook = hook_;
   }
   if (hook) {
-    // activeDuration: the time the op ran, not the time it queued. Measured
+    // activeDuration: the time the op ran, not the time it queued. Taken
     // always (a clock read; NCCL needs CUDA events, hence its opt-in).
     // Rounded up to Python's timedelta resolution (1 us): a small op on
     // shared memory can finish within a fraction of it, and an op that ran

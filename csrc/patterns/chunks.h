@@ -20,10 +20,8 @@ inline size_t slot_elems(size_t half, int n, size_t esize) {
 // segment shorter than n slots (the last one, or a whole small message) to
 // the first ranks - a message up to a slot reduced by rank 0 alone - so such
 // a segment is cut into n near-equal chunks of whole 64-byte lines, and every
-// rank reduces its share. Measured on a 2-core machine, both cuts in one
-// launch: 2 ranks, all-reduce 32 KiB-256 KiB 15-26% faster (256 KiB 47.5 ->
-// 35.1 us); 4 ranks taking turns on the 2 cores, equal within 6% at 16-64
-// KiB, 15-18% faster at 128-256 KiB.
+// rank reduces its share: the work of a short segment is spread over every
+// rank instead of waiting on the first ones.
 inline size_t chunk_elems(size_t seg, int n, size_t slot, size_t esize) {
   const size_t line = std::max<size_t>(1, 64 / esize);
   const size_t share = (seg + static_cast<size_t>(n) - 1) / static_cast<size_t>(n);

@@ -4,8 +4,8 @@
 //
 // A layer's forward is W ring hops of its flat shard with a matmul per shard in hand, its
 // backward 2(W-1) hops (weights counter-rotating, gradient sums riding home) with two matmuls
-// per shard: written in Python, each hop cost tens of microseconds of interpreter and
-// dispatch time, the size of the matmuls themselves for a small layer. Here a whole schedule
+// per shard: written in Python, each hop costs interpreter and dispatch time as large as the
+// matmuls themselves for a small layer. Here a whole schedule
 // is one call; the hops are ring steps on the caller's thread (BackendRSDP::ring_step, which
 // the bindings hand in as RingHops: this layer includes nothing of the backend).
 //

@@ -9,7 +9,7 @@
 // communicator once the timeout passes, so no call waits forever. NCCL fixes
 // the mode at init, so "poll during init, block afterwards" is not possible.
 // The price: NCCL launches every ungrouped call, and every group, from a
-// helper thread, which costs tens of microseconds per call; small next to the
+// helper thread, which costs a thread hand-off per call; small next to the
 // large transfers this transport is for.
 //
 // Every NCCL failure poisons a non-blocking communicator (NCCL records it as

@@ -6,9 +6,8 @@
 // lies, so a collective over such buffers copies once, from the peer's buffer
 // straight into the destination, instead of twice through the staging halves
 // (algorithms/direct.cpp). Linux's cross-memory attach (process_vm_readv)
-// would give one copy for any buffer, but measured here its kernel copy runs
-// at a quarter of memcpy's speed in cache and a third beyond it, slower than
-// two pipelined user-space copies.
+// would give one copy for any buffer, but its kernel copy runs at a fraction
+// of memcpy's speed, slower than two pipelined user-space copies.
 //
 // A first-fit allocator over the region with coalescing free lists. Pages are
 // committed (MADV_POPULATE_WRITE) as the high-water mark grows, so running out

@@ -17,10 +17,10 @@ namespace {
 // format as far as it leads) and aborts the process on an address version it
 // does not know (an assertion in ucp_address_unpack). So a peer's address must
 // carry the version this rank's UCX writes, the low 4 bits of its first byte
-// (measured with UCX 1.13: of 300 random addresses, 263 aborted without this
-// check and none with it), and goes to UCX followed by zeros, so that a
-// malformed one is read inside this buffer until UCX refuses it. UCX parses
-// the rest itself.
+// (without this check most garbage addresses abort the process; the
+// ucx-address-garbage case of tests/backend/test_hostile_peer.py), and goes
+// to UCX followed by zeros, so that a malformed one is read inside this
+// buffer until UCX refuses it. UCX parses the rest itself.
 constexpr size_t kAddressPad = 4096;
 
 std::string check_address(std::string peer, const std::string& mine, const char* which,

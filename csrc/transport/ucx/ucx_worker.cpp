@@ -61,7 +61,7 @@ UcxContext::UcxContext(const std::string& who, int estimated_eps) {
   // telling the other nodes of a failure while their connections closed. An
   // earlier event of the same epoll batch can close that endpoint; with one
   // event per poll none can, and UcxWorker::progress() polls until nothing is
-  // left, so nothing waits longer (multi-node bandwidth measured unchanged).
+  // left, so nothing waits longer and the bandwidth is the same.
   setenv("UCX_TCP_MAX_POLL", "1", /*overwrite=*/0);
   ucp_config_t* config = nullptr;
   ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
@@ -71,10 +71,9 @@ UcxContext::UcxContext(const std::string& who, int estimated_eps) {
                   ucx_status_text(s));
   // Over TCP, UCX's rendezvous protocol fetches large messages in request /
   // response fragments, which stall whenever queueing delay on the link
-  // grows: measured through a 1 Gbit/s link, two concurrent rails moved
-  // 55-65% of the link rate with rendezvous and 94% with eager sends (a plain
-  // TCP stream: 95%). So on TCP-only transports every size goes eager, unless
-  // the user chose a threshold.
+  // grows: concurrent rails on one link then move well under the link rate,
+  // while eager sends keep up with a plain TCP stream. So on TCP-only
+  // transports every size goes eager, unless the user chose a threshold.
   if (tcp_only_tls() && !getenv("UCX_RNDV_THRESH")) ucp_config_modify(config, "RNDV_THRESH", "inf");
   ucp_params_t params{};
   params.field_mask = UCP_PARAM_FIELD_FEATURES | UCP_PARAM_FIELD_MT_WORKERS_SHARED |
