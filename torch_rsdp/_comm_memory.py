@@ -3,9 +3,10 @@
 Each rank of a single-node rsdp group owns a region of the group's shared
 memory (``RSDP_POOL_BYTES`` per rank, virtual until used). A collective whose
 buffers lie there reads its peers' data where it lies: one copy instead of
-two through the staging buffers (1.2-2.5x faster from 64 KiB to a few MiB on
-the 2-core benchmark machine; beyond the cache both approach the memory
-bandwidth's limit).
+two through the staging buffers (the ``rsdp:pool`` columns of
+``benchmarks/results/results.md`` against ``rsdp``; the gain is largest while
+the data fits in cache, and beyond it both approach the memory bandwidth's
+limit).
 
 torch reaches it through ``Backend.allocate_tensor``, which FSDP2 uses for its
 all-gather and reduce-scatter buffers after

@@ -110,11 +110,11 @@ class _ReplicaLocal(torch.autograd.Function):
     ``p.to_local()`` for a ``Replicate()`` DTensor parameter ``p``, whose backward wraps the
     gradient in ``p``'s own spec. torch's ``to_local`` makes a new ``DTensorSpec`` for every
     gradient in backward (its metadata, then hashing) and ``DTensor.from_local`` checks and
-    records more: for the norms of a 4-layer Llama on 4 ranks that bookkeeping was 7 ms of a
-    290 ms step (``benchmarks/bench_rsdp_fsdp2.py``, docs/benchmarks.md). A spec describes a
-    tensor's placement, shape, strides and dtype, all of which a gradient laid out as the
-    parameter shares, so the parameter's spec serves; a gradient laid out otherwise is copied
-    into the parameter's layout first."""
+    records more: for the norms of a small Llama, many small gradients, that bookkeeping is a
+    visible share of a step (the RSDP-against-FSDP2 benchmark, docs/benchmarks.md). A spec
+    describes a tensor's placement, shape, strides and dtype, all of which a gradient laid out
+    as the parameter shares, so the parameter's spec serves; a gradient laid out otherwise is
+    copied into the parameter's layout first."""
 
     @staticmethod
     def forward(ctx, p):

@@ -42,7 +42,7 @@ def test_report_holds_every_section_and_costs_little_beyond_the_import():
     print(out)
     print(f"import torch_rsdp {import_s:.1f} s, python -m torch_rsdp {report_s:.1f} s")
     assert code == 0, out
-    # a loaded 2-core machine imports torch_rsdp in 3-9 s; the report itself must add little
+    # a loaded machine may take seconds to import torch_rsdp; the report itself must add little
     assert report_s < import_s + 5 and report_s < 30, (import_s, report_s)
     assert torch.__version__ in out and torch_rsdp.__version__ in out
     for key in torch_rsdp.build_info():

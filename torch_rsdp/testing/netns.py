@@ -501,9 +501,9 @@ class EmulatedNodes:
             rate_bytes = self.rate_bps // 8
             # burst: >= 1 ms at rate and > a 64 KiB GSO packet (tbf would split larger ones).
             # limit: a NIC's default queue, 1000 full-size packets (12 ms at 1 Gbit/s, 120 ms
-            # at 100 Mbit/s). A queue sized in time instead (10 ms) dropped ~1 % of the packets
-            # of a 100 Mbit/s link that two rails share, and each TCP recovery added 0.2-0.3 s
-            # to a collective now and then: noise that no real NIC queue makes.
+            # at 100 Mbit/s). A queue sized in time instead is short enough to drop packets of
+            # a slow link that two rails share, and each TCP recovery then delays a collective
+            # now and then: noise that no real NIC queue makes.
             burst = max(131072, rate_bytes // 1000)
             limit = max(2 * burst, 1000 * 1514)
             _run(*tc, "root", "handle", "1:", "tbf", "rate", f"{self.rate_bps}bit",

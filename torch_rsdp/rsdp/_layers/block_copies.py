@@ -6,9 +6,8 @@ Each hop of a block gather ([Note: block gathers] in :mod:`.block_gather`) copie
 member's shard out of the ring buffer into the whole parameter it is a piece of, and each hop
 of the block's gradient reduction copies every member's piece of its whole gradient in. Piece
 by piece in Python that is a slice of the buffer, a view, a narrow of the whole tensor and a
-copy per member and hop: for a decoder layer's seven layers about 90 us a hop against 40 us
-for the copies alone (256-wide Llama at 4 ranks, one thread), several milliseconds a step when
-ranks share cores.
+copy per member and hop: for a decoder layer's seven layers the bookkeeping costs more than
+the copies themselves, and it adds up over a step when ranks share cores.
 
 Most pieces are one contiguous run of both tensors (a layer split by output features holds a
 block of rows; a bias), so the layout is worked out once per block and set of members: a

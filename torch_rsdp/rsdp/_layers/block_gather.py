@@ -25,13 +25,15 @@ That is ``3 (W - 1)`` hops a block. Whole weights live only while their block co
 most the block's small layers at once, as FSDP2 gathers a block); a layer larger than its
 activations never takes part, so the large layers RSDP exists for are never whole.
 
-From 3 ranks on only, where it pays: at 4 ranks sharing 2 cores it took RSDP from 0.83-0.91x
-FSDP2's throughput to 0.93-0.97x where activations dominate (``bench_rsdp_fsdp2.py``, variants
-``rsdp`` and ``rsdp-perlayer`` in the same runs); at 2 ranks, where each rank has a core and a
-hop is cheap, shard by shard stayed 3-4 % faster (1 hop a layer forward, 2 backward). Tried and
-dropped: the next block's gather riding along the current block's layers (a hop posted before
-each layer computes, waited after) measured 0.88-0.90x against 0.93-0.94x without; the gathers
-and reductions as one all-gather and one reduce-scatter of the group, no faster than the ring.
+From 3 ranks on only, where it pays: there a block's ``3 (W - 1)`` hops replace many more
+hops of its small layers one by one, which cost most where ranks share cores and activations
+dominate; at 2 ranks, where each rank has a core and a hop is cheap, shard by shard (1 hop a
+layer forward, 2 backward) stays ahead. The RSDP-against-FSDP2 benchmark's ``rsdp`` and
+``rsdp-perlayer`` variants compare the two in the same runs. Not done, because neither paid:
+the next block's gather riding along the current block's layers (a hop posted before each
+layer computes, waited after), which was slower than gathering each block when it comes; the
+gathers and reductions as one all-gather and one reduce-scatter of the group, no faster than
+the ring.
 
 Whether a layer is small depends on the tokens it sees, which may differ between ranks, while
 which layers take part decides how much the ring carries and must be the same everywhere. So
