@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What compression would gain on a cluster we do not have: the planner's prediction at 64 x 8.
 
 Profiles the strategies benchmark's TransformerLM (``--config``: ``small`` or ``medium``) in
@@ -7,20 +6,15 @@ with and without compression, and :func:`torch_rsdp.plan.auto` (``allow_compress
 for its own pick, on ``Cluster(nodes=64, ranks_per_node=8, ...)`` at several inter-node link
 speeds. The cluster's ranks compute as fast as this machine's cores (the profile's) and
 quantise at this machine's kernel speed: a cluster of CPU nodes like this one. Prints a
-table; writes it as JSON to --out.
+table; writes predict_compression.md / .json to --out.
 
-    python benchmarks/predict_compression.py
+    python -m benchmarks predict-compression
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import socket
-import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
+from .common import RESULTS, free_port, md_table, write_result
 
 CONFIGS = {"small": dict(vocab=2048, d_model=256, ffn=512, heads=4, layers=4, seq=32, batch=8),
            "medium": dict(vocab=8192, d_model=512, ffn=2048, heads=8, layers=6, seq=64,
@@ -36,7 +30,7 @@ def main(argv=None) -> int:
                    help="inter-node GB/s per node link (10, 25, 100, 400 Gbit/s)")
     p.add_argument("--intra", type=float, default=20.0, help="intra-node GB/s per rank")
     p.add_argument("--budget", default="8GiB")
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
 
     import torch
@@ -44,12 +38,10 @@ def main(argv=None) -> int:
 
     import torch_rsdp  # noqa: F401  (registers the backend)
     import torch_rsdp.plan as plan
-    import training_models as tm
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    dist.init_process_group("rsdp", init_method=f"tcp://127.0.0.1:{port}", rank=0,
+    from . import training_models as tm
+
+    dist.init_process_group("rsdp", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
                             world_size=1)
     cfg = CONFIGS[args.config]
     torch.manual_seed(0)
@@ -57,11 +49,7 @@ def main(argv=None) -> int:
                              cfg["layers"], cfg["seq"])
     x = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]))
     n = sum(q.numel() for q in model.parameters())
-    rows = []
-    print(f"TransformerLM {args.config}: {n / 1e6:.1f} M parameters, micro-batch "
-          f"{cfg['batch']} x {cfg['seq']}; Cluster(64 nodes x 8 ranks, intra {args.intra} GB/s"
-          f"); predicted step ms (ratio to the same plan exact)")
-    print(f"{'link GB/s':>9} " + " ".join(f"{q:>17}" for q in PLANS) + f" {'auto (compression)':>20}")
+    rows, table = [], []
     for gbps in (float(v) for v in args.links.split(",")):
         cl = plan.Cluster(nodes=64, ranks_per_node=8, intra_node_GBps=args.intra,
                           inter_node_GBps=gbps)
@@ -74,19 +62,14 @@ def main(argv=None) -> int:
         cells = []
         for q in PLANS:
             base = t[q.partition("+")[0]]
-            cells.append(f"{t[q] * 1e3:9.1f}" + (f" ({base / t[q]:4.2f}x)" if "+" in q
-                                                 else " " * 8))
-        print(f"{gbps:>9} " + " ".join(f"{c:>17}" for c in cells)
-              + f" {a.prediction.step_time_s * 1e3:>11.1f} {','.join(picked)}")
-    os.makedirs(args.out, exist_ok=True)
-    path = os.path.join(args.out, "predict_compression.json")
-    with open(path, "w") as f:
-        json.dump({"config": cfg, "params": n, "intra_node_GBps": args.intra, "rows": rows}, f,
-                  indent=1)
-    print(f"wrote {path}")
+            cells.append(f"{t[q] * 1e3:.1f}" + (f" ({base / t[q]:.2f}x)" if "+" in q else ""))
+        table.append([gbps, *cells, f"{a.prediction.step_time_s * 1e3:.1f} {','.join(picked)}"])
+    text = (f"TransformerLM {args.config}: {n / 1e6:.1f} M parameters, micro-batch "
+            f"{cfg['batch']} x {cfg['seq']}; Cluster(64 nodes x 8 ranks, intra {args.intra} "
+            f"GB/s); predicted step ms (speed-up over the same plan exact)\n\n"
+            + md_table(["link GB/s", *PLANS, "auto (compression)"], table))
+    print(text)
+    write_result(args.out, "predict_compression", {"config": cfg, "params": n,
+                 "intra_node_GBps": args.intra, "rows": rows}, text, argv)
     dist.destroy_process_group()
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,9 +15,6 @@ from __future__ import annotations
 
 import math
 import os
-import socket
-import statistics
-import sys
 from typing import Optional
 
 import torch
@@ -27,9 +24,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO not in sys.path:  # an uninstalled checkout: find torch_rsdp in the repository root
-    sys.path.append(REPO)
+from .common import fmt_bytes, free_port, md_table, median  # noqa: F401  (the examples use them)
 
 STRATEGIES = ("rsdp", "fsdp2", "ddp")
 
@@ -474,41 +469,12 @@ def default_threads(local_world: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local_world))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def gather_floats(values, device=None) -> list:
     """All-gather a list of floats from every rank: returns [rank][i]."""
     t = torch.tensor(values, dtype=torch.float64, device=device)
     out = [torch.zeros_like(t) for _ in range(dist.get_world_size())]
     dist.all_gather(out, t)
     return [o.tolist() for o in out]
-
-
-def median(xs):
-    return statistics.median(xs) if xs else float("nan")
-
-
-def fmt_bytes(n: float) -> str:
-    if n is None or n != n:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def md_table(header, rows) -> str:
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    fmt = lambda r: "| " + " | ".join(str(c).rjust(w) if i else str(c).ljust(w)  # noqa: E731
-                                      for i, (c, w) in enumerate(zip(r, widths))) + " |"
-    sep = "|" + "|".join("-" * (w + 2) if i == 0 else "-" * (w + 1) + ":"
-                         for i, w in enumerate(widths)) + "|"
-    return "\n".join([fmt(header), sep] + [fmt(r) for r in rows])
 
 
 def load_average() -> str:

@@ -12,7 +12,7 @@ import json
 import os
 from typing import List
 
-import training_models as tm
+from benchmarks import training_models as tm
 
 #: The memory split of the table and plot: the tracker's categories, buffers last but one.
 MEM_CATS = ("params", "grads", "optim", "buffers", "activations")

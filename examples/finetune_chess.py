@@ -92,11 +92,11 @@ import torch.multiprocessing as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+sys.path.insert(0, os.path.dirname(HERE))  # the repository root: torch_rsdp, benchmarks
 import chess_data  # noqa: E402
 import chess_lm  # noqa: E402
 import chess_report  # noqa: E402
-import training_models as tm  # noqa: E402
+from benchmarks import training_models as tm  # noqa: E402
 
 DEFAULT_COMPARE = "rsdp:rsdp,fsdp2:rsdp,ddp:rsdp,fsdp2:gloo,plan=auto:rsdp"
 

@@ -41,11 +41,11 @@ import torch.multiprocessing as mp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(os.path.dirname(HERE), "benchmarks"))
+sys.path.insert(0, os.path.dirname(HERE))  # the repository root: torch_rsdp, benchmarks
 import chess_data  # noqa: E402
 import chess_lm  # noqa: E402
 import torch_rsdp  # noqa: E402,F401  (registers the "rsdp" backend)
-import training_models as tm  # noqa: E402
+from benchmarks import training_models as tm  # noqa: E402
 
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 

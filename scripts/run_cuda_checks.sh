@@ -176,7 +176,7 @@ run_stage rest "$REST_S" rest.log pytest "${PYTEST[@]}" \
 # Two ranks sharing the GPU (NCCL refuses that, so the reference is the device copy rate).
 # Its results.md/json go to a temporary folder: the tables are in the log already.
 bench_out=$(mktemp -d)
-run_stage bench "$BENCH_S" bench.log plain $PY benchmarks/bench_collectives.py --device cuda \
+run_stage bench "$BENCH_S" bench.log plain $PY -m benchmarks collectives --device cuda \
   --world-size 2 --no-plot --ops allreduce,allgather --dtypes float32 --min-bytes 4K \
   --max-bytes 256M --iters 10 --out "$bench_out"
 rm -rf "$bench_out"

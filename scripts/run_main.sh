@@ -20,7 +20,7 @@
 #   4. the collective benchmark up to 512 KiB, 2 ranks, rsdp (plain and communication-memory
 #      buffers) vs gloo, with Open MPI and Intel oneCCL as references (each left out with a note where it
 #      cannot run), one round (table, JSON, PNG in benchmarks/results/;
-#      --rounds 2-3 in benchmarks/bench_collectives.py when the machine is busy).
+#      --rounds 2-3 of python -m benchmarks collectives when the machine is busy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NPROC=$(nproc)
@@ -45,6 +45,6 @@ python3 examples/finetune_lora.py --pretrained examples/results/pretrained --npr
   --steps 40 --eval-prompts 16 --out examples/results
 python3 examples/finetune_chess.py --compare --preset weights --nproc "$NPROC" \
   --out examples/results/weights
-python3 benchmarks/bench_collectives.py --backends rsdp,rsdp:pool,gloo --peers mpi,oneccl --world-size 2 \
-  --dtypes float32 --max-bytes 512K
+python3 -m benchmarks collectives --backends rsdp,rsdp:pool,gloo --peers mpi,oneccl \
+  --world-size 2 --dtypes float32 --max-bytes 512K
 echo "main job: $(( $(date +%s) - start )) s after set-up"

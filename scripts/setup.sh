@@ -31,7 +31,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     say "apt-get install ${need_apt[*]}"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null) \
-      || say "warning: could not install ${need_apt[*]} (the build needs UCX; the multi-node tests need iproute2; bench_collectives --peers mpi needs Open MPI)"
+      || say "warning: could not install ${need_apt[*]} (the build needs UCX; the multi-node tests need iproute2; benchmarks collectives --peers mpi needs Open MPI)"
   else
     say "warning: missing Debian packages ${need_apt[*]} (need root to install)"
   fi
@@ -56,13 +56,13 @@ fi
 # without it the benchmark names it and leaves the peer out.
 if ! dpkg -s libfabric1 >/dev/null 2>&1; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
-    say "apt-get install libfabric1 (for bench_collectives.py --peers oneccl)"
+    say "apt-get install libfabric1 (for python -m benchmarks collectives --peers oneccl)"
     ( (apt-get update -qq || true) && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
         --no-install-recommends libfabric1 >/dev/null) \
-      || say "warning: could not install libfabric1 (bench_collectives --peers oneccl needs it)"
+      || say "warning: could not install libfabric1 (benchmarks collectives --peers oneccl needs it)"
   else
     say "warning: missing Debian package libfabric1 (need root to install; only" \
-        "bench_collectives --peers oneccl needs it)"
+        "benchmarks collectives --peers oneccl needs it)"
   fi
 fi
 
@@ -101,7 +101,7 @@ if shutil.which("mpicc"):
         out.append("mpi4py")
 elif importlib.util.find_spec("mpi4py") is None:
     print("[setup] warning: mpicc not found (Debian package libopenmpi-dev): mpi4py not "
-          "installed, bench_collectives.py --peers mpi will skip Open MPI", file=sys.stderr)
+          "installed, python -m benchmarks collectives --peers mpi will skip Open MPI", file=sys.stderr)
 print(" ".join(out))
 PY
 )
@@ -111,19 +111,19 @@ if [ -n "$wanted" ]; then
 fi
 
 # Intel oneCCL for the benchmark's `--peers oneccl` (nothing else needs it): the CPU runtime
-# and its headers, at the version benchmarks/bench_peers.py names (ONECCL_VERSION), which
+# and its headers, at the version benchmarks/common.py names (ONECCL_VERSION), which
 # compiles its peer program against them on first use. --no-deps: the runtime wheel asks for
 # a `libfabric` distribution that PyPI does not have; the libfabric it loads is Debian's
 # (above). A failure is a warning: the benchmark then says what is missing and runs without
 # the peer.
-ONECCL_VERSION=$(sed -n 's/^ONECCL_VERSION = "\([^"]*\)".*/\1/p' benchmarks/bench_peers.py)
+ONECCL_VERSION=$(sed -n 's/^ONECCL_VERSION = "\([^"]*\)".*/\1/p' benchmarks/common.py)
 oneccl_ok="import importlib.metadata as m, sys; sys.exit(0 if all(m.version(n) == sys.argv[1]
     for n in ('oneccl-cpu', 'oneccl-cpu-devel')) else 1)"
 if ! $PY -c "$oneccl_ok" "$ONECCL_VERSION" 2>/dev/null; then
   say "pip install --no-deps oneccl-cpu==$ONECCL_VERSION oneccl-cpu-devel==$ONECCL_VERSION"
   $PY -m pip install -q --no-deps "oneccl-cpu==$ONECCL_VERSION" \
       "oneccl-cpu-devel==$ONECCL_VERSION" \
-    || say "warning: could not install oneCCL $ONECCL_VERSION (bench_collectives --peers oneccl" \
+    || say "warning: could not install oneCCL $ONECCL_VERSION (benchmarks collectives --peers oneccl" \
            "will be left out)"
 fi
 

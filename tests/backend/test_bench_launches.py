@@ -1,22 +1,23 @@
-"""``bench_launches.py``: how the spread over launches is judged, and what each launch runs.
+"""``python -m benchmarks launches``: how the spread over launches is judged, how variants of
+rsdp's environment are compared, and what each launch runs.
 
-The goals of the launch-mode benchmark (rsdp at or below Open MPI in every launch of a steady
-mode, its spread over launches no wider than Open MPI's) are computed by `summarize` from the
-launches' medians; a wrong verdict there would report a goal held that was missed. These tests
-feed it launches whose outcome is known, and check that each launch asks bench_collectives.py
-for the same timed iterations at every size (`--iters`), which is what keeps a launch's median
-from being 20 noisy samples. No process is spawned: under a second.
+The verdicts of the launches suite (rsdp at or below Open MPI in every launch of a steady mode,
+its spread over launches no wider than Open MPI's) and the variants' ratios are computed by
+`summarize` from the launches' medians; a wrong one there would misreport the comparison. These
+tests feed it launches whose outcome is known (the arithmetic, not this machine's speed), and
+check that each launch asks the collectives suite for the same timed iterations at every size
+(`--iters`) under its variant's environment. No process is spawned: under a second.
 """
 from __future__ import annotations
 
+import argparse
 import json
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import bench_launches  # noqa: E402
+import pytest
+
+from benchmarks import launches as bench_launches
 
 K64, M1, B8 = 64 << 10, 1 << 20, 8
 
@@ -24,6 +25,11 @@ K64, M1, B8 = 64 << 10, 1 << 20, 8
 def launch(mode: str, rsdp: dict, mpi: dict, state: str = "clear") -> dict:
     return {"probe": {"mode": mode}, "states": {"rsdp": state, "mpi": state},
             "times": {"rsdp": rsdp, "mpi": mpi}}
+
+
+def cells(table: str, n: int) -> list[list[str]]:
+    """The first `n` cells of every row of a markdown table."""
+    return [[c.strip() for c in line.split("|")[1:n + 1]] for line in table.splitlines()]
 
 
 def verdicts(launches, sizes=(B8, K64, M1)):
@@ -54,7 +60,7 @@ def test_small_sizes_and_changing_cpus_are_shown_not_judged():
     assert "PASS  near/clear launches, 64K: rsdp/mpi at most 0.50 (goal <= 1)" in v
     # The changed launch still counts in the spread over all launches: 40/10 against 1.00x.
     assert "MISS  all launches, 64K: rsdp spread 4.00x, Open MPI 1.00x" in v
-    assert "| near/changed | 1 | 64K |" in table
+    assert ["near/changed", "1", "64K"] in cells(table, 3)
 
 
 def run_one_launch(monkeypatch, tmp_path, iters: int) -> list[str]:
@@ -65,14 +71,19 @@ def run_one_launch(monkeypatch, tmp_path, iters: int) -> list[str]:
         out = Path(cmd[cmd.index("--out") + 1])
         rows = [{"backend": b, "op": "allreduce", "bytes": K64, "time_us": t}
                 for b, t in (("rsdp", 9.0), ("rsdp@1", 3.0), ("mpi", 18.0))]
-        out.joinpath("results.json").write_text(json.dumps({"rows": rows, "machine": {}}))
+        seen["env"] = kwargs["env"]
+        out.joinpath("results.json").write_text(json.dumps({"results": {"rows": rows,
+                                                                         "machine": {}}}))
         return SimpleNamespace(returncode=0, stdout="", stderr="")
 
     monkeypatch.setattr(bench_launches.subprocess, "run", fake_run)
     args = SimpleNamespace(world_size=4, op="allreduce", sizes=[K64], peers=["mpi"],
                            iters=iters, timeout=60)
-    ln = bench_launches.one_launch(args, str(tmp_path))
-    assert ln["times"] == {"rsdp": {K64: 9.0}, "mpi": {K64: 18.0}}  # rsdp@1 is no launch's
+    ln = bench_launches.one_launch(args, str(tmp_path), "on", {"RSDP_SHM_ADAPT": "once"},
+                                   peers=["mpi"])
+    assert ln["times"] == {"on": {K64: 9.0}, "mpi": {K64: 18.0}}  # rsdp@1 is no launch's
+    assert seen["env"]["RSDP_SHM_ADAPT"] == "once"
+    assert seen["cmd"][1:4] == ["-m", "benchmarks", "collectives"]
     return seen["cmd"]
 
 
@@ -82,6 +93,43 @@ def test_every_size_gets_the_same_timed_iterations(monkeypatch, tmp_path):
     assert cmd[i + 1] == str(bench_launches.ITERS)
     assert cmd[cmd.index("--min-iters") + 1] == str(bench_launches.ITERS)
     assert cmd[cmd.index("--peers") + 1] == "mpi"
-    # 0 leaves bench_collectives' own scaling, as runs before the option were measured.
+    # 0 leaves the collectives suite's own scaling.
     cmd = run_one_launch(monkeypatch, tmp_path, 0)
     assert "--iters" not in cmd and "--min-iters" not in cmd
+
+
+def test_variants_parse_and_are_compared_with_the_first():
+    parse = bench_launches.parse_variants
+    assert parse("") == [("rsdp", {})]
+    assert parse("off:RSDP_SHM_ADAPT=off,on:RSDP_SHM_ADAPT=continuous;RSDP_SPIN_US=0") == [
+        ("off", {"RSDP_SHM_ADAPT": "off"}),
+        ("on", {"RSDP_SHM_ADAPT": "continuous", "RSDP_SPIN_US": "0"})]
+    for bad in ("off:RSDP_SHM_ADAPT", "a:X=1,a:X=2"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse(bad)
+    rounds = [{"probe": {"mode": "near"}, "states": {"off": "clear", "on": "clear"},
+               "times": {"off": {K64: off}, "on": {K64: on}}}
+              for off, on in ((10.0, 8.0), (20.0, 10.0), (10.0, 12.0))]
+    table, v = bench_launches.summarize(rounds, [K64], ["off", "on"])
+    assert v == []  # no Open MPI: nothing to judge
+    head, _, near, all_ = table.splitlines()
+    assert "on/off per launch" in head and "off/mpi" not in head
+    # per-launch ratios 0.8, 0.5, 1.2: median 0.80; off's median 10.0 over 3 launches
+    assert "0.80 (0.50–1.20) [3]" in all_ and "10.0 (10.0–20.0, 2.00x) [3]" in all_
+    assert cells(near, 1) == [["near/clear"]]
+
+
+def test_a_round_alternates_variants_and_runs_the_peers_last(monkeypatch):
+    calls = []
+
+    def fake(args, out_dir, label, env, peers):
+        calls.append((label, env, tuple(peers)))
+        times = {label: {K64: 1.0}, **{p: {K64: 2.0} for p in peers}}
+        return {"times": times, "stacked": {label: {}}, "handoff": {label: None},
+                "cpu_probes": [[]]}
+
+    monkeypatch.setattr(bench_launches, "one_launch", fake)
+    args = SimpleNamespace(peers=["mpi"])
+    ln = bench_launches.one_round(args, [("on", {"A": "1"}), ("off", {"A": "0"})])
+    assert calls == [("on", {"A": "1"}, ()), ("off", {"A": "0"}, ("mpi",))]
+    assert set(ln["times"]) == {"on", "off", "mpi"}

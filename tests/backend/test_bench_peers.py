@@ -1,4 +1,4 @@
-"""``bench_collectives.py --peers mpi,oneccl``: the libraries measured beside the backends.
+"""``python -m benchmarks collectives --peers mpi,oneccl``: the libraries measured beside the backends.
 
 One tiny sweep (2 ranks, allreduce / allgather / reduce_scatter / broadcast / alltoall, float32
 and bfloat16, 1 KiB and 2 KiB, a couple of iterations) run as a user runs it: a subprocess of
@@ -13,18 +13,16 @@ from __future__ import annotations
 
 import importlib.metadata
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from benchmarks import common as bench_peers
 from support.harness import backend_under_test
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-import bench_peers  # noqa: E402
 
 pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp",
                                 reason="the sweep runs rsdp (and rsdp@1) beside the peers")
@@ -37,14 +35,14 @@ def test_peers_mpi_and_oneccl_measure_every_point(tmp_path):
         why = bench_peers.unavailable(peer)
         if why:
             pytest.fail(f"peer {peer} cannot run here: {why} (bash scripts/setup.sh installs it)")
-    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_collectives.py"),
-           "--backends", "rsdp", "--peers", "mpi,oneccl", "--ops", ",".join(OPS),
-           "--dtypes", "float32,bfloat16", "--min-bytes", "1K", "--max-bytes", "2K",
-           "--iters", "3", "--min-iters", "2", "--reps", "2", "--warmup", "1",
-           "--timeout", "60", "--no-plot", "--out", str(tmp_path)]
+    cmd = [sys.executable, "-m", "benchmarks", "collectives", "--backends", "rsdp", "--peers",
+           "mpi,oneccl", "--ops", ",".join(OPS), "--dtypes", "float32,bfloat16",
+           "--min-bytes", "1K", "--max-bytes", "2K", "--iters", "3", "--min-iters", "2",
+           "--reps", "2", "--warmup", "1", "--timeout", "60", "--no-plot", "--out",
+           str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    report = json.loads((tmp_path / "results.json").read_text())
+    report = json.loads((tmp_path / "results.json").read_text())["results"]
     rows = {(r["backend"], r["op"], r["dtype"], r["bytes"]): r for r in report["rows"]}
     for op in OPS:
         for dtype, esize in (("float32", 4), ("bfloat16", 2)):

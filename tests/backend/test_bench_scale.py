@@ -1,4 +1,4 @@
-"""benchmarks/bench_scale.py --quick runs and reports sane costs (docs/scale.md).
+"""`python -m benchmarks scale --quick` runs and reports sane costs (docs/scale.md).
 
 The quick run measures 2 ranks on one node and 4 ranks on 2 emulated nodes (RSDP_NODE_ID on
 the loopback), so both the shared-memory-only group and the UCX path are covered. The bounds
@@ -26,11 +26,10 @@ pytestmark = pytest.mark.skipif(backend_under_test() != "rsdp",
 
 
 def test_bench_scale_quick(tmp_path):
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_scale.py"), "--quick",
-           "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240)
+    cmd = [sys.executable, "-m", "benchmarks", "scale", "--quick", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    rows = json.loads((tmp_path / "scale.json").read_text())["rows"]
+    rows = json.loads((tmp_path / "scale.json").read_text())["results"]["rows"]
     assert [(r["world_size"], r["nodes"]) for r in rows] == [(2, 1), (4, 2)], rows
     for r in rows:
         W, ctx = r["world_size"], f"{r['world_size']} ranks"

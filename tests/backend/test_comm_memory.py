@@ -203,9 +203,9 @@ def test_bench_comm_memory_runs(tmp_path):
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_comm_memory.py"),
-                    "--layers", "2", "--width", "256", "--steps", "1", "--rounds", "1",
-                    "--out", str(tmp_path)], check=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "benchmarks", "comm-memory", "--layers", "2",
+                    "--width", "256", "--steps", "1", "--rounds", "1", "--out", str(tmp_path)],
+                   check=True, timeout=300, cwd=root)
     res = json.loads((tmp_path / "comm_memory.json").read_text())["results"]
     assert res["torch.empty"]["one_copy_ops"] == 0
     assert res["communication memory"]["one_copy_ops"] > 0

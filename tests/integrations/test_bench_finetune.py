@@ -1,4 +1,4 @@
-"""``benchmarks/bench_finetune.py --shapes tiny`` runs as a user runs it and reports what it
+"""``python -m benchmarks finetune --shapes tiny`` runs as a user runs it and reports what it
 claims to measure (about 30 s).
 
 A tiny Llama is written with ``save_pretrained``, then built on ``meta``, wrapped with peft's
@@ -23,13 +23,16 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_tiny_benchmark_loads_one_model_and_reports_its_figures(tmp_path):
     pytest.importorskip("peft")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_finetune.py"), "--shapes",
-           "tiny", "--steps", "1", "--seq", "32", "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    cmd = [sys.executable, "-m", "benchmarks", "finetune", "--shapes", "tiny", "--steps", "1",
+           "--seq", "32", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     assert "beyond / FSDP2's" in (tmp_path / "finetune.md").read_text()
-    runs = json.load(open(tmp_path / "finetune.json"))["tiny"]["runs"]
+    result = json.load(open(tmp_path / "finetune.json"))
+    assert result["command"].startswith("python -m benchmarks finetune --shapes tiny")
+    assert result["machine"]["vcpus"] >= 1 and result["commit"]
+    runs = result["results"]["tiny"]["runs"]
     assert set(runs) == {"rsdp", "rsdp+ckpt", "rsdp-units", "rsdp-units+ckpt", "fsdp2",
                          "fsdp2+ckpt"}
     for kind in ("rsdp", "rsdp-units"):

@@ -1,4 +1,4 @@
-"""``benchmarks/bench_rsdp_fsdp2.py --quick`` runs as a user runs it and reports what it claims
+"""``python -m benchmarks rsdp-fsdp2 --quick`` runs as a user runs it and reports what it claims
 to measure (about 15 s).
 
 RSDP and FSDP2 train the same Hugging Face Llama (4.2 M parameters) on 2 ranks, taking turns
@@ -24,9 +24,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 def test_quick_benchmark_trains_the_same_math_and_reports_its_ratios(tmp_path):
     pytest.importorskip("transformers")
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_rsdp_fsdp2.py"), "--quick",
-           "--out", str(tmp_path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    cmd = [sys.executable, "-m", "benchmarks", "rsdp-fsdp2", "--quick", "--out", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env, cwd=ROOT)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-4000:]
     (res,) = json.load(open(tmp_path / "rsdp_fsdp2.json"))["results"]

@@ -314,19 +314,19 @@ def test_no_ucx_warnings(nodes):
 
 
 def test_bench_multinode_quick(tmp_path, nodes):
-    """bench_multinode.py --quick runs every variant and writes a complete JSON report: rsdp
-    as it chooses, the flat ring, gloo, Open MPI on the same emulated nodes (its daemons
+    """`python -m benchmarks multinode --quick` runs every variant and writes a complete JSON
+    report: rsdp as it chooses, the flat ring, gloo, Open MPI on the same emulated nodes (its daemons
     started through netns.py as a remote shell) and rsdp without a link; a peer that cannot
     run across nodes (oneCCL) is left out with its reason in the report."""
     variants = "auto,ring,gloo,mpi,oneccl,nolink" if RSDP else "gloo"
-    cmd = [sys.executable, os.path.join(ROOT, "benchmarks", "bench_multinode.py"), "--quick",
+    cmd = [sys.executable, "-m", "benchmarks", "multinode", "--quick",
            "--variants", variants, "--out", str(tmp_path)]
     cmd += ["--loopback"] if nodes is None else []
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, f"{' '.join(cmd)} failed ({p.returncode}):\n{p.stdout[-3000:]}\n" \
                               f"{p.stderr[-3000:]}"
-    with open(tmp_path / "bench_multinode.json") as f:
-        report = json.load(f)
+    with open(tmp_path / "multinode.json") as f:
+        report = json.load(f)["results"]
     print(f"bench mode: {report['config']['mode']}")
     rows = report["rows"]
     ops = {"all_reduce", "all_gather", "reduce_scatter"}
@@ -337,7 +337,7 @@ def test_bench_multinode_quick(tmp_path, nodes):
         expected = {"auto", "ring", "gloo", "nolink"} | ({"mpi"} if nodes is not None else set())
         assert ran == expected, (ran, report["machine"].get("peer_notes"))
         assert "oneccl" in report["machine"]["peer_notes"], report["machine"]
-        assert "oneCCL not measured" in (tmp_path / "bench_multinode.md").read_text()
+        assert "oneCCL not measured" in (tmp_path / "multinode.md").read_text()
     for v in ran:
         for op in ops:
             got = [row for row in rows if row["variant"] == v and row["op"] == op]
@@ -348,13 +348,13 @@ def test_bench_multinode_quick(tmp_path, nodes):
                 # no link, no efficiency; every linked variant has one behind a rate limit
                 has_eff = row["link_efficiency"] is not None
                 assert has_eff == (v != "nolink" and nodes is not None), row
-    assert (tmp_path / "bench_multinode.md").exists()
-    assert (tmp_path / "bench_multinode.png").exists()
+    assert (tmp_path / "multinode.md").exists()
+    assert (tmp_path / "multinode.png").exists()
 
 
 @pytest.mark.skipif(not netns.namespaces_available(), reason="network namespaces not permitted")
 def test_netns_command_runs_inside_the_node_and_refuses_other_names(nodes):
-    """`python netns.py NODE COMMAND...` (mpirun's remote shell in bench_multinode.py) runs the
+    """`python netns.py NODE COMMAND...` (mpirun's remote shell in the multinode benchmark suite) runs the
     command in the node's namespace under the node's host name, with ssh's leading options
     ignored; a name that is no live node's namespace gets ssh's status 255 and a message."""
     if nodes is None:

@@ -289,11 +289,10 @@ def test_bench_plans_quick(tmp_path):
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_plans.py"),
-                           "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=900)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "plans", "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=900, cwd=root)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.load(open(tmp_path / "plans.json"))
+    out = json.load(open(tmp_path / "plans.json"))["results"]
     (res,) = out["results"]
     autos = [r for r in res["rows"] if r["kind"] == "auto"]
     assert len(autos) == 3 and res["tightest"] < res["loose"], res

@@ -100,11 +100,10 @@ def test_bench_strategies_quick(tmp_path):
     import sys
 
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    proc = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_strategies.py"),
-                           "--quick", "--out", str(tmp_path)], capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "strategies", "--quick", "--out",
+                           str(tmp_path)], capture_output=True, text=True, timeout=600, cwd=root)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.load(open(tmp_path / "strategies.json"))
+    out = json.load(open(tmp_path / "strategies.json"))["results"]
     assert [r["plan"] for r in out["rows"]] == ["full_shard", "hybrid_shard"], out["rows"]
     assert all(r["tokens_per_s"] > 0 and r["mem_peak_bytes"] > 0 for r in out["rows"])
     fewer = [c for c in out["checks"] if "fewer bytes" in c["check"]]

@@ -1,14 +1,16 @@
 #!/usr/bin/env python3
-"""The Open MPI side of `bench_collectives.py --peers mpi`: one rank of an mpirun job.
+"""The Open MPI side of `python -m benchmarks collectives --peers mpi` (and of the multinode
+suite's `mpi` variant): one rank of an mpirun job. Imports neither torch nor the benchmarks
+package: mpirun starts it by its path.
 
-bench_collectives.py (through bench_peers.py) writes the plan, the list of points the torch
+The collectives suite (through common.run_mpi) writes the plan, the list of points the torch
 backends were measured at, and launches
 
     mpirun [--allow-run-as-root] --oversubscribe -np N --bind-to core|none --mca btl self,vader \
-        python benchmarks/bench_mpi_peer.py --plan PLAN.json --out RESULT.json
+        python benchmarks/mpi_rank.py --plan PLAN.json --out RESULT.json
 
 Each point of the plan is an (op, dtype, element count, iterations, ops per iteration, warm-up
-ops) tuple computed by bench_collectives.py itself, so the sizes, the "bytes" definition (full
+ops) tuple computed by the collectives suite itself, so the sizes, the "bytes" definition (full
 buffer: the gathered output for allgather, the unreduced input for reduce_scatter, the whole
 send buffer for alltoall) and the iteration counts are those of the torch side by construction.
 The ops, on numpy buffers through mpi4py:
@@ -20,18 +22,18 @@ The ops, on numpy buffers through mpi4py:
     alltoall       Alltoall(inp, out)
 
 and the timing is the torch side's: the result is checked once from exact small-integer inputs
-(the same values as bench_collectives.Collective); then warm-up ops, and more for about the
+(the same values as collectives.Collective); then warm-up ops, and more for about the
 plan's warmup_seconds (an op count from the slowest rank's warm-up time); then per timed iteration
 MPI Barrier, time.perf_counter() around `reps` back-to-back ops, divided by reps; after the
 loop the per-iteration times are reduced with MPI MAX onto rank 0 (the slowest rank per
 iteration). The plan's rounds repeat the whole sweep; the parent pools the samples and takes
 the median, as for the torch backends.
 
-Only dtypes with an MPI datatype are in the plan (bench_peers.MPI_DTYPES): MPI has no bfloat16
+Only dtypes with an MPI datatype are in the plan (common.MPI_DTYPES): MPI has no bfloat16
 (nor, in Open MPI 4.1, float16), so those are skipped and the report says so.
 
 Rank 0 writes RESULT.json: {"library_version", "mpi_version", "mpi4py_version", "rows"}, the
-rows in bench_collectives.py's raw format (backend "mpi"), rewritten after every op x dtype so a
+rows in the collectives suite's raw format (backend "mpi"), rewritten after every op x dtype so a
 crash keeps what was measured. torch is not imported here: the ranks are plain MPI processes.
 """
 
@@ -51,7 +53,7 @@ MPI_TYPES = {"float32": MPI.FLOAT, "float64": MPI.DOUBLE, "int32": MPI.INT32_T,
 
 
 def pattern(count: int, dtype, offset: int) -> np.ndarray:
-    """(i % 7) + offset, as bench_collectives.pattern: exact in every dtype."""
+    """(i % 7) + offset, as collectives.pattern: exact in every dtype."""
     return (np.arange(count, dtype=np.int64) % 7 + offset).astype(dtype)
 
 
@@ -113,7 +115,7 @@ def sweep(comm, points: list[dict], rnd: int, rounds: int, emit, flush,
           warmup_seconds: float = 0.0, warmup_max_ops: int = 0) -> None:
     n, rank = comm.size, comm.rank
     groups: dict[tuple, list[dict]] = {}
-    for p in points:  # bench_collectives' order: op, dtype, then sizes
+    for p in points:  # the collectives suite's order: op, dtype, then sizes
         groups.setdefault((p["op"], p["dtype"]), []).append(p)
     for (op, dtype_name), pts in groups.items():
         t_start = time.perf_counter()
@@ -171,7 +173,7 @@ def sweep(comm, points: list[dict], rnd: int, rounds: int, emit, flush,
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--plan", required=True, help="JSON written by bench_peers.py")
+    p.add_argument("--plan", required=True, help="JSON written by common.run_mpi")
     p.add_argument("--out", required=True, help="where rank 0 writes the results (JSON)")
     args = p.parse_args(argv)
     comm = MPI.COMM_WORLD
@@ -179,7 +181,7 @@ def main(argv=None) -> int:
         plan = json.load(f)
     if comm.size != plan["world_size"]:
         if comm.rank == 0:
-            print(f"bench_mpi_peer: the plan is for {plan['world_size']} ranks, mpirun started "
+            print(f"mpi_rank: the plan is for {plan['world_size']} ranks, mpirun started "
                   f"{comm.size}", file=sys.stderr)
         return 2
     import mpi4py

@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """LoRA fine-tuning of a pretrained Llama, RSDP against FSDP2: memory beyond the shards, tokens/s.
 
-    python benchmarks/bench_finetune.py                     # the 1B shape, then the small one
-    python benchmarks/bench_finetune.py --shapes small --steps 3
-    python benchmarks/bench_finetune.py --shapes small --dtype float32   # weights in fp32
-    python benchmarks/bench_finetune.py --shapes tiny --steps 1   # seconds: what CI runs
+    python -m benchmarks finetune                     # the 1B shape, then the small one
+    python -m benchmarks finetune --shapes small --steps 3
+    python -m benchmarks finetune --shapes small --dtype float32   # weights in fp32
+    python -m benchmarks finetune --shapes tiny --steps 1   # seconds: what CI runs
 
 Shapes (Hugging Face ``LlamaForCausalLM`` from a config, bf16 unless ``--dtype float32``, LoRA
 r = 16 on all seven projections, one sequence of ``--seq`` tokens per rank, 2 ranks):
@@ -49,14 +48,11 @@ import argparse
 import json
 import os
 import shutil
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import training_models as tm  # noqa: E402
+from . import training_models as tm
+from .common import RESULTS, write_result
 
 SHAPES = {
     "1b": dict(hidden=2048, layers=16, heads=32, kv=8, ffn=8192, vocab=128256, tied=True),
@@ -229,17 +225,14 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=2, help="timed steps per run (after a warm-up)")
     ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                     help="the weights' dtype (results go to finetune-float32.* for float32)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default=RESULTS)
     a = ap.parse_args(argv)
     shapes = [s for s in a.shapes.split(",") if s]
     bad = [s for s in shapes if s not in SHAPES]
     if bad or a.steps < 1 or a.seq < 2:
         ap.error(f"unknown shape(s) {bad}" if bad else "--steps >= 1 and --seq >= 2")
     import torch.multiprocessing as mp
-    os.makedirs(a.out, exist_ok=True)
-    report = [f"Machine: {os.cpu_count()} CPUs, load average at start {tm.load_average()}. "
-              f"Command: python benchmarks/bench_finetune.py --shapes {a.shapes} --seq {a.seq} "
-              f"--steps {a.steps} --dtype {a.dtype}\n"]
+    report = []
     results = {}
     for shape in shapes:
         a.shape = shape
@@ -256,12 +249,5 @@ def main(argv=None) -> int:
         report.append(render(shape, n, a, results[shape]))
         print(report[-1], flush=True)
     name = "finetune" if a.dtype == "bfloat16" else f"finetune-{a.dtype}"
-    with open(os.path.join(a.out, name + ".json"), "w") as f:
-        json.dump(results, f, indent=1)
-    with open(os.path.join(a.out, name + ".md"), "w") as f:
-        f.write("\n".join(report))
+    write_result(a.out, name, results, "\n".join(report), argv)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

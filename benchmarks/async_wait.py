@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What an asynchronous op costs over a blocking one, for rsdp and gloo, in the same launch.
 
 A blocking all-reduce runs on the caller's thread; `async_op=True` hands the op to the
@@ -14,34 +13,25 @@ and pinning, the median over 5 batches of back-to-back calls (after a barrier) o
 and prints async / blocking per size: the price of the hand-off ([Note: waiting runs the op] in
 csrc/backend/work_rsdp.cpp). Ranks are pinned to cores 0..n-1 (--pin) or left to the kernel.
 
-    python benchmarks/bench_async_wait.py                      # rsdp and gloo, 1 and 2 ranks
-    python benchmarks/bench_async_wait.py --backends rsdp --world-sizes 2 --pin both
+    python -m benchmarks async-wait                        # rsdp and gloo, 1 and 2 ranks
+    python -m benchmarks async-wait --backends rsdp --world-sizes 2 --pin both
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.append(os.path.dirname(HERE))  # an uninstalled checkout: torch_rsdp from the tree
+from .common import RESULTS, fmt_bytes, free_port, md_table, write_result
 
 SIZES = (8, 64 << 10, 1 << 20)
 KINDS = ("blocking", "async", "future", "overlap", "mm")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed(fn, calls: int) -> float:
@@ -92,13 +82,12 @@ def main(argv=None) -> int:
     p.add_argument("--backends", default="rsdp,gloo")
     p.add_argument("--world-sizes", default="1,2")
     p.add_argument("--pin", choices=("yes", "no", "both"), default="both")
+    p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
     pins = {"yes": [True], "no": [False], "both": [False, True]}[args.pin]
     ctx = mp.get_context("spawn")
-    print("| backend | ranks | pinned | size | blocking µs | async µs | future µs | overlap µs "
-          "| mm µs | async / blocking |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    table = []
     for n in (int(x) for x in args.world_sizes.split(",")):
         for pin in pins:
             if pin and n > cores:
@@ -108,13 +97,14 @@ def main(argv=None) -> int:
                 mp.start_processes(rank_main, args=(backend, n, free_port(), pin, queue),
                                    nprocs=n, start_method="spawn")
                 for nbytes, r in queue.get():
-                    size = f"{nbytes >> 20} MiB" if nbytes >= 1 << 20 else \
-                        f"{nbytes >> 10} KiB" if nbytes >= 1 << 10 else f"{nbytes} B"
-                    print(f"| {backend} | {n} | {'yes' if pin else 'no'} | {size} | "
-                          + " | ".join(f"{r[k]:.1f}" for k in KINDS)
-                          + f" | {r['async'] / r['blocking']:.2f} |", flush=True)
+                    table.append(dict(backend=backend, ranks=n, pinned=pin, bytes=nbytes, **r))
+                    print(f"# {backend} {n} ranks pinned={pin} {fmt_bytes(nbytes)}: "
+                          f"async / blocking {r['async'] / r['blocking']:.2f}", flush=True)
+    text = md_table(["backend", "ranks", "pinned", "size"] + [f"{k} µs" for k in KINDS]
+                    + ["async / blocking"],
+                    [[r["backend"], r["ranks"], "yes" if r["pinned"] else "no",
+                      fmt_bytes(r["bytes"])] + [f"{r[k]:.1f}" for k in KINDS]
+                     + [f"{r['async'] / r['blocking']:.2f}"] for r in table])
+    print(text)
+    write_result(args.out, "async_wait", table, text, argv)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Every sharding strategy of ``torch_rsdp.plan`` on one model: speed, memory, link traffic.
 
 For each plan (by default every strategy alone, one unit per block, and a mix of all seven)
@@ -25,11 +24,11 @@ with RSDP_NODE_ID where namespaces cannot be made, which then emulates no link).
 (PASS/MISS, never the exit code): on 2x2, hybrid_shard sends fewer bytes across the node link
 than full_shard and is faster behind the limited link.
 
-    python benchmarks/bench_strategies.py                       # both settings, every strategy
-    python benchmarks/bench_strategies.py --settings 2x2 --plans full_shard,hybrid_shard
-    python benchmarks/bench_strategies.py --plans my_plan.json  # any plan.Plan JSON file
-    python benchmarks/bench_strategies.py --quick               # smoke test
-    python benchmarks/bench_strategies.py --settings 2x2 --plans full_shard,full_shard+int8 \
+    python -m benchmarks strategies                       # both settings, every strategy
+    python -m benchmarks strategies --settings 2x2 --plans full_shard,hybrid_shard
+    python -m benchmarks strategies --plans my_plan.json  # any plan.Plan JSON file
+    python -m benchmarks strategies --quick               # smoke test
+    python -m benchmarks strategies --settings 2x2 --plans full_shard,full_shard+int8 \
         --steps 58 --warmup 2 --repeat-batches 4 --lr 3e-3      # a 60-step loss curve
 
 Outputs in --out (default benchmarks/results/): strategies.md, .json, .png.
@@ -45,11 +44,7 @@ import os
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # support.harness (launcher)
-sys.path.insert(0, HERE)
-sys.path.append(ROOT)
+from .common import RESULTS, ROOT, write_result
 
 ALONE = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate",
          "split:2"]
@@ -92,16 +87,22 @@ def plan_of(spec: str):
 
 
 def chess_data():
-    sys.path.insert(0, os.path.join(ROOT, "examples"))
-    import chess_data as cd
-    return cd
+    """examples/chess_data.py, loaded from its file (the examples are no package)."""
+    import importlib.util
+
+    if "chess_data" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "chess_data", os.path.join(ROOT, "examples", "chess_data.py"))
+        sys.modules["chess_data"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["chess_data"])
+    return sys.modules["chess_data"]
 
 
 def build_model(cfg):
     """The benchmark's model: the training benchmark's TransformerLM, or (``llama-chess``) a
     Hugging Face Llama on the main job's chess games (GQA, untied head)."""
     if cfg["model"] == "transformerlm":
-        import training_models as tm
+        from . import training_models as tm
         return tm.TransformerLM(cfg["vocab"], cfg["d_model"], cfg["ffn"], cfg["heads"],
                                 cfg["layers"], cfg["seq"])
     from transformers import LlamaConfig, LlamaForCausalLM
@@ -122,7 +123,7 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
 
     import torch_rsdp
     import torch_rsdp.plan as plan
-    import training_models as tm
+    from . import training_models as tm
 
     torch.set_num_threads(threads)
     W, r = ctx.world_size, ctx.rank
@@ -201,7 +202,7 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
 
 
 def run(setting, spec, args, nodes):
-    from support.harness import LaunchError, launch
+    from torch_rsdp.testing.launch import LaunchError, launch
     label, p = plan_of(spec)
     comp = compression_of(spec)[1]
     label += spec[len(spec.partition("+")[0]):]
@@ -356,7 +357,7 @@ def main(argv=None) -> int:
                         "step); with a higher --lr the loss then falls, for the loss curves")
     p.add_argument("--quick", action="store_true",
                    help="smoke test: 2x2, full_shard and hybrid_shard, 1 step, 2 layers")
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
     if args.quick:
         args.plans, args.settings, args.steps, args.warmup, args.layers = (
@@ -373,7 +374,7 @@ def main(argv=None) -> int:
     import torch
 
     import torch_rsdp.plan as plan
-    import training_models as tm
+    from . import training_models as tm
     from torch_rsdp.testing import netns
     for spec in plans:  # fail on a bad plan before starting anything
         label, pl = plan_of(spec)
@@ -406,16 +407,7 @@ def main(argv=None) -> int:
     chk = checks(rows)
     text = markdown(rows, info, chk)
     print("\n" + text)
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "strategies")
-    with open(stem + ".md", "w") as f:
-        f.write(text)
-    with open(stem + ".json", "w") as f:
-        json.dump({"info": info, "rows": rows, "checks": chk}, f, indent=1)
-    plot([r for r in rows], stem + ".png")
-    print(f"# wrote {stem}.md, .json, .png ({info['elapsed_s']} s)")
+    write_result(args.out, "strategies", {"info": info, "rows": rows, "checks": chk}, text, argv)
+    plot(rows, os.path.join(args.out, "strategies.png"))
+    print(f"# took {info['elapsed_s']} s")
     return 1 if any("error" in r for r in rows) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

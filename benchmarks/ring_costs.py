@@ -1,13 +1,12 @@
-#!/usr/bin/env python3
 """Where an RSDP step's time goes next to FSDP2's: four measurements behind
 docs/benchmarks.md's "Where the time goes now".
 
-    python benchmarks/profile_ring_costs.py steps --world-size 4    # CPU, context switches
-    python benchmarks/profile_ring_costs.py hops --world-size 4     # what one ring hop costs
-    python benchmarks/profile_ring_costs.py single                  # no communication at all
-    python benchmarks/profile_ring_costs.py phases --steps 30       # forward / backward / optimizer
+    python -m benchmarks ring-costs steps --world-size 4    # CPU, context switches
+    python -m benchmarks ring-costs hops --world-size 4     # what one ring hop costs
+    python -m benchmarks ring-costs single                  # no communication at all
+    python -m benchmarks ring-costs phases --steps 30       # forward / backward / optimizer
 
-``steps``: the ``act`` setting of ``bench_rsdp_fsdp2.py`` (Llama 4.2 M parameters, 4 x 64
+``steps``: the ``act`` setting of the rsdp-fsdp2 suite (Llama 4.2 M parameters, 4 x 64
 tokens per rank), every ``--variants`` model built in the same processes and timed in turns
 (``--rounds`` rounds of ``--steps`` steps each). Per variant and round: wall time per step,
 CPU time per step summed over the ranks (``time.process_time``), its share of
@@ -23,7 +22,7 @@ iteration over ``none`` is the cost of that synchronisation, compute in between 
 layer has.
 
 ``phases``: the ``act`` setting, every ``--variants`` model in the same processes taking turns
-step by step after a barrier (as ``bench_rsdp_fsdp2.py`` times them), forward, backward and
+step by step after a barrier (as the rsdp-fsdp2 suite times them), forward, backward and
 the optimizer's step timed apart; the medians over ``--steps`` steps of the slowest rank's.
 
 ``single``: one rank, one thread: a step of the unsharded model, under RSDP and under FSDP2
@@ -36,16 +35,31 @@ import argparse
 import os
 import resource
 import sys
+import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import bench_rsdp_fsdp2 as bench  # noqa: E402
-import training_models as tm  # noqa: E402
+from . import rsdp_fsdp2 as bench
+from . import training_models as tm
+from .common import RESULTS, write_result
 
 
-def _init(rank, world, port, threads):
+class _Tee:
+    """Rank 0's printed figures, also into a file the launcher turns into the result."""
+
+    def __init__(self, path):
+        self.out, self.file = sys.stdout, open(path, "a", buffering=1)
+
+    def write(self, s):
+        self.file.write(s)
+        return self.out.write(s)
+
+    def flush(self):
+        self.out.flush()
+
+
+def _init(rank, world, port, threads, log=None):
+    if rank == 0 and log:
+        sys.stdout = _Tee(log)
     import torch
     import torch.distributed as dist
     tm.tune_for_oversubscription(world)
@@ -70,7 +84,7 @@ def _step_fn(model, opt, cfg, rank):
 def _steps_worker(rank, world, port, a):
     import torch
     import torch.distributed as dist
-    _init(rank, world, port, a.threads)
+    _init(rank, world, port, a.threads, a.log)
     cfg = bench.SETTINGS["act"]
     variants = a.variants.split(",")
     steps, rings = {}, {}
@@ -115,7 +129,7 @@ def _hops_worker(rank, world, port, a):
     import torch
     import torch.distributed as dist
     from torch_rsdp._ring import rsdp_backend
-    _init(rank, world, port, 1)
+    _init(rank, world, port, 1, a.log)
     be = rsdp_backend()
     x, w = torch.randn(256, 256), torch.randn(256, 256)
     for n in (int(s) for s in a.numel.split(",")):
@@ -156,7 +170,7 @@ def _hops_worker(rank, world, port, a):
 def _single_worker(rank, world, port, a):
     import torch
     import torch.distributed as dist
-    _init(rank, 1, port, 1)
+    _init(rank, 1, port, 1, a.log)
     cfg = bench.SETTINGS["act"]
     models = {"unsharded": bench.build_model(cfg)}
     for v in ("rsdp", "fsdp2"):
@@ -187,7 +201,7 @@ def _single_worker(rank, world, port, a):
 def _phases_worker(rank, world, port, a):
     import torch
     import torch.distributed as dist
-    _init(rank, world, port, a.threads)
+    _init(rank, world, port, a.threads, a.log)
     cfg = bench.SETTINGS["act"]
     variants = a.variants.split(",")
     models = {v: bench.wrap(bench.build_model(cfg), v) for v in variants}
@@ -227,13 +241,14 @@ def main(argv=None) -> int:
     p.add_argument("what", choices=("steps", "hops", "single", "phases"))
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--variants", default="rsdp,fsdp2",
-                   help="steps, phases: bench_rsdp_fsdp2 variants")
+                   help="steps, phases: rsdp-fsdp2 variants")
     p.add_argument("--steps", type=int, default=8,
                    help="steps / single: steps per round; phases: timed steps")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=None, help="steps: threads per rank")
     p.add_argument("--numel", default="1024,49152", help="hops: shard sizes (float32 elements)")
     p.add_argument("--iters", type=int, default=300, help="hops: iterations per mode")
+    p.add_argument("--out", default=RESULTS)
     a = p.parse_args(argv)
     for v in a.variants.split(","):
         if v not in bench.VARIANTS:
@@ -242,9 +257,10 @@ def main(argv=None) -> int:
     fn = {"steps": _steps_worker, "hops": _hops_worker, "single": _single_worker,
           "phases": _phases_worker}[a.what]
     world = 1 if a.what == "single" else a.world_size
-    mp.spawn(fn, args=(world, tm.free_port(), a), nprocs=world)
+    with tempfile.TemporaryDirectory() as tmp:
+        a.log = os.path.join(tmp, "rank0.txt")
+        mp.spawn(fn, args=(world, tm.free_port(), a), nprocs=world)
+        lines = open(a.log).read().splitlines() if os.path.exists(a.log) else []
+    write_result(a.out, f"ring_costs_{a.what}", lines, "```\n" + "\n".join(lines) + "\n```",
+                 argv)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

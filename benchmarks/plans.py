@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """The planner against every uniform strategy, across memory budgets (OSDP's figure).
 
 A Hugging Face Llama built from a config (nothing downloaded) is trained with AdamW over the
@@ -29,9 +28,9 @@ round's margin -- and >= 1.15x faster at some budget between the extremes in one
 on 2x2 the plan uses hybrid_shard where it pays; the Cluster prediction within 25 % of what
 2x2 measured.
 
-    python benchmarks/bench_plans.py                      # all three settings
-    python benchmarks/bench_plans.py --settings 1x4 --budgets 6 --steps 4
-    python benchmarks/bench_plans.py --quick              # smoke test
+    python -m benchmarks plans                      # all three settings
+    python -m benchmarks plans --settings 1x4 --budgets 6 --steps 4
+    python -m benchmarks plans --quick              # smoke test
 
 Outputs in --out (default benchmarks/results/): plans.md, plans.json, plans.png.
 Only the standard library is imported at the top (workers enter network namespaces first).
@@ -40,17 +39,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import shutil
-import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))
-sys.path.insert(0, HERE)
-sys.path.append(ROOT)
+from .common import RESULTS, write_result
 
 SETTINGS = {"1x2": [0, 0], "1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
 # Rounds by default: ranks sharing this machine's cores drift by tens of % over minutes, so
@@ -214,7 +207,7 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
 
 # ------------------------------------------------------------------------------ launcher side
 def run(setting, args, nodes, rate_Bps):
-    from support.harness import LaunchError, launch
+    from torch_rsdp.testing.launch import LaunchError, launch
     node_of = SETTINGS[setting]
     try:
         res = launch(bench_worker, len(node_of),
@@ -345,7 +338,7 @@ def _rounds(rounds) -> str:
 
 
 def markdown(results, info, chk):
-    from training_models import fmt_bytes as fb, md_table
+    from .common import fmt_bytes as fb, md_table
     lines = [f"## Planner vs uniform strategies: Llama {info['model']}, AdamW, rsdp backend", "",
              f"{info['steps']} timed steps after {info['warmup']} warm-up in each of "
              f"{_rounds(info['rounds'])} rounds (runs take turns; median over all), "
@@ -433,7 +426,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--deadline", type=float, default=3600)
     p.add_argument("--quick", action="store_true", help="smoke test: tiny model, 1x4, 3 budgets")
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--out", default=RESULTS)
     p.add_argument("--allow-compression", action="store_true",
                    help="plan.auto(allow_compression=True); add compressed strategies "
                         "(full_shard+int8, ...) to --uniform to race them too")
@@ -484,16 +477,8 @@ def main(argv=None) -> int:
         for r in res.get("rows", []):
             if r["kind"] == "auto":
                 print(f"# {res['setting']} budget {r['budget_bytes']}:\n{r['explain']}\n")
-    os.makedirs(args.out, exist_ok=True)
-    stem = os.path.join(args.out, "plans")
-    with open(stem + ".md", "w") as f:
-        f.write(text)
-    with open(stem + ".json", "w") as f:
-        json.dump({"info": info, "results": results, "checks": chk}, f, indent=1)
-    plot(results, stem + ".png")
-    print(f"# wrote {stem}.md, .json, .png ({info['elapsed_s']} s)")
+    write_result(args.out, "plans", {"info": info, "results": results, "checks": chk}, text,
+                 argv)
+    plot(results, os.path.join(args.out, "plans.png"))
+    print(f"# took {info['elapsed_s']} s")
     return 1 if any("error" in r for r in results) else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

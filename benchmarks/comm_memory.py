@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """FSDP2 over rsdp with and without communication memory, measured in one run.
 
 FSDP2 allocates each all-gather output and reduce-scatter input with torch.empty, unless
@@ -9,27 +8,25 @@ buffers (torch_rsdp._comm_memory). This script trains the same model both ways i
 processes, alternating every few steps so that both see the same machine, and prints the median
 step time of each, their ratio, and how many collectives took the one-copy path.
 
-    python benchmarks/bench_comm_memory.py                  # 2 ranks, 8 x Linear(1024, 1024)
-    python benchmarks/bench_comm_memory.py --ranks 4 --width 2048
+    python -m benchmarks comm-memory                  # 2 ranks, 8 x Linear(1024, 1024)
+    python -m benchmarks comm-memory --ranks 4 --width 2048
 
-Writes benchmarks/results/comm_memory.json. Ranks are pinned one per core where there are
-enough cores (as bench_collectives --bind).
+Writes benchmarks/results/comm_memory.md / .json. Ranks are pinned one per core where there
+are enough cores (as collectives --bind).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from .common import RESULTS, free_port, md_table, write_result
 
 VARIANTS = {"torch.empty": False, "communication memory": True}
 
@@ -92,14 +89,9 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--steps", type=int, default=5, help="timed steps per variant per round")
     p.add_argument("--rounds", type=int, default=6, help="alternations of the two variants")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                 "results"))
+    p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     procs = [ctx.Process(target=worker, args=(r, args, port, q)) for r in range(args.ranks)]
@@ -113,15 +105,9 @@ def main(argv=None) -> int:
     print(f"# FSDP2 over rsdp, {args.ranks} ranks, {args.layers} x Linear({args.width}, "
           f"{args.width}) ({params / 1e6:.1f} M parameters), batch {args.batch}, "
           f"median of {args.rounds} x {args.steps} steps\n")
-    print("| FSDP2 comm buffers | step ms | speedup | one-copy collectives |")
-    print("|---|---:|---:|---:|")
-    for name, r in res.items():
-        print(f"| {name} | {r['step_ms']:.1f} | {base / r['step_ms']:.2f}x | {r['one_copy_ops']} |")
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "comm_memory.json"), "w") as f:
-        json.dump(dict(config=vars(args), results=res), f, indent=1)
+    text = md_table(["FSDP2 comm buffers", "step ms", "speedup", "one-copy collectives"],
+                    [[name, f"{r['step_ms']:.1f}", f"{base / r['step_ms']:.2f}x",
+                      r["one_copy_ops"]] for name, r in res.items()])
+    print(text)
+    write_result(args.out, "comm_memory", res, text, argv)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

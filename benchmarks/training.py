@@ -1,13 +1,12 @@
-#!/usr/bin/env python3
 """Training benchmark: RSDP vs FSDP2 vs DDP on the RTP/RSDP seed's TransformerLM, one run.
 
-    python benchmarks/bench_rsdp_training.py --small            # 4 CPU ranks, ~2 minutes
-    python benchmarks/bench_rsdp_training.py                    # the seed's config (see below)
-    python benchmarks/bench_rsdp_training.py --small --runs rsdp:rsdp,fsdp2:gloo --steps 20
-    python benchmarks/bench_rsdp_training.py --small --runs fsdp2:rsdp --plan rotate --plan my_plan.json
-    python benchmarks/bench_rsdp_training.py --d-model 512 --layers 6 --batch 16
-    python benchmarks/bench_rsdp_training.py --device cuda               # models on the GPUs
-    python benchmarks/bench_rsdp_training.py --single-gpu --world-size 4 # 4 ranks on one GPU vs 1 process
+    python -m benchmarks training --small            # 4 CPU ranks, ~2 minutes
+    python -m benchmarks training                    # the seed's config (see below)
+    python -m benchmarks training --small --runs rsdp:rsdp,fsdp2:gloo --steps 20
+    python -m benchmarks training --small --runs fsdp2:rsdp --plan rotate --plan my_plan.json
+    python -m benchmarks training --d-model 512 --layers 6 --batch 16
+    python -m benchmarks training --device cuda               # models on the GPUs
+    python -m benchmarks training --single-gpu --world-size 4 # 4 ranks on one GPU vs 1 process
 
 Every run is ``strategy:backend``; the default compares (a) rsdp:rsdp -- RSDP
 (``torch_rsdp.rsdp.shard``) over the "rsdp" backend, (b) fsdp2:rsdp -- torch FSDP2
@@ -58,7 +57,6 @@ import datetime
 import json
 import os
 import platform
-import sys
 import tempfile
 import time
 import traceback
@@ -68,8 +66,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import training_models as tm  # noqa: E402
+from . import training_models as tm
+from .common import RESULTS, write_result
 
 SEED_CONFIG = dict(vocab=10240, d_model=2048, ffn=2048, heads=32, layers=10, seq=32, batch=32)
 SMALL_CONFIG = dict(vocab=2048, d_model=256, ffn=512, heads=4, layers=4, seq=32, batch=8)
@@ -118,8 +116,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per rank (default cores // world size)")
     p.add_argument("--timeout", type=int, default=600, help="process-group timeout, seconds")
-    p.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                 "results"))
+    p.add_argument("--out", default=RESULTS)
     p.add_argument("--name", default=None, help="file name stem (default small / seed / custom)")
     args = p.parse_args(argv)
     base = SMALL_CONFIG if args.small else SEED_CONFIG
@@ -551,22 +548,13 @@ def main(argv=None) -> int:
     targets = evaluate_targets(results)
     text = render(args, results, targets, meta)
     print("\n" + text)
-    os.makedirs(args.out, exist_ok=True)
     stem = os.path.join(args.out, f"training_{args.name}")
-    with open(stem + ".md", "w") as f:
-        f.write(text)
-    with open(stem + ".json", "w") as f:
-        json.dump({"config": cfg, "args": {k: v for k, v in vars(args).items() if k != "runs"},
-                   "runs": [f"{s}:{b}" for s, b in args.runs], "meta": meta,
-                   "memory_method": tm.METHOD, "results": results, "targets": targets}, f,
-                  indent=1)
+    write_result(args.out, f"training_{args.name}", {
+        "config": cfg, "args": {k: v for k, v in vars(args).items() if k != "runs"},
+        "runs": [f"{s}:{b}" for s, b in args.runs], "meta": meta,
+        "memory_method": tm.METHOD, "results": results, "targets": targets}, text, argv)
     plotted = plot(stem + ".png", results,
                    f"TransformerLM {args.name}: {meta['params'] / 1e6:.1f} M "
                    f"params, {args.world_size} ranks (load {meta['load_before']})")
-    print(f"wrote {stem}.md, {stem}.json" + (f", {stem}.png" if plotted else "")
-          + f" ({meta['wall_s']:.0f} s)")
+    print((f"# wrote {stem}.png; " if plotted else "# ") + f"took {meta['wall_s']:.0f} s")
     return 0 if any("error" not in r for r in results) else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Multi-node collectives over an emulated, rate-limited network link.
 
 Emulated nodes (--nodes, default 2) x ranks (--ranks-per-node, default 2): network namespaces
@@ -13,10 +12,10 @@ it measures the variants asked for:
           a node, rails across nodes);
   ring    rsdp with the flat ring over all ranks (=ring);
   gloo    the baseline (GLOO_SOCKET_IFNAME = the node's interface);
-  mpi     Open MPI, its ranks on the same nodes (multinode_peers.py: one daemon per node,
+  mpi     Open MPI, its ranks on the same nodes (common.py: one daemon per node,
           shared memory inside a node, TCP across);
   oneccl  Intel oneCCL: not measured across nodes, the report says why (its endpoints bind
-          to each namespace's loopback; multinode_peers.py);
+          to each namespace's loopback; common.py);
   nolink  `auto` with every rank on the loopback (RSDP_NODE_ID tells the nodes apart), no
           link at all: what the same algorithm costs in CPU time on this machine, the floor
           under any link time when all the emulated nodes share its cores.
@@ -25,7 +24,7 @@ Sizes are the total tensor, as in nccl-tests: the allreduce tensor, the all-gath
 the reduce-scatter input. For every point: the median time of --iters timed iterations
 (each after a barrier on a side gloo group; an iteration's time is the slowest rank's);
 "link bytes", what the algorithm must send across a node's link in each direction
-(tests/support/traffic_theory.py; gloo, Open MPI and oneCCL are charged with the flat ring's
+(torch_rsdp/testing/traffic.py; gloo, Open MPI and oneCCL are charged with the flat ring's
 bytes, the least a flat algorithm sends); "link efficiency" = link bytes / time / link rate,
 which for the hierarchical algorithms is nccl-tests' bus bandwidth of the stage between
 nodes (a ring of M nodes) over the link rate; and the speed-up over gloo (gloo time / time).
@@ -43,14 +42,14 @@ least 90 % of the ratio of their link bytes (1.5x on 2 nodes, 1.25x on 4); compr
 all-gather and reduce-scatter >= 2.5x the fp32 hier time. The ceiling for link efficiency is
 TCP's goodput on a 1500-byte MTU, 1448/1514 = 95.6 % of the tc rate.
 
-Outputs in --out (default benchmarks/results/): bench_multinode.md, .json, .png.
+Outputs in --out (default benchmarks/results/): multinode.md, .json, .png.
 
-    sudo python benchmarks/bench_multinode.py                     # 1, 4, 16, 64, 256 MiB at 1gbit
-    python benchmarks/bench_multinode.py --nodes 4 --ranks-per-node 4 --sizes 1M,4M,16M,64M \
+    sudo python -m benchmarks multinode                  # 1, 4, 16, 64, 256 MiB at 1gbit
+    python -m benchmarks multinode --nodes 4 --ranks-per-node 4 --sizes 1M,4M,16M,64M \
         --variants auto,ring,gloo,mpi,oneccl,nolink             # 4 x 4 with the peers
-    python benchmarks/bench_multinode.py --rate 500mbit --sizes 16M,64M --iters 3
-    python benchmarks/bench_multinode.py --quick                  # smoke test: small sizes, 1 iteration
-    python benchmarks/bench_multinode.py --rate 200mbit --sizes 16M --variants hier,hier-int8,hier-int4
+    python -m benchmarks multinode --rate 500mbit --sizes 16M,64M --iters 3
+    python -m benchmarks multinode --quick                  # smoke test: small sizes, 1 iteration
+    python -m benchmarks multinode --rate 200mbit --sizes 16M --variants hier,hier-int8,hier-int4
 
 Only the standard library is imported at the top: worker processes import this file before
 they move into their node's namespace, and torch must not start threads before that.
@@ -60,21 +59,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import os
 import statistics
 import sys
 import time
-import traceback
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "tests"))  # support.harness (launcher), support.traffic_theory
-sys.path.insert(0, HERE)
-sys.path.append(ROOT)  # an uninstalled checkout: torch_rsdp from the source tree
-
-import bench_report  # noqa: E402  (fmt_bytes, md_table; no torch)
-from support.traffic_theory import inter_node_bytes_per_node  # noqa: E402
+from . import common
+from .common import RESULTS, fmt_bytes, md_table
 
 OPS = ("all_reduce", "all_gather", "reduce_scatter")
 VARIANTS = {  # (what runs, the traffic theory charged for its link bytes)
@@ -97,6 +88,14 @@ COMPRESSION = {"hier-int8": dict(all_gather="int8", reduce_scatter="int8", all_r
                "hier-int4": dict(all_gather="int8", reduce_scatter="int4", all_reduce="int4")}
 BLOCK = 512
 TARGET_COMPRESSED = 2.5  # compressed all-gather / reduce-scatter vs fp32 hier, from 16 MiB
+
+
+def inter_node_bytes_per_node(*args):
+    """The traffic theory (torch_rsdp.testing.traffic), imported on the launcher's side only:
+    importing torch_rsdp starts torch, and a rank must not before it enters its namespace."""
+    from torch_rsdp.testing.traffic import inter_node_bytes_per_node as theory
+
+    return theory(*args)
 
 
 def wire_fraction(variant: str, op: str) -> float:
@@ -138,24 +137,10 @@ def count_of(size: int, world_size: int) -> int:
 
 
 def parse_sizes(text: str) -> list[int]:
-    sizes = [parse_size(t) for t in text.split(",") if t.strip()]
+    sizes = common.parse_sizes(text)
     if not sizes:
         raise argparse.ArgumentTypeError("empty size list")
     return sizes
-
-
-def parse_size(text: str) -> int:
-    s = text.strip().upper().removesuffix("IB").removesuffix("B")
-    mult = 1
-    if s and s[-1] in "KMG":
-        mult, s = 1 << (10 * ("KMG".index(s[-1]) + 1)), s[:-1]
-    try:
-        value = int(s) * mult
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"bad size {text!r} (use e.g. 1M, 256M)") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -179,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no namespaces: all ranks on the loopback, nodes told apart by "
                         "RSDP_NODE_ID, no rate limit (the fallback where namespaces are not "
                         "permitted); link efficiency is not computed")
-    p.add_argument("--out", default=os.path.join(HERE, "results"), help="output directory")
+    p.add_argument("--out", default=RESULTS, help="output directory")
+    p.add_argument("--name", default="multinode", help="result file stem")
     p.add_argument("--no-plot", action="store_true")
     return p
 
@@ -293,7 +279,7 @@ def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads):
 
 def run_variant(variant, args, node_of, nodes) -> tuple[list[dict], str, str | None]:
     """(rows, mode, error) of one variant: one launch of every rank."""
-    from support.harness import LaunchError, launch
+    from torch_rsdp.testing.launch import LaunchError, launch
 
     backend, algo = VARIANTS[variant]
     # generous deadline: every point at a quarter of the link rate, plus start-up
@@ -303,11 +289,9 @@ def run_variant(variant, args, node_of, nodes) -> tuple[list[dict], str, str | N
                 for op in args.ops for s in args.sizes)
     deadline = 120 + 4 * total / rate_Bps * (args.iters + args.warmup + 1)
     if backend in ("mpi", "oneccl"):
-        import multinode_peers
-
-        points = multinode_peers.plan(args.ops, args.sizes, count_of, len(node_of), args.iters,
-                                      args.warmup)
-        rows, error, shown = multinode_peers.run(backend, nodes, node_of, points, deadline)
+        points = common.multinode_plan(args.ops, args.sizes, count_of, len(node_of), args.iters,
+                                       args.warmup)
+        rows, error, shown = common.run_across_nodes(backend, nodes, node_of, points, deadline)
         PEER_COMMANDS[variant] = shown
         return rows, "network namespaces", error
     env = {"OMP_NUM_THREADS": str(args.threads)}
@@ -359,25 +343,25 @@ def targets(rows: list[dict]) -> list[dict]:
         pts = [r for r in rows if r["variant"] == variant and r["op"] == op
                and r["bytes"] >= min_bytes]
         if not pts or (key == "speedup_vs_gloo" and not any(r["variant"] == "gloo" for r in rows)):
-            none = f"no {variant} sizes >= {bench_report.fmt_bytes(min_bytes)}"
+            none = f"no {variant} sizes >= {fmt_bytes(min_bytes)}"
             return out.append(dict(target=name, op=op, result="n/a",
                                    measured=none if not pts else "gloo not run"))
         bad = [r for r in pts if r.get(key) is None or not r["correct"]]
         if bad:
             return out.append(dict(target=name, op=op, result="MISS",
-                                   measured=f"missing/failed at {bench_report.fmt_bytes(bad[0]['bytes'])}"))
+                                   measured=f"missing/failed at {fmt_bytes(bad[0]['bytes'])}"))
         worst = min(pts, key=lambda r: r[key])
         v = worst[key]
         shown = f"{v:.0%}" if key == "link_efficiency" else f"{v:.2f}x"
         out.append(dict(target=name, op=op, value=v, at_bytes=worst["bytes"],
-                        measured=f"min {shown} at {bench_report.fmt_bytes(worst['bytes'])}",
+                        measured=f"min {shown} at {fmt_bytes(worst['bytes'])}",
                         result="PASS" if v >= need else "MISS"))
 
     chooser = next((v for v in ("auto", "hier") if any(r["variant"] == v for r in rows)), None)
     for op in OPS:
         if chooser:
             verdict(f"{chooser} link efficiency >= {TARGET_EFFICIENCY:.0%} from "
-                    f"{bench_report.fmt_bytes(TARGET_EFFICIENCY_MIN_BYTES)}", chooser, op,
+                    f"{fmt_bytes(TARGET_EFFICIENCY_MIN_BYTES)}", chooser, op,
                     "link_efficiency", TARGET_EFFICIENCY, TARGET_EFFICIENCY_MIN_BYTES)
     for v in COMPRESSION:
         for op in ("all_gather", "reduce_scatter"):
@@ -393,7 +377,7 @@ def targets(rows: list[dict]) -> list[dict]:
             out.append(dict(target=f"{LABELS[v]} >= {TARGET_COMPRESSED}x fp32 hier from 16 MiB",
                             op=op, value=worst["speedup_vs_hier"], at_bytes=worst["bytes"],
                             measured=f"min {worst['speedup_vs_hier']:.2f}x at "
-                                     f"{bench_report.fmt_bytes(worst['bytes'])}",
+                                     f"{fmt_bytes(worst['bytes'])}",
                             result="PASS" if worst["speedup_vs_hier"] >= TARGET_COMPRESSED
                             else "MISS"))
     if chooser is not None:
@@ -419,7 +403,7 @@ def speedup_verdict(out: list[dict], rows: list[dict], variant: str) -> None:
         out.append(dict(target=name, op="all_reduce", value=share, at_bytes=worst["bytes"],
                         measured=f"min {worst['speedup_vs_gloo']:.2f}x of "
                                  f"{worst['bytes_ratio_vs_gloo']:.2f}x ({share:.0%}) at "
-                                 f"{bench_report.fmt_bytes(worst['bytes'])}",
+                                 f"{fmt_bytes(worst['bytes'])}",
                         result="PASS" if share >= TARGET_SPEEDUP_SHARE else "MISS"))
 
 
@@ -441,7 +425,7 @@ def markdown(rows, variants, info, tgts) -> str:
     points = sorted({(OPS.index(r["op"]), r["bytes"]) for r in rows})
     for opi, nbytes in points:
         op = OPS[opi]
-        line = [op, bench_report.fmt_bytes(nbytes)]
+        line = [op, fmt_bytes(nbytes)]
         for v in variants:
             r = by.get((v, op, nbytes), {})
             bad = r and (r.get("error") or not r.get("correct"))
@@ -463,9 +447,9 @@ def markdown(rows, variants, info, tgts) -> str:
            f"time.", ""]
     if info.get("note"):
         out += [f"**{info['note']}**", ""]
-    out.append(bench_report.md_table(head, table, "ll" + "r" * (len(head) - 2)))
+    out.append(md_table(head, table, "ll" + "r" * (len(head) - 2)))
     out += ["", "## Targets", "",
-            bench_report.md_table(["target", "op", "measured", "result"],
+            md_table(["target", "op", "measured", "result"],
                                   [[t["target"], t["op"], t["measured"], t["result"]]
                                    for t in tgts], "llll")]
     for v, shown in (info.get("peer_commands") or {}).items():
@@ -511,7 +495,7 @@ def plot(rows, variants, path) -> None:
         if sizes:
             axes[1][j].xaxis.set_major_locator(FixedLocator(sizes))
             axes[1][j].xaxis.set_minor_locator(NullLocator())
-            axes[1][j].set_xticklabels([bench_report.fmt_bytes(b).replace(" ", "")
+            axes[1][j].set_xticklabels([fmt_bytes(b).replace(" ", "")
                                         for b in sizes], rotation=45, fontsize=8)
         axes[1][j].set_xlabel("bytes (total tensor)")
         for ax in (axes[0][j], axes[1][j]):
@@ -552,9 +536,7 @@ def main(argv=None) -> int:
         nonlocal mode
         for v in list(variants):
             if v in ("mpi", "oneccl"):
-                import multinode_peers
-
-                why = multinode_peers.unavailable(v, nodes)
+                why = common.unavailable_across_nodes(v, nodes)
                 if why:
                     print(f"# NOTE: {LABELS[v]} not measured: {why}", flush=True)
                     info.setdefault("peer_notes", {})[v] = why
@@ -589,34 +571,16 @@ def main(argv=None) -> int:
     text = markdown(rows, variants, info, tgts)
     print()
     print(text)
-    os.makedirs(args.out, exist_ok=True)
     config = {k: v for k, v in vars(args).items() if k != "out"}
     config.update(variants=variants, mode=info["mode"], node_of=node_of)
-    with open(os.path.join(args.out, "bench_multinode.json"), "w") as f:
-        json.dump({"machine": info, "config": config, "rows": rows, "targets": tgts}, f,
-                  indent=1)
-    with open(os.path.join(args.out, "bench_multinode.md"), "w") as f:
-        f.write(text)
-    written = ["bench_multinode.md", "bench_multinode.json"]
+    common.write_result(args.out, args.name, {"machine": info, "config": config, "rows": rows,
+                                              "targets": tgts}, text, argv)
     if not args.no_plot and rows:
-        plot(rows, variants, os.path.join(args.out, "bench_multinode.png"))
-        written.append("bench_multinode.png")
-    print(f"# took {info['elapsed_s']} s; wrote {', '.join(written)} to {args.out}")
+        plot(rows, variants, os.path.join(args.out, args.name + ".png"))
+    print(f"# took {info['elapsed_s']} s")
     wrong = [r for r in rows if r.get("error") or not r.get("correct")]
     if errors or wrong:
         print(f"ERROR: {len(errors)} variant(s) failed, {len(wrong)} point(s) wrong",
               file=sys.stderr)
         return 1
     return 0
-
-
-if __name__ == "__main__":
-    try:
-        sys.exit(main())
-    except KeyboardInterrupt:
-        sys.exit(130)
-    except SystemExit:
-        raise
-    except Exception:  # noqa: BLE001
-        traceback.print_exc()
-        sys.exit(1)

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """What scale costs: set-up, memory, threads, fds, all-reduce time and failure notice by ranks.
 
 For each world size (default 2, 4, 8, 16, 32 ranks, at most --per-node ranks per emulated
@@ -14,7 +13,7 @@ node: 1, 1, 2, 4, 8 nodes) one launch measures, on every rank:
 - threads (/proc/self/task) and open fds (/proc/self/fd, by kind) the set-up added, and the
   UCX endpoints the backend opened (its ``RSDP_DEBUG`` lines).
 - all-reduce of 8 B (back-to-back batches) and 1 MiB float32: per iteration the slowest
-  rank's time, median over iterations (as bench_collectives.py).
+  rank's time, median over iterations (as the collectives suite).
 - failure notice: every rank but the last enters a 1 MiB all-reduce, the last rank SIGKILLs
   itself; the time from the kill until the last survivor's all-reduce raised. The group's
   timeout is long (--pg-timeout), so only the notice can make the survivors raise.
@@ -23,9 +22,9 @@ Nodes are emulated on the loopback: ``RSDP_NODE_ID=node<i>`` per rank, ``UCX_TLS
 ``UCX_NET_DEVICES=lo`` (as the multi-node tests do without network namespaces), so ranks of a
 node share memory and nodes talk through UCX over TCP.
 
-    python benchmarks/bench_scale.py                       # 2..32 ranks, 4 per node
-    python benchmarks/bench_scale.py --sizes 16,32 --append  # add/replace rows in the results
-    python benchmarks/bench_scale.py --quick               # 2 and 4 ranks, 2 per node
+    python -m benchmarks scale                       # 2..32 ranks, 4 per node
+    python -m benchmarks scale --sizes 16,32 --append  # add/replace rows in the results
+    python -m benchmarks scale --quick               # 2 and 4 ranks, 2 per node
 
 Writes <out>/scale.json and <out>/scale.md (default benchmarks/results/). With more ranks than
 cores, ranks are time-sliced: times then measure oversubscription as much as the backend.
@@ -37,7 +36,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import re
 import shutil
 import signal
@@ -46,8 +44,7 @@ import sys
 import tempfile
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MiB = 1 << 20
+from .common import RESULTS, MiB, write_result
 
 # The backend's own description of each group's segment (csrc/transport/shm/shm_comm.cpp).
 SHM_LINE = re.compile(r"group '([^']*)' size (\d+), shared memory (\d+) bytes \(staging 2x(\d+),"
@@ -427,10 +424,7 @@ def table_row(row: dict) -> list:
 
 
 def markdown(rows: list, meta: dict) -> str:
-    lines = ["# bench_scale.py", "", f"`{meta['command']}`", "",
-             f"{meta['machine']}; torch {meta['torch']}; load average at start "
-             f"{meta['loadavg']}.", "",
-             "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     lines += ["| " + " | ".join(table_row(r)) + " |" for r in rows]
     lines += ["", "set-up: init_process_group + first barrier, max over ranks; shm/node: the "
               "node's segment reserved up front (staging, p2p rings; the pool is virtual); "
@@ -441,20 +435,6 @@ def markdown(rows: list, meta: dict) -> str:
               "rank to the last survivor's all-reduce raising.", ""]
     return "\n".join(lines)
 
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    model = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / (1 << 30)
-    return (f"{os.cpu_count()} cores ({platform.machine()}, {model}), {mem:.0f} GiB, "
-            f"Linux {platform.release()}")
 
 
 def store_get_us(n: int = 2000) -> float:
@@ -491,25 +471,19 @@ def main(argv=None) -> int:
     ap.add_argument("--append", action="store_true",
                     help="keep the other world sizes' rows already in <out>/scale.json")
     ap.add_argument("--keep", action="store_true", help="keep the ranks' files")
-    ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results"))
+    ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args(argv)
     if args.quick:
         args.sizes, args.per_node, args.iters, args.warmup, args.reps = "2,4", 2, 5, 2, 5
     sizes = [int(s) for s in args.sizes.split(",") if s]
     base_env = {k: os.environ[k] for k in ("UCX_TLS", "UCX_NET_DEVICES") if k in os.environ}
-    import torch
-
-    meta = {"command": "python benchmarks/bench_scale.py " + " ".join(sys.argv[1:] if argv is
-                                                                     None else argv),
-            "machine": machine(), "torch": torch.__version__,
-            "loadavg": " ".join(f"{x:.1f}" for x in os.getloadavg()),
-            "date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "cores": os.cpu_count(),
             "store_get_us": round(store_get_us(), 1)}
-    os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, "scale.json")
     rows = {}
     if args.append and os.path.exists(path):
-        rows = {r["world_size"]: r for r in json.load(open(path))["rows"]}
+        old = json.load(open(path))
+        rows = {r["world_size"]: r for r in old.get("results", old)["rows"]}
     print("| " + " | ".join(COLUMNS) + " |", flush=True)
     failed = False
     for W in sizes:
@@ -521,13 +495,6 @@ def main(argv=None) -> int:
         if W > (os.cpu_count() or 1):
             print(f"  ({W} ranks on {os.cpu_count()} cores: time-sliced)", flush=True)
     ordered = [rows[w] for w in sorted(rows)]
-    with open(path, "w") as f:
-        json.dump({"meta": meta, "rows": ordered}, f, indent=1)
-    with open(os.path.join(args.out, "scale.md"), "w") as f:
-        f.write(markdown(ordered, meta))
-    print(f"wrote {path} and scale.md", flush=True)
+    write_result(args.out, "scale", {"meta": meta, "rows": ordered}, markdown(ordered, meta),
+                 argv)
     return 1 if failed else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

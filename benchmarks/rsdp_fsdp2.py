@@ -1,10 +1,9 @@
-#!/usr/bin/env python3
 """RSDP against FSDP2 in one run: throughput ratio, step-time spread under load, peak memory.
 
-    python benchmarks/bench_rsdp_fsdp2.py                        # both settings, 4 and 2 ranks
-    python benchmarks/bench_rsdp_fsdp2.py --settings act --world-sizes 4 --load 1
-    python benchmarks/bench_rsdp_fsdp2.py --quick                # the CI guard's short mode
-    python benchmarks/bench_rsdp_fsdp2.py --backend rsdp,gloo --variants rsdp,fsdp2
+    python -m benchmarks rsdp-fsdp2                        # both settings, 4 and 2 ranks
+    python -m benchmarks rsdp-fsdp2 --settings act --world-sizes 4 --load 1
+    python -m benchmarks rsdp-fsdp2 --quick                # the CI guard's short mode
+    python -m benchmarks rsdp-fsdp2 --backend rsdp,gloo --variants rsdp,fsdp2
 
 A Hugging Face ``LlamaForCausalLM`` built from a config, in two settings:
 
@@ -36,8 +35,8 @@ parameters, gradients with optimizer state, and the rest (activations, gathered 
 weights, temporaries), with its ratio to FSDP2. The final
 losses of all variants are printed too: they must agree (same math, other summation order).
 
-``--quick`` (run in CI by ``tests/integrations/test_bench_rsdp_fsdp2.py``): the ``act`` setting at 2
-ranks, ``rsdp`` and ``fsdp2``, 6 timed steps, no memory step, plus an all-reduce of 4 MiB over rsdp
+``--quick`` (run in CI by ``tests/integrations/test_bench_rsdp_fsdp2.py``): the ``act`` setting
+at 2 ranks, ``rsdp`` and ``fsdp2``, 6 timed steps, no memory step, plus an all-reduce of 4 MiB over rsdp
 and gloo in the same processes; the JSON then also holds ``allreduce_speedup`` (gloo time /
 rsdp time).
 
@@ -63,10 +62,8 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-
-import training_models as tm  # noqa: E402
+from . import training_models as tm
+from .common import RESULTS, write_result
 
 SETTINGS = {
     "act": dict(vocab=2048, hidden=256, ffn=768, layers=4, heads=8, kv=4, seq=64, batch=4),
@@ -406,7 +403,7 @@ def main(argv=None) -> int:
                    help="the backend whose FSDP2 row the ratios are against (default: gloo "
                         "where listed, else the first backend)")
     p.add_argument("--quick", action="store_true", help="the CI guard's short mode")
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--out", default=RESULTS)
     p.add_argument("--name", default="rsdp_fsdp2")
     a = p.parse_args(argv)
     if a.quick:
@@ -438,14 +435,5 @@ def main(argv=None) -> int:
             res["wall_s"] = time.time() - t0
             results.append(res)
             print(render([res], a).split("\n", 3)[3], flush=True)
-    os.makedirs(a.out, exist_ok=True)
-    md = render(results, a)
-    with open(os.path.join(a.out, a.name + ".md"), "w") as f:
-        f.write(md + "\n")
-    with open(os.path.join(a.out, a.name + ".json"), "w") as f:
-        json.dump(dict(args={k: v for k, v in vars(a).items()}, results=results), f, indent=1)
+    write_result(a.out, a.name, results, render(results, a), argv)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Checkpoint cost: torch.distributed.checkpoint over planned models against a gathered save.
 
 For a 13 M-parameter Hugging Face Llama (the fine-tuning example's architecture, wider; AdamW
@@ -21,22 +20,19 @@ work) print PASS/MISS: each rank writes at most 1/W + 5 % of the sharded bytes; 
 save takes at most 0.5x the gathered save; ``async_save`` blocks for at most 0.2x a
 synchronous save. Writes checkpoint.md / .json to ``--out``.
 
-    python benchmarks/bench_checkpoint.py [--nproc 4] [--plans rotate,full_shard]
+    python -m benchmarks checkpoint [--nproc 4] [--plans rotate,full_shard]
 """
 from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+from .common import RESULTS, free_port, write_result
 
 
 def _model():
@@ -162,12 +158,10 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--dir", default=None, help="where checkpoints are written (a temporary "
                                                 "directory, removed at the end)")
-    p.add_argument("--out", default=os.path.join(HERE, "results"))
+    p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
     args.plans = [s.strip() for s in args.plans.split(",") if s.strip()]
     import torch.multiprocessing as mp
-    sys.path.insert(0, HERE)
-    from training_models import free_port
     root = tempfile.mkdtemp(prefix="rsdp-ckpt-", dir=args.dir)
     ctx = mp.get_context("spawn")
     queue = ctx.SimpleQueue()
@@ -205,15 +199,6 @@ def main(argv=None) -> int:
     text = "\n".join(lines + [""] + [f"{'PASS' if ok else 'MISS'}  {c}: {v}"
                                      for c, ok, v in checks])
     print(text)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "checkpoint.md"), "w") as f:
-        f.write(text + "\n")
-    with open(os.path.join(args.out, "checkpoint.json"), "w") as f:
-        json.dump({"rows": rows, "checks": [{"check": c, "ok": ok, "value": v}
-                                            for c, ok, v in checks]}, f, indent=1)
-    print(f"written: {args.out}/checkpoint.md, checkpoint.json")
+    write_result(args.out, "checkpoint", {"rows": rows, "checks": [
+        {"check": c, "ok": ok, "value": v} for c, ok, v in checks]}, text, argv)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """RSDP rotation units vs per-layer rotation on a Hugging Face Llama built from a config.
 
-    python benchmarks/bench_rsdp_units.py                       # 4 CPU ranks, small model
-    python benchmarks/bench_rsdp_units.py --world-size 2 --layers 8 --hidden 512
-    python benchmarks/bench_rsdp_units.py --device cuda         # rank r on GPU r % count
+    python -m benchmarks rsdp-units                     # 4 CPU ranks, small model
+    python -m benchmarks rsdp-units --world-size 2 --layers 8 --hidden 512
+    python -m benchmarks rsdp-units --device cuda         # rank r on GPU r % count
 
 Three runs, each in fresh processes, same model (seed 0), same batches: ``layer`` --
 ``shard(model)``, every Linear rotates on its own (7 rotations per transformer layer);
@@ -18,15 +17,15 @@ With more ranks than cores, RSDP_SPIN_US=0 unless set (a spinning rank steals it
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from .common import RESULTS, free_port, md_table, write_result
 
 RUNS = {"layer": dict(), "units": dict(tp_plan="auto"),
         "units-recompute": dict(tp_plan="auto", unit_recompute=True)}
@@ -80,13 +79,8 @@ def _worker(rank, args, run, port, out):
     dist.destroy_process_group()
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
-
-def main():
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--world-size", type=int, default=4)
     ap.add_argument("--layers", type=int, default=4)
@@ -100,28 +94,22 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--runs", default=",".join(RUNS))
-    ap.add_argument("--json", help="also write the results here")
-    args = ap.parse_args()
+    ap.add_argument("--out", default=RESULTS)
+    args = ap.parse_args(argv)
     if args.world_size > (os.cpu_count() or 1):
         os.environ.setdefault("RSDP_SPIN_US", "0")
     rows = {}
     for run in args.runs.split(","):
         out = mp.Manager().dict()
-        mp.spawn(_worker, args=(args, run, _free_port(), out), nprocs=args.world_size)
+        mp.spawn(_worker, args=(args, run, free_port(), out), nprocs=args.world_size)
         res = [out[r] for r in range(args.world_size)]
         rows[run] = dict(fwd_ms=1e3 * max(r[0] for r in res), bwd_ms=1e3 * max(r[1] for r in res),
                          shifts_per_forward=res[0][2],
                          loss=sum(r[3] for r in res) / len(res))
-    print(f"| run ({args.world_size} ranks, {args.device}) | forward ms | backward ms | "
-          f"ring shifts per forward | loss |")
-    print("|---|---|---|---|---|")
-    for run, r in rows.items():
-        print(f"| {run} | {r['fwd_ms']:.1f} | {r['bwd_ms']:.1f} | {r['shifts_per_forward']} | "
-              f"{r['loss']:.6f} |")
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(dict(args=vars(args), results=rows), f, indent=1)
-
-
-if __name__ == "__main__":
-    main()
+    text = md_table([f"run ({args.world_size} ranks, {args.device})", "forward ms",
+                     "backward ms", "ring shifts per forward", "loss"],
+                    [[run, f"{r['fwd_ms']:.1f}", f"{r['bwd_ms']:.1f}", r["shifts_per_forward"],
+                      f"{r['loss']:.6f}"] for run, r in rows.items()])
+    print(text)
+    write_result(args.out, "rsdp_units", rows, text, argv)
+    return 0

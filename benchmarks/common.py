@@ -1,0 +1,786 @@
+"""What every suite shares: sizes and their formatting, markdown tables, ports, the machine a
+run measured, the result files, the CPU probe, and the communication libraries measured beside
+torch.distributed (Open MPI through mpi4py, oneCCL through oneccl_peer.cpp).
+
+Ranks are started through torch_rsdp.testing.launch (the launcher the tests use) or, for the
+suites that drive torch.distributed themselves, torch.multiprocessing with `free_port()`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+KiB, MiB = 1 << 10, 1 << 20
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+
+
+# --------------------------------------------------------------------------- sizes, tables
+
+
+def parse_size(text: str) -> int:
+    """'8', '4K', '64M', '1G', '512KiB' -> bytes (binary multiples)."""
+    s = text.strip().upper().removesuffix("IB").removesuffix("B")
+    mult = 1
+    if s and s[-1] in "KMG":
+        mult = 1 << (10 * ("KMG".index(s[-1]) + 1))
+        s = s[:-1]
+    try:
+        value = int(s)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"bad size {text!r} (use e.g. 8, 4K, 64M)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"size must be positive: {text!r}")
+    return value * mult
+
+
+def parse_sizes(text: str) -> list[int]:
+    """'64K,1M' -> [65536, 1048576]."""
+    return [parse_size(t) for t in text.split(",") if t.strip()]
+
+
+def csv_list(choices=None):
+    """An argparse type: 'a,b' -> ['a', 'b'], each one of `choices` when given."""
+    def parse(text: str) -> list[str]:
+        items = [t.strip() for t in text.split(",") if t.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("empty list")
+        bad = [t for t in items if choices is not None and t not in choices]
+        if bad:
+            raise argparse.ArgumentTypeError(
+                f"unknown {', '.join(bad)} (choose from {', '.join(choices)})")
+        return items
+    return parse
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1: {text}")
+    return value
+
+
+def median(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def fmt_bytes(b) -> str:
+    """Exact binary multiples as such (64 KiB), other values to one decimal (1.5 MiB)."""
+    if b is None or b != b:
+        return "-"
+    b = int(b) if float(b).is_integer() else b
+    for unit, name in ((1 << 30, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if abs(b) >= unit and b % unit == 0:
+            return f"{b // unit} {name}"
+    for unit, name in ((1 << 30, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
+        if abs(b) >= unit:
+            return f"{b / unit:.1f} {name}"
+    return f"{b:.0f} B"
+
+
+def fmt_num(x, digits: int = 2) -> str:
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "-"
+    if x >= 1000:
+        return f"{x:,.0f}"
+    if x >= 100:
+        return f"{x:.1f}"
+    if 0 < x < 0.01:
+        return f"{x:.2g}"
+    return f"{x:.{digits}f}"
+
+
+def md_table(header: list[str], rows: list[list], align: str | None = None) -> str:
+    """Markdown table padded to column width, so it also reads well on a terminal; `align`
+    has one letter per column, "l" or "r" (default: the first left, the others right)."""
+    align = align or "l" + "r" * (len(header) - 1)
+    rows = [[str(c) for c in r] for r in rows]
+    cells = [header] + rows
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+
+    def line(r):
+        out = []
+        for i, c in enumerate(r):
+            out.append(c.rjust(widths[i]) if align[i] == "r" else c.ljust(widths[i]))
+        return "| " + " | ".join(out) + " |"
+
+    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2))
+                         for w, a in zip(widths, align)) + "|"
+    return "\n".join([line(header), sep] + [line(r) for r in rows])
+
+
+# --------------------------------------------------------------------------- ranks, machine, results
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def memory_bytes() -> int:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+def git_commit() -> str:
+    """The checkout's commit, with "+dirty" when tracked files differ from it."""
+    try:
+        head = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
+                              capture_output=True, text=True, timeout=30).stdout.strip()
+        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "-uno"],
+                               capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head or "unknown") + ("+dirty" if dirty else "")
+
+
+def machine() -> dict:
+    """What a figure depends on besides the code: CPU model, vCPUs, memory, torch."""
+    try:
+        import torch
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = "not installed"
+    return {"cpu_model": cpu_model(), "vcpus": os.cpu_count(),
+            "usable_cpus": len(os.sched_getaffinity(0)), "memory_bytes": memory_bytes(),
+            "torch": torch_version, "python": platform.python_version(),
+            "kernel": platform.release(), "load_1min": round(os.getloadavg()[0], 2)}
+
+
+def provenance(argv=None) -> dict:
+    """The command line, commit, machine and time of this run."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    suite = os.environ.get("RSDP_BENCH_SUITE", "")
+    return {"command": shlex.join(["python", "-m", "benchmarks", *([suite] if suite else []),
+                                   *argv]),
+            "commit": git_commit(), "machine": machine(),
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def provenance_markdown(prov: dict) -> str:
+    m = prov["machine"]
+    return (f"Command: `{prov['command']}`  \n"
+            f"Commit {prov['commit']}, {prov['date']}; {m['cpu_model']}, {m['vcpus']} vCPUs, "
+            f"{fmt_bytes(m['memory_bytes'])} memory, torch {m['torch']}, load {m['load_1min']}")
+
+
+def write_result(out_dir: str, name: str, data, markdown: str | None = None,
+                 argv=None) -> list[str]:
+    """Writes `name`.json (the command line, commit, machine and `data`) and, given markdown,
+    `name`.md (the same provenance above it) into `out_dir`; returns the paths. Every suite
+    records its figures through here."""
+    os.makedirs(out_dir, exist_ok=True)
+    prov = provenance(argv)
+    paths = [os.path.join(out_dir, name + ".json")]
+    with open(paths[0], "w") as f:
+        json.dump(dict(prov, results=data), f, indent=1, default=str)
+    if markdown is not None:
+        paths.append(os.path.join(out_dir, name + ".md"))
+        with open(paths[1], "w") as f:
+            f.write(provenance_markdown(prov) + "\n\n" + markdown.rstrip() + "\n")
+    print("# wrote " + ", ".join(os.path.relpath(p) for p in paths), flush=True)
+    return paths
+
+
+
+# --------------------------------------------------------------------------- CPU probe
+#
+# How fast this machine's CPUs run the interpreter right now: alone, and all at once.
+#
+# On a virtual machine a vCPU can share its host core with another hardware thread: the guest's
+# other vCPU (when the host placed the two on one core's hyperthreads) or another guest's. The
+# sharing comes and goes within seconds, and neither the guest kernel nor the hand-off probe
+# (csrc/transport/shm/handoff_probe.h: cache-line round trips stay fast) sees it. What it does to
+# a collective is double its fixed cost: torch's dispatch and any Python around it run at half
+# speed (2-core AMD EPYC KVM guest: a 2-rank 4 KiB all-reduce 8 -> 21 µs, 64 KiB 18 -> 30-49 µs,
+# while a C multiply chain and an 8 KiB memcpy loop keep their speed).
+#
+# probe() times a fixed interpreter loop on each CPU alone (the others idle), then on all of them
+# at once (each pinned to its CPU, started together), the fastest of `reps` each. `contended`
+# classifies a probe against the fastest alone time seen in the same run: a probe is contended
+# when a CPU alone, or the CPUs together, take more than THRESHOLD times that. About 0.5 s on
+# two CPUs.
+
+LOOP = 1_000_000
+THRESHOLD = 1.25
+
+
+def _spin(n: int) -> float:
+    t0 = time.perf_counter()
+    s = 0
+    for i in range(n):
+        s += i
+    return time.perf_counter() - t0
+
+
+def _pinned(cpu: int, n: int, reps: int, start, q) -> None:
+    os.sched_setaffinity(0, {cpu})
+    start.wait()
+    q.put(min(_spin(n) for _ in range(reps)))
+
+
+def probe(reps: int = 3, loop: int = LOOP) -> dict:
+    """{"alone_ms": {cpu: ms}, "together_ms": ms (slowest CPU), "cpus": [...]}."""
+    cpus = sorted(os.sched_getaffinity(0))
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    alone = {}
+    for cpu in cpus:
+        q, start = ctx.Queue(), ctx.Event()
+        p = ctx.Process(target=_pinned, args=(cpu, loop, reps, start, q))
+        p.start()
+        start.set()
+        alone[cpu] = q.get() * 1e3
+        p.join()
+    q, start = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_pinned, args=(c, loop, reps, start, q)) for c in cpus]
+    for p in procs:
+        p.start()
+    time.sleep(0.05)  # all started and waiting
+    start.set()
+    together = max(q.get() for _ in procs) * 1e3
+    for p in procs:
+        p.join()
+    return {"cpus": cpus, "alone_ms": alone, "together_ms": together}
+
+
+def reference_ms(probes: list[dict]) -> float:
+    """The fastest alone time of a run's probes: the machine uncontended."""
+    return min(min(p["alone_ms"].values()) for p in probes)
+
+
+def contended(p: dict, ref_ms: float) -> bool:
+    worst = max(max(p["alone_ms"].values()), p["together_ms"])
+    return worst > THRESHOLD * ref_ms
+
+
+def describe(p: dict) -> str:
+    alone = "/".join(f"{v:.0f}" for v in p["alone_ms"].values())
+    return f"interpreter loop alone {alone} ms, together {p['together_ms']:.0f} ms"
+
+
+# --------------------------------------------------------------------------- peers
+#
+# Peers for the collectives suite (`--peers mpi,oneccl`): communication libraries measured
+# outside torch.distributed, at the same points and with the same timing method, plus rsdp on a
+# world-size-1 group as the reference for the per-call overhead.
+#
+# After the torch backends are swept, run_peers() does, for the peers asked for:
+#
+# 1. "rsdp@1": spawns ONE rank running collectives.worker with the rsdp backend, the same
+#    ops, dtypes, sizes and iteration counts (rows labelled "rsdp@1", world_size 1). A 1-rank
+#    collective moves nothing between processes, so its time is what rsdp spends on a call
+#    besides the communication: the torch dispatch, the backend's bookkeeping, the local copy.
+# 2. "mpi": writes the plan (every point the collectives suite would measure, with its element
+#    count and iteration counts, for the dtypes MPI has a datatype for) and runs
+#    mpi_rank.py under Open MPI's mpirun with the same number of ranks; it reads the rows
+#    back from a JSON file and records the library version in the machine info.
+# 3. "oneccl": Intel oneCCL (the `oneccl-cpu` and `oneccl-cpu-devel` wheels). oneccl_peer.cpp is
+#    compiled on first use into build/oneccl/ (again whenever the source, the compiler command
+#    or the wheel's files change); the plan goes to it as a text file, the same points for
+#    every dtype oneCCL has (all of the collectives suite'); the ranks are started directly, one
+#    process each, pinned like the torch ranks, and find each other through oneCCL's own
+#    key-value store, whose address rank 0 publishes in a file (no MPI launcher). The
+#    transport is OFI (libfabric, Debian's libfabric1) with its shared-memory provider; see
+#    ONECCL_ENV.
+#
+# A peer that cannot run here (no mpirun, no mpi4py, an mpirun that is not Open MPI's; no
+# oneCCL wheel, no libfabric, no C++ compiler, a build that fails) is announced at the start
+# and left out; the run goes on and its exit status is not affected.
+# A peer that starts and then fails is reported as an error (exit status 1), like a crash of
+# the torch side.
+
+PEERS = ("mpi", "oneccl")
+WORLD1_LABEL = "rsdp@1"
+# numpy dtypes with an MPI datatype (mpi_rank.MPI_TYPES). MPI has no bfloat16, and Open
+# MPI 4.1 no float16 either (MPIX_C_FLOAT16 came with 5.0).
+MPI_DTYPES = ("float32", "float64", "int32", "int64")
+# oneCCL has a datatype for every dtype the collectives suite measures.
+ONECCL_DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")
+ONECCL_VERSION = "2022.2.0"  # the wheels scripts/setup.sh installs
+# The oneCCL environment of the run (a variable already set in the environment wins). OFI is
+# the transport that needs no MPI library; CCL_ATL_SHM=1 with FI_PROVIDER=shm makes it
+# libfabric's shared-memory provider (the default would be tcp;ofi_rxm over the loopback,
+# 5-10x slower here), the counterpart of Open MPI's vader. CCL_WORKER_OFFLOAD=0 runs the
+# collective on the calling thread: by default a worker thread per rank progresses it while
+# the caller spins in wait(), two busy threads per rank, which on a core per rank made small
+# ops take milliseconds instead of microseconds. The key-value store listens on the loopback
+# only; no process manager is there to ask for the local rank and size, so they are given.
+# Errors only: oneCCL warns about every variable set here, on every rank.
+ONECCL_ENV = {"CCL_ATL_TRANSPORT": "ofi", "CCL_ATL_SHM": "1", "FI_PROVIDER": "shm",
+              "CCL_WORKER_OFFLOAD": "0", "CCL_KVS_IFACE": "lo", "CCL_PROCESS_LAUNCHER": "none",
+              "CCL_LOG_LEVEL": "error"}
+ONECCL_SOURCE = os.path.join(HERE, "oneccl_peer.cpp")
+ONECCL_BUILD = os.path.join(ROOT, "build", "oneccl")
+
+
+def mpirun_command(n: int, plan: str, out: str, bind: bool = False) -> list[str]:
+    """mpirun for n ranks on this machine. --allow-run-as-root is Open MPI's documented switch
+    for root (the usual user in a container); --oversubscribe lets n exceed the core count;
+    --bind-to core pins one rank per core as collectives --bind pins the torch ranks
+    (only while there are enough cores, there as here), else --bind-to none; btl self,vader
+    is loopback plus shared memory, the transports of a single-node job."""
+    cmd = ["mpirun"]
+    if os.geteuid() == 0:
+        cmd.append("--allow-run-as-root")
+    binding = "core" if bind and n <= len(os.sched_getaffinity(0)) else "none"
+    cmd += ["--oversubscribe", "-np", str(n), "--bind-to", binding, "--mca", "btl", "self,vader",
+            sys.executable, os.path.join(HERE, "mpi_rank.py"), "--plan", plan, "--out", out]
+    return cmd
+
+
+def unavailable(peer: str) -> str | None:
+    """Why `peer` cannot run here, or None when it can."""
+    if peer == "oneccl":
+        return oneccl_unavailable()
+    if peer != "mpi":
+        return f"unknown peer {peer!r}"
+    if shutil.which("mpirun") is None:
+        return "mpirun not found (install Open MPI: apt-get install openmpi-bin libopenmpi-dev)"
+    if importlib.util.find_spec("mpi4py") is None:
+        return f"mpi4py is not installed for {sys.executable} (pip install mpi4py)"
+    try:
+        version = subprocess.run(["mpirun", "--version"], capture_output=True, text=True,
+                                 timeout=60).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"mpirun --version failed ({exc})"
+    if "Open MPI" not in version:  # the command line above uses Open MPI's options
+        return f"mpirun is not Open MPI's ({version.strip().splitlines()[:1]})"
+    return None
+
+
+def oneccl_paths() -> tuple[str, str]:
+    """(the directory of libccl.so.1, the include directory) of the installed oneccl-cpu and
+    oneccl-cpu-devel wheels, found through their file lists: the wheels put them under the
+    Python prefix (or the user base), not where a compiler or pkg-config looks, and the
+    wheel's ccl.pc names packages (impi, sycl) that a CPU build does not have. LookupError
+    says what is missing."""
+    found = []
+    for dist_name, suffix in (("oneccl-cpu", "libccl.so.1"),
+                              ("oneccl-cpu-devel", "oneapi/ccl.hpp")):
+        try:
+            files = importlib.metadata.distribution(dist_name).files or []
+        except importlib.metadata.PackageNotFoundError:
+            raise LookupError(f"the {dist_name} wheel is not installed for {sys.executable} "
+                              f"(bash scripts/setup.sh, or pip install "
+                              f"{dist_name}=={ONECCL_VERSION})") from None
+        paths = [os.path.normpath(str(f.locate())) for f in files
+                 if str(f).replace(os.sep, "/").endswith(suffix)]
+        paths = [q for q in paths if os.path.exists(q)]
+        if not paths:
+            raise LookupError(f"the {dist_name} wheel has no {suffix}")
+        found.append(paths[0][:-len(suffix)].rstrip(os.sep) or os.sep)
+    return found[0], found[1]
+
+
+def oneccl_build(libdir: str, incdir: str) -> str:
+    """Compiles oneccl_peer.cpp into build/oneccl/ unless the build there was made from the
+    same source, command and library; returns the program. RuntimeError with the compiler's
+    output when it fails.
+
+    The CPU wheel's libccl.so.1 needs a libccl.so.2 that only the full (SYCL) wheel ships (see
+    oneccl_peer.cpp); where it is missing, the same source built with -DONECCL_RUNTIME_SHIM
+    stands in for it, and the program links it first by name: libccl.so.1 looks for its
+    dependencies only through its own RUNPATH, so the program's search path would not reach
+    build/oneccl/, but a library already loaded under that name is taken as it."""
+    cxx = shutil.which("g++")
+    if cxx is None:
+        raise RuntimeError("g++ not found (apt-get install g++)")
+    os.makedirs(ONECCL_BUILD, exist_ok=True)
+    exe = os.path.join(ONECCL_BUILD, "oneccl_peer")
+    shim = os.path.join(ONECCL_BUILD, "libccl.so.2")
+    need_shim = not os.path.exists(os.path.join(libdir, "libccl.so.2"))
+    tmp = f".tmp{os.getpid()}"
+    steps = []
+    if need_shim:
+        steps.append(([cxx, "-O2", "-shared", "-fPIC", "-DONECCL_RUNTIME_SHIM",
+                       "-Wl,-soname,libccl.so.2", ONECCL_SOURCE, "-o", shim + tmp], shim))
+    libs = (["-L", ONECCL_BUILD, "-Wl,--no-as-needed", "-l:libccl.so.2"] if need_shim else [])
+    rpath = f"{ONECCL_BUILD}:{libdir}" if need_shim else libdir
+    steps.append(([cxx, "-O2", "-std=c++17", ONECCL_SOURCE, "-I", incdir, *libs, "-L", libdir,
+                   "-lccl", f"-Wl,-rpath,{rpath}", "-o", exe + tmp], exe))
+    lib = os.stat(os.path.join(libdir, "libccl.so.1"))
+    stamp = "\n".join([shlex.join(cmd).replace(tmp, "") for cmd, _ in steps]
+                      + [f"source mtime {os.stat(ONECCL_SOURCE).st_mtime_ns}",
+                         f"libccl.so.1 {lib.st_size} {lib.st_mtime_ns}"]) + "\n"
+    stamp_path = os.path.join(ONECCL_BUILD, "stamp")
+    try:
+        with open(stamp_path) as f:
+            if f.read() == stamp and all(os.path.exists(out) for _, out in steps):
+                return exe
+    except OSError:
+        pass
+    print(f"# oneccl: compiling {os.path.relpath(ONECCL_SOURCE, ROOT)} into "
+          f"{os.path.relpath(ONECCL_BUILD, ROOT)}/", flush=True)
+    for cmd, out in steps:  # each to a temporary name, then renamed: no half-written file
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{shlex.join(cmd)} failed:\n{proc.stdout}{proc.stderr}")
+        os.replace(out + tmp, out)
+    with open(stamp_path, "w") as f:
+        f.write(stamp)
+    return exe
+
+
+def libfabric_missing() -> str | None:
+    """oneCCL's OFI transport loads libfabric.so.1 at run time (dlopen)."""
+    import ctypes
+    try:
+        ctypes.CDLL("libfabric.so.1")
+    except OSError:
+        return ("libfabric.so.1 not found, oneCCL's OFI transport needs it (apt-get install "
+                "libfabric1)")
+    return None
+
+
+def oneccl_unavailable() -> str | None:
+    try:
+        libdir, incdir = oneccl_paths()
+    except LookupError as exc:
+        return str(exc)
+    why = libfabric_missing()
+    if why:
+        return why
+    try:
+        oneccl_build(libdir, incdir)
+    except (RuntimeError, OSError) as exc:
+        lines = str(exc).strip().splitlines()
+        return "cannot build benchmarks/oneccl_peer.cpp: " + " / ".join(lines[-6:])
+    return None
+
+
+def check_peers(args) -> list[str]:
+    """Before the sweep: drops the peers that cannot run (printing why) and returns the notes
+    for the report."""
+    notes = []
+    if args.device != "cpu":
+        notes.append("--peers: the peers are measured on CPU buffers only; left out with "
+                     "--device cuda")
+        args.peers = []
+    for peer in list(args.peers):
+        why = unavailable(peer)
+        if why:
+            notes.append(f"{peer} not measured: {why}")
+            args.peers.remove(peer)
+    if args.peers and "rsdp" not in args.backends:
+        notes.append(f"{WORLD1_LABEL} not measured: rsdp is not among --backends")
+    skipped = [d for d in args.dtypes if d not in MPI_DTYPES]
+    if "mpi" in args.peers and skipped:
+        notes.append(f"mpi: {', '.join(skipped)} not measured (no MPI datatype)")
+    skipped = [d for d in args.dtypes if d not in ONECCL_DTYPES]
+    if "oneccl" in args.peers and skipped:
+        notes.append(f"oneccl: {', '.join(skipped)} not measured (no oneCCL datatype)")
+    for note in notes:
+        print(f"# NOTE: {note}", flush=True)
+    return notes
+
+
+def plan_points(args, bc, dtypes) -> list[dict]:
+    """Every point collectives.sweep_backend measures (same element counts, same
+    iteration counts), in its order: op, dtype, size."""
+    points = []
+    for op in args.ops:
+        for dtype_name in dtypes:
+            esize = bc.torch.empty((), dtype=bc.DTYPES[dtype_name]).element_size()
+            last = None
+            for nbytes in bc.size_list(args.min_bytes, args.max_bytes):
+                count = bc.element_count(op, nbytes, esize, args.world_size)
+                if count == last:
+                    continue
+                last = count
+                iters, reps, warmup = bc.iters_for(count * esize, args)
+                points.append(dict(op=op, dtype=dtype_name, count=count, bytes=count * esize,
+                                   iters=iters, reps=reps, warmup=warmup))
+    return points
+
+
+def run_world1(args, bc, tmp: str) -> list[dict]:
+    """rsdp on a 1-rank group, through collectives.worker (the same timing code).
+
+    The element counts are those of a 1-rank run of the same bytes; for the 2-rank target
+    they equal the 2-rank counts (every size is even). Threads per rank stay as in the sweep.
+    """
+    one = argparse.Namespace(**vars(args))
+    one.world_size, one.backends, one.labels = 1, ["rsdp"], [WORLD1_LABEL]
+    raw_path = os.path.join(tmp, "world1.json")
+    import torch.multiprocessing
+
+    torch.multiprocessing.spawn(bc.worker, args=(one, free_port(), raw_path), nprocs=1, join=True)
+    return json.load(open(raw_path)) if os.path.exists(raw_path) else []
+
+
+def run_mpi(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
+    """(raw rows, machine-info additions, error or None); the rows written before a failure
+    are kept."""
+    plan, out = os.path.join(tmp, "mpi_plan.json"), os.path.join(tmp, "mpi_result.json")
+    dtypes = [d for d in args.dtypes if d in MPI_DTYPES]
+    with open(plan, "w") as f:
+        settle = bc.warmup_seconds(args)
+        json.dump({"world_size": args.world_size, "rounds": args.rounds,
+                   "warmup_seconds": settle, "warmup_max_ops": bc.warmup_max_ops(settle),
+                   "points": plan_points(args, bc, dtypes)}, f)
+    cmd = mpirun_command(args.world_size, plan, out, getattr(args, "bind", False))
+    launcher = " ".join(cmd[:cmd.index(sys.executable)])
+    print(f"# mpi: {launcher} python benchmarks/mpi_rank.py ...", flush=True)
+    # A hung job must not hang the benchmark: it gets twice the process-group timeout.
+    error = run_mpirun(cmd, 2 * args.timeout)
+    result = json.load(open(out)) if os.path.exists(out) else {}
+    info = {"mpi_library_version": result.get("library_version", "unknown"),
+            "mpi_standard_version": result.get("mpi_version"),
+            "mpi4py_version": result.get("mpi4py_version"),
+            "mpi_command": launcher}
+    return result.get("rows", []), info, error
+
+
+def run_mpirun(cmd: list[str], timeout: float, capture: bool = False) -> str | None:
+    """Runs an mpirun command line; None when it exits 0, else why not. Past `timeout` it is
+    sent SIGTERM (mpirun then stops its daemons and ranks itself), SIGKILL 30 s later. With
+    `capture`, the end of its output goes into the error."""
+    out = subprocess.PIPE if capture else None
+    proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT if capture else None,
+                            text=True)
+    try:
+        log, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+        return f"mpirun did not finish in {timeout:.0f} s"
+    if proc.returncode != 0:
+        return f"mpirun exited with status {proc.returncode}" + (f": {log[-2000:]}" if log else "")
+    return None
+
+
+def run_oneccl(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
+    """(raw rows, machine-info additions, error or None), as run_mpi: one oneccl_peer process
+    per rank, pinned as the collectives suite pins the torch ranks."""
+    libdir, incdir = oneccl_paths()
+    exe = oneccl_build(libdir, incdir)
+    n = args.world_size
+    plan, kvs, out = (os.path.join(tmp, name) for name in
+                      ("oneccl_plan.txt", "oneccl_kvs", "oneccl_result.json"))
+    dtypes = [d for d in args.dtypes if d in ONECCL_DTYPES]
+    with open(plan, "w") as f:
+        settle = bc.warmup_seconds(args)
+        f.write(f"{n} {args.rounds} {settle} {bc.warmup_max_ops(settle)} {args.timeout}\n")
+        for p in plan_points(args, bc, dtypes):
+            f.write(f"{p['op']} {p['dtype']} {p['count']} {p['bytes']} {p['iters']} "
+                    f"{p['reps']} {p['warmup']}\n")
+    cores = sorted(os.sched_getaffinity(0))
+    bind = getattr(args, "bind", False) and n <= len(cores)
+    env = dict(os.environ)
+    for key, value in ONECCL_ENV.items():
+        env.setdefault(key, value)
+    if bind:  # oneCCL's own threads stay on their rank's core
+        env.setdefault("CCL_WORKER_AFFINITY", ",".join(str(c) for c in cores[:n]))
+    shown = [k for k in (*ONECCL_ENV, "CCL_WORKER_AFFINITY") if k in env]
+    launcher = " ".join(f"{k}={env[k]}" for k in shown)
+    print(f"# oneccl: {launcher} build/oneccl/oneccl_peer x {n}"
+          f"{' (one core each)' if bind else ''}", flush=True)
+    procs = []
+    try:
+        for r in range(n):
+            pin = (lambda c=cores[r]: os.sched_setaffinity(0, {c})) if bind else None
+            procs.append(subprocess.Popen(
+                [exe, plan, kvs, out, str(r)], preexec_fn=pin,
+                env=dict(env, CCL_LOCAL_RANK=str(r), CCL_LOCAL_SIZE=str(n))))
+        error = wait_ranks(procs, 2 * args.timeout)
+    finally:
+        for proc in procs:  # whatever happened, no rank outlives the run
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    result = json.load(open(out)) if os.path.exists(out) else {}
+    info = {"oneccl_library_version": result.get("library_version", "unknown"),
+            "oneccl_wheel_version": importlib.metadata.version("oneccl-cpu"),
+            "oneccl_command": f"{launcher} oneccl_peer x {n}"}
+    return result.get("rows", []), info, error
+
+
+def wait_ranks(procs: list, timeout: float) -> str | None:
+    """Waits for every rank; None when all exit 0. A rank that fails leaves the others waiting
+    for it in a collective: they get a few seconds to report their own error, then are
+    stopped. A job that runs past `timeout` (twice the process-group timeout) is stopped."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if all(c is not None for c in codes) or failed:
+            break
+        if time.monotonic() > deadline:
+            return f"the ranks did not finish in {timeout:.0f} s"
+        time.sleep(0.1)
+    if failed:
+        grace = time.monotonic() + 5
+        while any(p.poll() is None for p in procs) and time.monotonic() < grace:
+            time.sleep(0.1)
+        return "; ".join(f"rank {r} exited with status {c}" for r, c in failed)
+    return None
+
+
+def run_peers(args, bc, notes: list[str]) -> tuple[list[dict], dict, list[str]]:
+    """Runs the peers still in args.peers after check_peers(). Returns (raw rows, machine-info
+    additions, errors); a failing part adds an error and the others still run."""
+    rows, info, errors = [], {}, []
+    with tempfile.TemporaryDirectory() as tmp:
+        if "rsdp" in args.backends:
+            print(f"# {WORLD1_LABEL}: rsdp on a 1-rank group", flush=True)
+            try:
+                rows += run_world1(args, bc, tmp)
+            except Exception as exc:  # noqa: BLE001 - reported, the peers still run
+                errors.append(f"{WORLD1_LABEL}: {type(exc).__name__}: {exc}")
+        for peer, runner in (("mpi", run_mpi), ("oneccl", run_oneccl)):
+            if peer not in args.peers:
+                continue
+            if getattr(args, "cpu_probes", False):
+                info.setdefault("cpu_probes", []).append([peer, probe()])
+            try:
+                peer_rows, peer_info, error = runner(args, bc, tmp)
+                rows += peer_rows
+                info.update(peer_info)
+                if error:
+                    errors.append(f"{peer}: {error}")
+            except Exception as exc:  # noqa: BLE001 - reported, the other peers still run
+                errors.append(f"{peer}: {type(exc).__name__}: {exc}")
+    info["peer_notes"] = notes + [f"ERROR {e}" for e in errors]
+    return rows, info, errors
+
+
+# Across emulated nodes (the multinode suite)
+#
+# Open MPI and oneCCL across emulated nodes: the peers of the multinode suite.
+#
+# Each peer runs the points the multinode suite measures (same ops, element counts, iterations and
+# timing: a barrier, one op, the slowest rank's time per iteration, the median over
+# iterations), with its ranks placed on the emulated nodes as the torch ranks are, so its
+# traffic between nodes crosses the same rate-limited links:
+#
+#   mpi     Open MPI's mpirun starts one daemon per emulated node through a remote shell that
+#           enters the node's namespace (torch_rsdp/testing/netns.py run as a command; the
+#           host names are the namespace names), exactly as it would over ssh on a cluster.
+#           Its ranks run mpi_rank.py. Shared memory (vader) inside a node, TCP between
+#           nodes on the node's interface; mpi_yield_when_idle, Open MPI's setting for more
+#           ranks than cores (its ranks poll otherwise: 16 of them on 2 cores made a 1 MiB
+#           allreduce take 330 ms instead of 30).
+#   oneccl  not measured across nodes (ONECCL_ACROSS_NODES says why); the collectives suite
+#           --peers oneccl measures it inside one node.
+#
+# Both are launched from the root namespace by multinode.main() while the EmulatedNodes
+# are up; neither imports torch on the ranks.
+
+NETNS_COMMAND = [sys.executable, os.path.join(ROOT, "torch_rsdp", "testing", "netns.py")]
+# Tried: oneccl_peer.cpp, one process per rank started inside its node's namespace (the
+# remote shell below), libfabric 1.17's tcp provider (via ofi_rxm) with FI_TCP_IFACE and
+# CCL_KVS_IFACE naming the node's interface, CCL_ATL_SHM=0. The key-value store connects
+# across nodes, and libfabric logs that it chose the node's address, but strace shows every
+# OFI endpoint bound to and connecting to 127.0.0.1: each namespace has its own loopback,
+# so the ranks of different nodes never reach each other (connection refused, retried
+# forever). FI_PROVIDER=sockets with FI_SOCKETS_IFACE fails at the first send.
+ONECCL_ACROSS_NODES = ("oneCCL's libfabric endpoints bind to 127.0.0.1 inside each node's "
+                       "namespace whatever FI_TCP_IFACE says, so ranks on different emulated "
+                       "nodes cannot connect (benchmarks/common.py)")
+# the multinode suite's op names -> the peers' (mpi_rank.py and oneccl_peer.cpp agree)
+PEER_OP = {"all_reduce": "allreduce", "all_gather": "allgather",
+           "reduce_scatter": "reduce_scatter"}
+
+
+def unavailable_across_nodes(peer: str, nodes) -> str | None:
+    """Why `peer` cannot run across the emulated nodes, or None."""
+    if nodes is None:
+        return "no emulated nodes (--loopback, or namespaces not available)"
+    if peer == "oneccl":
+        return ONECCL_ACROSS_NODES
+    return unavailable(peer)
+
+
+def multinode_plan(ops, sizes, count_of, world_size, iters, warmup) -> list[dict]:
+    return [{"op": PEER_OP[op], "dtype": "float32", "count": count_of(size, world_size),
+             "bytes": 4 * count_of(size, world_size), "iters": iters, "reps": 1,
+             "warmup": warmup} for op in ops for size in sizes]
+
+
+def multinode_rows(peer: str, raw: list[dict]) -> list[dict]:
+    """The peers' raw rows (samples in microseconds, slowest rank per iteration) as
+    multinode rows."""
+    back = {v: k for k, v in PEER_OP.items()}
+    out = []
+    for r in raw:
+        row = {"variant": peer, "op": back[r["op"]], "bytes": r["bytes"], "count": r["count"],
+               "correct": bool(r.get("correct"))}
+        if r.get("error"):
+            row["error"] = r["error"]
+        elif r.get("samples_us"):
+            row["samples_s"] = [t * 1e-6 for t in r["samples_us"]]
+            row["time_s"] = statistics.median(row["samples_s"])
+        out.append(row)
+    return out
+
+
+def run_across_nodes(peer: str, nodes, node_of: list[int], points: list[dict], timeout: float
+        ) -> tuple[list[dict], str | None, str]:
+    """(rows, error or None, the command shown in the report) of one peer's run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        raw, error, shown = run_mpi_across_nodes(nodes, node_of, points, timeout, tmp)
+    return multinode_rows(peer, raw), error, shown
+
+
+def run_mpi_across_nodes(nodes, node_of, points, timeout, tmp):
+    plan_path, out = os.path.join(tmp, "plan.json"), os.path.join(tmp, "result.json")
+    with open(plan_path, "w") as f:
+        json.dump({"world_size": len(node_of), "rounds": 1, "points": points}, f)
+    per_node = [node_of.count(i) for i in range(max(node_of) + 1)]
+    hosts = ",".join(f"{nodes.netns_name(i)}:{n}" for i, n in enumerate(per_node))
+    subnet = nodes.store_addr.rsplit(".", 1)[0] + ".0/24"
+    opts = {"plm_rsh_agent": " ".join(NETNS_COMMAND), "plm_rsh_no_tree_spawn": "1",
+            "oob_tcp_if_include": subnet, "btl_tcp_if_include": subnet,
+            "btl": "self,vader,tcp", "mpi_yield_when_idle": "1"}
+    cmd = ["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
+    cmd += ["--oversubscribe", "-np", str(len(node_of)), "-H", hosts, "--bind-to", "none",
+            "--map-by", "slot"]
+    for key, value in opts.items():
+        cmd += ["--mca", key, value]
+    cmd += [sys.executable, os.path.join(HERE, "mpi_rank.py"), "--plan", plan_path,
+            "--out", out]
+    shown = " ".join(cmd[:cmd.index(sys.executable)])
+    print(f"# mpi: {shown} python benchmarks/mpi_rank.py ...", flush=True)
+    error = run_mpirun(cmd, timeout, capture=True)
+    raw = json.load(open(out)).get("rows", []) if os.path.exists(out) else []
+    return raw, error, shown

@@ -1,0 +1,284 @@
+"""The spread of collective times over launches, per launch mode: rsdp against its peers, or
+rsdp under several environment settings against each other (A/B).
+
+On a virtual machine the host places the guest's CPUs, and two things change under a launch:
+ * the caches: in some launches two ranks share a last-level cache ("near"), in others they do
+   not ("far") and every library's shared-memory collectives slow down, for minutes;
+ * the cores: a vCPU may share its host core with another hardware thread for seconds at a
+   time; the interpreter, and with it every fixed cost of a call, then runs at about half
+   speed ("contended"; common.probe).
+One launch compared with another is then a coin toss, so this suite runs --launches rounds;
+each round
+
+  1. probes the mode: two rsdp ranks are set up and their group's hand-off probe is read
+     (torch_rsdp.topology()["handoff"]);
+  2. runs the collectives suite once per variant of rsdp (--variants; one variant "rsdp" with
+     the environment as it is by default), each as its own launch with --cpu-probes, the
+     peers (Open MPI, oneCCL) in the round's last launch right after its rsdp. The variants'
+     order rotates from round to round, so none always runs first. Each library's run gets the
+     CPU state of the probes around it: "clear" or "contended" (against the fastest alone time
+     of the whole run) when both agree, "changed" when they differ.
+
+Then, per mode (hand-off/CPUs) and size: every variant's and peer's median over the launches it
+ran in that mode, its min/max and spread (max/min), each variant's time over the first
+variant's (the median of the per-round ratios, rounds where both ran in that mode), and the
+first variant's over Open MPI's. Goals (PASS/MISS; "changed" is shown, not judged): from
+64 KiB, in every steady mode, launch by launch, the first variant at or below Open MPI's time;
+over all launches its spread no wider than Open MPI's.
+
+    python -m benchmarks launches --launches 10                    # 2 ranks, Open MPI
+    python -m benchmarks launches --launches 4 --peers mpi,oneccl --sizes 64K,1M
+    python -m benchmarks launches --launches 6 --peers mpi --sizes 64K,1M,16M \\
+        --variants off:RSDP_SHM_ADAPT=off,on:RSDP_SHM_ADAPT=continuous
+
+Writes launches.md / launches.json (every launch) to --out (default benchmarks/results/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import common
+from .common import RESULTS, fmt_bytes, free_port, parse_sizes
+
+FROM_SIZE = 64 << 10  # the goals hold from 64 KiB (below it a call's fixed cost dominates)
+# Timed iterations per size in every launch: a launch's median of the collectives suite's own
+# 20 is itself noisy (resampling 200 iterations of one launch put the median of 20 anywhere in
+# a 1.04x-1.13x band, the median of 200 within 1.01-1.03x), and over 10 launches that noise
+# alone would widen a spread (max/min) by about as much.
+ITERS = 200
+
+
+def parse_variants(text: str) -> list[tuple[str, dict]]:
+    """'off:A=1;B=2,on:A=3' -> [("off", {"A": "1", "B": "2"}), ("on", {"A": "3"})]; empty ->
+    one variant "rsdp" with no change to the environment."""
+    variants = []
+    for item in (t.strip() for t in text.split(",") if t.strip()):
+        name, _, assigns = item.partition(":")
+        env = {}
+        for a in (s.strip() for s in assigns.split(";") if s.strip()):
+            key, eq, value = a.partition("=")
+            if not eq or not key:
+                raise argparse.ArgumentTypeError(f"variant {name!r}: {a!r} is not VAR=VALUE")
+            env[key] = value
+        if not name or name in dict(variants):
+            raise argparse.ArgumentTypeError(f"variant names must be unique and non-empty: "
+                                             f"{text!r}")
+        variants.append((name, env))
+    return variants or [("rsdp", {})]
+
+
+def _probe_rank(rank: int, port: int, out: str) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    import torch_rsdp
+
+    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
+                          timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group("rsdp", store=store, rank=rank, world_size=2)
+    if rank == 0:
+        with open(out, "w") as f:
+            json.dump(torch_rsdp.topology().get("handoff", {}), f)
+    dist.destroy_process_group()
+
+
+def probe_mode() -> dict:
+    """The hand-off probe of a fresh 2-rank rsdp group on this machine, now."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "handoff.json")
+        mp.spawn(_probe_rank, args=(free_port(), out), nprocs=2, join=True)
+        return json.load(open(out))
+
+
+def one_launch(args, out_dir: str, label: str = "rsdp", env: dict | None = None,
+               peers=()) -> dict:
+    """The collectives suite at the chosen sizes: rsdp (under `env`, reported as `label`),
+    then each of `peers` as its own launch."""
+    cmd = [sys.executable, "-m", "benchmarks", "collectives", "--backends", "rsdp",
+           "--world-size", str(args.world_size), "--ops", args.op, "--dtypes", "float32",
+           "--min-bytes", str(min(args.sizes)), "--max-bytes", str(max(args.sizes)),
+           "--out", out_dir, "--no-plot", "--cpu-probes"]
+    if args.iters:
+        cmd += ["--iters", str(args.iters), "--min-iters", str(args.iters)]
+    if peers:
+        cmd += ["--peers", ",".join(peers)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+                          cwd=common.ROOT, env=dict(os.environ, **(env or {})))
+    if proc.returncode != 0:
+        raise RuntimeError(f"collectives ({label}) failed ({proc.returncode}):\n"
+                           f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    with open(os.path.join(out_dir, "results.json")) as f:
+        res = json.load(f)["results"]
+    times, stacked = {}, {}
+    for row in res["rows"]:
+        if row["bytes"] in args.sizes and row["op"] == args.op and row.get("time_us"):
+            if row["backend"] == "rsdp@1":
+                continue
+            who = label if row["backend"] == "rsdp" else row["backend"]
+            times.setdefault(who, {})[row["bytes"]] = row["time_us"]
+            if who == label and "stacked" in row:
+                stacked[row["bytes"]] = row["stacked"]
+    probes = [[label if who == "torch" else who, p]
+              for who, p in res["machine"].get("cpu_probes", [])]
+    return {"times": times, "stacked": {label: stacked},
+            "handoff": {label: res["machine"].get("handoff", {}).get("rsdp")},
+            "cpu_probes": [probes]}
+
+
+def one_round(args, order: list[tuple[str, dict]]) -> dict:
+    """One launch per variant in `order`, the peers with the last; merged into one record."""
+    ln = {"times": {}, "stacked": {}, "handoff": {}, "cpu_probes": []}
+    for i, (label, env) in enumerate(order):
+        with tempfile.TemporaryDirectory() as tmp:
+            part = one_launch(args, tmp, label, env, args.peers if i == len(order) - 1 else ())
+        for key in ("times", "stacked", "handoff"):
+            ln[key].update(part[key])
+        ln["cpu_probes"] += part["cpu_probes"]
+    return ln
+
+
+def cpu_states(ln: dict, ref_ms: float) -> dict:
+    """Each library's CPU state in round `ln`: from the probes just before and after its run."""
+    states = {}
+    for probes in ln["cpu_probes"]:  # per launch: [[who, probe]], who's run follows its probe
+        for i, (who, p) in enumerate(probes[:-1]):
+            pair = {common.contended(p, ref_ms), common.contended(probes[i + 1][1], ref_ms)}
+            states[who] = "changed" if len(pair) > 1 else "contended" if pair.pop() else "clear"
+    return states
+
+
+def spread(values: list[float]) -> float:
+    return max(values) / min(values) if values and min(values) > 0 else float("nan")
+
+
+def _ratio_cell(ratios: list[float]) -> str:
+    return (f"{statistics.median(ratios):.2f} ({min(ratios):.2f}–{max(ratios):.2f}) "
+            f"[{len(ratios)}]" if ratios else "–")
+
+
+def summarize(launches: list[dict], sizes: list[int], variants: list[str] | None = None
+              ) -> tuple[str, list[str]]:
+    """The per-mode table and the goals' verdicts; `variants` are rsdp's labels, the first the
+    reference (default: the one label "rsdp")."""
+    variants = variants or ["rsdp"]
+    ref = variants[0]
+    peers = sorted({b for ln in launches for b in ln["times"]} - set(variants))
+    libs = variants + peers
+    header = ["mode", f"launches ({ref})", "size"] + [
+        f"{b} median µs (min–max, spread) [launches]" for b in libs]
+    header += [f"{v}/{ref} per launch" for v in variants[1:]]
+    header += [f"{ref}/mpi per launch (both in the mode)"] if "mpi" in peers else []
+    rows, verdicts = [], []
+
+    def mode_of(ln, b):
+        return f"{ln['probe'].get('mode', '?')}/{ln['states'].get(b, '?')}"
+
+    def runs(b, size, mode):  # the launches in which b ran `size` in `mode`
+        return [ln for ln in launches if size in ln["times"].get(b, {})
+                and (mode == "all" or mode_of(ln, b) == mode)]
+
+    def ratios(a, b, size, mode):
+        both = [ln for ln in runs(a, size, mode) if ln in runs(b, size, mode)]
+        return [ln["times"][a][size] / ln["times"][b][size] for ln in both]
+
+    modes = sorted({mode_of(ln, b) for ln in launches for b in ln["times"]})
+    for mode in modes + ["all"]:
+        for size in sizes:
+            cells = []
+            for b in libs:
+                vals = [ln["times"][b][size] for ln in runs(b, size, mode)]
+                cells.append(f"{statistics.median(vals):.1f} ({min(vals):.1f}–{max(vals):.1f}, "
+                             f"{spread(vals):.2f}x) [{len(vals)}]" if vals else "–")
+            cells += [_ratio_cell(ratios(v, ref, size, mode)) for v in variants[1:]]
+            vs_mpi = ratios(ref, "mpi", size, mode) if "mpi" in peers else []
+            cells += [_ratio_cell(vs_mpi)] if "mpi" in peers else []
+            rows.append([mode, len(runs(ref, size, mode)), fmt_bytes(size).replace(" ", "")
+                         .replace("iB", "")] + cells)
+            if size < FROM_SIZE or not vs_mpi:
+                continue
+            label = fmt_bytes(size).replace(" ", "").replace("iB", "")
+            if mode != "all" and not mode.endswith("/changed"):
+                worst = max(vs_mpi)
+                verdicts.append(f"{'PASS' if worst <= 1.0 else 'MISS'}  {mode} launches, "
+                                f"{label}: {ref}/mpi at most {worst:.2f} (goal <= 1)")
+            if mode == "all":
+                rs = spread([ln["times"][ref][size] for ln in runs(ref, size, mode)])
+                ms = spread([ln["times"]["mpi"][size] for ln in runs("mpi", size, mode)])
+                verdicts.append(f"{'PASS' if rs <= ms else 'MISS'}  all launches, "
+                                f"{label}: {ref} spread {rs:.2f}x, Open MPI {ms:.2f}x")
+    return common.md_table(header, rows, "llr" + "r" * (len(header) - 3)), verdicts
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks launches", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--launches", type=int, default=10, help="rounds (each: probe, rsdp, peers)")
+    p.add_argument("--world-size", type=int, default=2)
+    p.add_argument("--op", default="allreduce",
+                   choices=("allreduce", "allgather", "reduce_scatter", "broadcast"))
+    p.add_argument("--sizes", type=parse_sizes, default=parse_sizes("64K,1M,16M"),
+                   help="comma-separated; the sweep covers min..max, these are reported")
+    p.add_argument("--peers", default="mpi", help="comma-separated peers of the collectives "
+                   "suite (empty: rsdp alone)")
+    p.add_argument("--variants", type=parse_variants, default=parse_variants(""),
+                   metavar="NAME:VAR=VAL[;VAR=VAL],...",
+                   help="rsdp under each environment, alternating launches; the first is the "
+                        "reference of the ratios (default: rsdp as the environment has it)")
+    p.add_argument("--iters", type=int, default=ITERS,
+                   help="timed iterations at every size, for every library (collectives "
+                        "--iters and --min-iters); 0: the collectives suite's own scaling")
+    p.add_argument("--pause", type=float, default=0.0,
+                   help="seconds idle between rounds (lets the host move the vCPUs)")
+    p.add_argument("--timeout", type=int, default=900, help="seconds per launch")
+    p.add_argument("--out", default=RESULTS)
+    p.add_argument("--name", default="launches", help="result file stem")
+    args = p.parse_args(argv)
+    args.sizes = sorted(args.sizes)
+    args.peers = [x for x in args.peers.split(",") if x]
+    names = [name for name, _ in args.variants]
+
+    launches = []
+    t0 = time.perf_counter()
+    for i in range(args.launches):
+        probe = probe_mode()
+        k = i % len(args.variants)
+        ln = one_round(args, args.variants[k:] + args.variants[:k])
+        ln.update(round=i, probe=probe, load1=os.getloadavg()[0])
+        print(f"[launch {i + 1}/{args.launches}] hand-off {probe.get('mode', '?')} (step "
+              f"{probe.get('step_ns', float('nan')):.0f} ns, pull "
+              f"{probe.get('pull_gbps', float('nan')):.1f} GB/s); CPU probes: "
+              + "; ".join(f"{who} {common.describe(p)}" for run in ln["cpu_probes"]
+                          for who, p in run)
+              + "; " + "; ".join(f"{b} " + " ".join(f"{fmt_bytes(s)} {t:.0f}"
+                                             for s, t in sorted(v.items()))
+                          for b, v in sorted(ln["times"].items())) + " µs", flush=True)
+        launches.append(ln)
+        if args.pause:
+            time.sleep(args.pause)
+    ref = common.reference_ms([p for ln in launches for run in ln["cpu_probes"] for _, p in run])
+    for ln in launches:
+        ln["states"] = cpu_states(ln, ref)
+    table, verdicts = summarize(launches, args.sizes, names)
+    variants = "; ".join(f"{n}: " + (" ".join(f"{k}={v}" for k, v in env.items()) or "as is")
+                         for n, env in args.variants)
+    head = (f"{args.launches} launches, {args.world_size} ranks, {args.op} float32, peers "
+            f"{','.join(args.peers) or 'none'}, variants {variants}; "
+            f"{time.perf_counter() - t0:.0f} s; CPUs contended beyond {common.THRESHOLD}x the "
+            f"fastest interpreter loop of the run, {ref:.0f} ms")
+    text = "\n".join([head, "", table, "", *verdicts])
+    print("\n" + text)
+    common.write_result(args.out, args.name, {"variants": dict(args.variants),
+                                              "launches": launches, "verdicts": verdicts},
+                        text, argv)
+    return 0
