@@ -24,27 +24,21 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
     ranks of every node), ``rail`` (the ranks sharing this rank's local rank),
     ``leaders``, ``uniform`` (all nodes have as many ranks) and ``describe``.
 
-    On rsdp, ``handoff``: what handing data between the ranks of this node cost at the
-    group's latest probe, when it was made and again while collectives run (once a second,
-    ``RSDP_REPROBE_MS``, and sooner when group rank 0's collectives of 256 KiB and more
-    slow down: ``csrc/transport/shm/slow_watch.cpp``)
-    (``csrc/transport/shm/handoff_probe.h``; ``probes`` counts them, ``early_probes`` on group
-    rank 0 those that came early because of a slowdown): ``step_ns`` (the
-    fastest round trip of one shared-memory step), ``pull_gbps`` (copying a block the
+    On rsdp, ``handoff``: how the shared memory of this node's group adapts to where its
+    ranks run (``csrc/transport/shm/adaptation.h``): ``adapt`` (``RSDP_SHM_ADAPT``:
+    ``"off"``, ``"once"`` or ``"continuous"``, group rank 0's), ``probes`` (how often the
+    group has measured the hand-off between its ranks: when it was made, and once a second
+    while collectives run when continuous), and the latest probe's findings: ``step_ns``
+    (the fastest round trip of one shared-memory step), ``pull_gbps`` (copying a block the
     other rank just wrote; the block is one L2 cache's worth, 256 KiB to 2 MiB),
-    ``cached_gbps`` and ``streamed_gbps`` (handing blocks over both ways: two ranks write one
-    each into their staging memory with cached or streaming stores, then each copies the
-    other's out), ``mode`` (``"near"``: the ranks' CPUs share a cache; ``"far"``: they do not,
-    as when a virtual machine's CPUs sit on different chiplets of the host;
-    ``"unmeasured"``: one rank, or more ranks than CPUs) and ``stores`` (``"streaming"`` or
-    ``"cached"``, how copies into the staging memory store: ``RSDP_SHM_STORES``, else
+    ``cached_gbps`` and ``streamed_gbps`` (handing blocks over both ways with cached or
+    streaming stores), ``mode`` (``"near"``: the ranks' CPUs share a cache; ``"far"``: they
+    do not; ``"unmeasured"``: one rank, more ranks than CPUs, or adaptation off) and
+    ``stores`` (``"streaming"`` or ``"cached"``: how copies into the staging memory store,
     streaming where the probe's hand-off was clearly faster with it). ``allreduce_oneshot_bytes``: the largest
     CPU all-reduce that runs one-shot (one exchange, every rank reduces every copy) rather
-    than reduce-scatter + all-gather: ``RSDP_ONESHOT_BYTES`` where set, else 8 KiB
-    (``csrc/algorithms/select.cpp``); across nodes, the leaders' path's. ``spread_moves``:
-    how often this rank moved itself off a CPU the kernel had stacked more of the node's
-    ranks on than an even share, with more ranks than CPUs (``RSDP_SPREAD_MS``,
-    ``csrc/transport/shm/rank_spread.cpp``).
+    than reduce-scatter + all-gather: 8 KiB (``kNodeAllreduceOneshotBytes``,
+    ``csrc/algorithms/select.h``); across nodes, the leaders' path's (32 KiB).
 
     Any backend: a group on another backend than rsdp gets the same answer derived from
     ``RSDP_NODE_ID``, torchrun's variables or the host names (:mod:`._node_topology`; the

@@ -38,17 +38,7 @@ void allreduce_rs_ag(Staging& c, void* buf, size_t count, DType dt, RedOp op) {
     c.exchange((seg - len(me)) * es);
 
     for (int q = 0; q < n; ++q) srcs[q] = q == me ? at(me) : c.peer(q) + me * sub * es;
-    char* mine = c.stage() + me * sub * es;
-    if (c.streams_stage()) {
-      // Reduced in place, then streamed to the half: the peers read the chunk from
-      // memory, not from this core's cache (core/stream_copy.h). Same sources, same
-      // order, so the same bits.
-      c.reduce(at(me), srcs.data(), n, len(me), dt, op, n, nullptr);
-      c.copy(mine, at(me), len(me) * es);
-    } else {
-      c.reduce(mine, srcs.data(), n, len(me), dt, op, n, nullptr);
-      c.copy(at(me), mine, len(me) * es);
-    }
+    c.reduce_and_stage(at(me), c.stage() + me * sub * es, srcs.data(), n, len(me), dt, op, n);
     c.exchange(len(me) * es);
 
     for (int p = 0; p < n; ++p)

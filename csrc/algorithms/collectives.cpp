@@ -85,7 +85,6 @@ void dispatch(CollArgs a) {
     g.begin_net(net_desc(d, algo, a.bits), a.timeout);
   }
   algo_entry(algo).run(a);
-  g.shm->finished(!g.multi_node());
 }
 
 }  // namespace

@@ -38,15 +38,11 @@ BackendRSDP::~BackendRSDP() { shutdown(); }
 
 const Topology& BackendRSDP::topology() const { return comm_->topo; }
 
-Handoff BackendRSDP::handoff() const { return comm_->shm->handoff(); }
-
-uint64_t BackendRSDP::spread_moves() const { return comm_->shm->spread_moves(); }
-
-bool BackendRSDP::streaming_stores() const { return comm_->shm->streaming(); }
+const Adaptation& BackendRSDP::adaptation() const { return comm_->shm->adaptation(); }
 
 size_t BackendRSDP::allreduce_oneshot_bytes() const {
-  if (comm_->multi_node()) return opts_.oneshot_bytes;
-  return rsdp::allreduce_oneshot_bytes(opts_, false);
+  if (comm_->multi_node()) return kOneshotBytes;
+  return rsdp::allreduce_oneshot_bytes(false);
 }
 
 Traffic& BackendRSDP::traffic() const { return comm_->traffic; }
@@ -109,8 +105,8 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
 #ifdef RSDP_WITH_CUDA
   if (device.is_cuda()) {
     // The group's device collectives are the emulated ones then (CPU memory).
-    RSDP_CHECK(!comm_->opts.emulate_device(), "rsdp rank ", global_rank_, ": ", title,
-               " on ", device.str(), ": RSDP_EMULATE_DEVICE (a test fixture) makes the group "
+    RSDP_CHECK(!comm_->opts.test.emulate_device(), "rsdp rank ", global_rank_, ": ", title,
+               " on ", device.str(), ": RSDP_TEST_EMULATE_DEVICE (a test fixture) makes the group "
                "serve CPU tensors through the emulated device; unset it to use CUDA tensors");
     return enqueue_cuda(type, title, std::move(outputs), std::move(body), async_op, device);
   }
@@ -123,9 +119,9 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::enqueue(c10d::OpType type, const cha
   GroupComm* comm = comm_.get();
   Bootstrap* boot = boot_.get();
   const std::string name = title;
-  // The test fixture RSDP_EMULATE_DEVICE: CPU tensors of a single-node group
+  // The test fixture RSDP_TEST_EMULATE_DEVICE: CPU tensors of a single-node group
   // take the device path, over the emulated device.
-  const bool emulated = comm->opts.emulate_device() && !comm->multi_node();
+  const bool emulated = comm->opts.test.emulate_device() && !comm->multi_node();
   OpQueue::Task task = [work, comm, boot, emulated, name, body = std::move(body)](bool run) mutable {
     std::exception_ptr err;
     if (!run) {

@@ -27,7 +27,7 @@
 namespace rsdp {
 
 struct GroupComm;
-struct Handoff;
+class Adaptation;
 struct Topology;
 struct Traffic;
 class OpQueue;
@@ -189,14 +189,9 @@ class BackendRSDP : public c10d::Backend {
   const std::vector<int>& ring_order() const { return ring_order_; }
   // Where the group's ranks live (core/topology.h), and its traffic counters.
   const Topology& topology() const;
-  // What a hand-off between the ranks of this rank's node costs, measured when
-  // the group was made and again once a second while collectives run
-  // (transport/shm/handoff_probe.h).
-  Handoff handoff() const;
-  // How often this rank moved itself off a CPU the kernel stacked ranks on.
-  uint64_t spread_moves() const;
-  // Whether copies into this node's staging use streaming stores (RSDP_SHM_STORES).
-  bool streaming_stores() const;
+  // How this node's shared memory adapts to where its ranks run: the latest
+  // hand-off probe's findings and the stores chosen (transport/shm/adaptation.h).
+  const Adaptation& adaptation() const;
   // The largest CPU all-reduce that runs one-shot: on one node the group's
   // bound (algorithms/select.h), across nodes the leaders' path's.
   size_t allreduce_oneshot_bytes() const;

@@ -14,7 +14,7 @@
 #include "core/quantize.h"
 #include "core/topology.h"
 #include "core/traffic.h"
-#include "transport/shm/handoff_probe.h"
+#include "transport/shm/adaptation.h"
 #ifdef RSDP_WITH_CUDA
 #include <cuda_runtime_api.h>
 
@@ -107,8 +107,6 @@ PYBIND11_MODULE(_C, m) {
       m, "BackendRSDP")
       .def_property_readonly("shm_bytes",
                              [](const rsdp::BackendRSDP& b) { return b.options().shm_bytes; })
-      .def_property_readonly(
-          "oneshot_bytes", [](const rsdp::BackendRSDP& b) { return b.options().oneshot_bytes; })
       // As ProcessGroupGloo's: torch's ProcessGroup forwards these only to
       // gloo/NCCL/UCC and says "does not yet support sequence numbers" for a
       // plugin, so they are reached through pg._get_backend(device).
@@ -160,18 +158,18 @@ PYBIND11_MODULE(_C, m) {
             d["leaders"] = t.leaders();
             d["uniform"] = t.uniform();
             d["describe"] = t.describe();
-            const rsdp::Handoff h = b.handoff();
+            const rsdp::Adaptation& adapt = b.adaptation();
+            const rsdp::Handoff h = adapt.handoff();
             py::dict handoff;
+            handoff["adapt"] = rsdp::adapt_mode_name(adapt.mode());
             handoff["mode"] = h.mode();
             handoff["step_ns"] = h.step_ns;
             handoff["pull_gbps"] = h.pull_gbps;
             handoff["cached_gbps"] = h.cached_gbps;
             handoff["streamed_gbps"] = h.streamed_gbps;
             handoff["probes"] = h.probes;
-            handoff["early_probes"] = h.early;
-            handoff["stores"] = b.streaming_stores() ? "streaming" : "cached";
+            handoff["stores"] = adapt.streaming() ? "streaming" : "cached";
             d["handoff"] = handoff;
-            d["spread_moves"] = b.spread_moves();
             d["allreduce_oneshot_bytes"] = b.allreduce_oneshot_bytes();
             return d;
           },

@@ -31,7 +31,7 @@ const char* op_name(OpKind k);
 // no op leaves out a field its peers compare; seq and on_device are the
 // comm's to fill in.
 // `aux` of the barrier that carries a shared-memory group's hand-off probe
-// (transport/shm/handoff_probe.h): "probe" in ASCII. The probe takes the
+// (transport/shm/adaptation.h): "probe" in ASCII. The probe takes the
 // number of the user's collective it runs before, and errors name it so.
 constexpr uint64_t kHandoffProbeTag = 0x70726f6265;
 

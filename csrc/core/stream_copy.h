@@ -5,7 +5,7 @@
 // fetched into this core's cache (read for ownership, taking it from the peer
 // that read it last) and then fetched by the peer from this core's cache.
 // Between cores that share a last-level cache both trips are cheap; between
-// cores that do not (transport/shm/handoff_probe.h) each one crosses the
+// cores that do not (transport/shm/adaptation.h) each one crosses the
 // chip's fabric and the copies run at a fraction of memory bandwidth.
 // Streaming stores write the lines to memory without fetching them, and the
 // peer reads them from memory: two memory trips instead of two fabric trips.

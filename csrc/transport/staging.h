@@ -82,10 +82,15 @@ class Staging {
   void reduce(void* dst, const void* const* srcs, int nsrc, size_t count, DType dt, RedOp op,
               int divisor, void* scratch);
 
-  // Whether copy() into the staging halves streams past this core's cache
-  // (RSDP_SHM_STORES): an algorithm then stages what peers read with copy()
-  // rather than writing it there with a kernel.
-  virtual bool streams_stage() const { return false; }
+  // The reduction of srcs (as reduce(), no scratch) into both `own`, this
+  // rank's result, and `staged`, its staging half for the peers to read next:
+  // the same bits in both. The transport picks the order (shared memory may
+  // reduce into `own` and stream the result to the half).
+  virtual void reduce_and_stage(void* own, void* staged, const void* const* srcs, int nsrc,
+                                size_t count, DType dt, RedOp op, int divisor) {
+    reduce(staged, srcs, nsrc, count, dt, op, divisor, nullptr);
+    copy(own, staged, count * dtype_size(dt));
+  }
 
   // Whether every rank has a core of its own (no more ranks than the
   // machine's CPUs): a waiter then finds its peer running, and an extra

@@ -1,11 +1,12 @@
-"""RSDP_SHM_STORES: both ways of writing the staging halves give exact results.
+"""Both ways of writing the staging halves give exact results.
 
-A group whose hand-off probe finds its ranks far apart (csrc/transport/shm/handoff_probe.h)
-streams its copies into the staging halves past the cache (`streaming`, non-temporal stores
-and a fence), and its rs+ag all-reduce reduces in place and streams the result; near groups
-keep plain copies (`cached`). Which one a launch gets depends on where the machine placed its
-CPUs, so without this test the streaming path would run only in the launches that happen to
-be far. Both settings are forced here on every family that moves data through the halves,
+A group whose hand-off probe finds streaming stores clearly faster (csrc/transport/shm/
+adaptation.h) streams its copies into the staging halves past the cache (`streaming`,
+non-temporal stores and a fence), and its rs+ag all-reduce reduces in place and streams the
+result; others keep plain copies (`cached`). Which one a launch gets depends on where the
+machine placed its CPUs, so without this test the streaming path would run only in the
+launches that happen to need it. Both are forced here (the test hook RSDP_TEST_SHM_STORES)
+on every family that moves data through the halves,
 at 2 ranks (each with a core on a 2-core machine), with the reduced dtype x op matrix, and
 each group reports the setting it runs with (`topology()["handoff"]["stores"]`). The
 streaming case is also in the sanitized selection (tests/sanitized_selection.txt).
@@ -32,7 +33,7 @@ def _stores_worker(ctx, setting, names):
 
     stores = torch_rsdp.topology()["handoff"]["stores"]
     if stores != setting:
-        raise AssertionError(f"RSDP_SHM_STORES={setting} but the group runs with {stores!r}")
+        raise AssertionError(f"RSDP_TEST_SHM_STORES={setting} but the group runs with {stores!r}")
     use_reduced_matrix(ctx)
     return run_families(ctx, FAMILIES, names)
 
@@ -41,7 +42,7 @@ def _batch(setting):
     if setting not in _RESULTS:
         results, errors, _ = launch_families(
             lambda names: launch(_stores_worker, 2, (setting, names), deadline=240,
-                                 pg_timeout=30, env={"RSDP_SHM_STORES": setting}),
+                                 pg_timeout=30, env={"RSDP_TEST_SHM_STORES": setting}),
             STAGED, 2)
         _RESULTS[setting] = (results, errors)
     return _RESULTS[setting]
@@ -51,13 +52,13 @@ def _batch(setting):
 @pytest.mark.parametrize("setting", ["streaming", "cached"])
 def test_staging_stores(setting, family):
     results, errors = _batch(setting)
-    assert_family(results, errors, family, f"RSDP_SHM_STORES={setting}, 2 ranks")
+    assert_family(results, errors, family, f"RSDP_TEST_SHM_STORES={setting}, 2 ranks")
 
 
 @pytest.mark.parametrize("var,value,says", [
-    ("RSDP_SHM_STORES", "stream", "is none of its choices: auto cached streaming"),
-    ("RSDP_TEST_PLACEMENT", "slow_from=0", "is none of on_cpu=<cpu>, slow_from=<op number"),
-    ("RSDP_TEST_PLACEMENT", "on_cpu=x", "is none of on_cpu=<cpu>, slow_from=<op number"),
+    ("RSDP_SHM_ADAPT", "always", "is none of its choices: off once continuous"),
+    ("RSDP_SHM_ADAPT", "once continuous", "is none of its choices: off once continuous"),
+    ("RSDP_TEST_SHM_STORES", "stream", "is none of its choices: cached streaming"),
 ])
 def test_a_bad_setting_is_refused_naming_the_variable(var, value, says):
     """A value that is none of the choices fails init_process_group with a ValueError that

@@ -1,6 +1,5 @@
 #include "transport/shm/shm_comm.h"
 
-#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,16 +13,11 @@
 #include "core/reduce_kernels.h"
 #include "core/stream_copy.h"
 #include "core/store_records.h"
-#include "transport/shm/rank_spread.h"
 
 namespace rsdp {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-uint64_t ns_between(Clock::time_point a, Clock::time_point b) {
-  return static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
-}
 
 bool reached(uint32_t have, uint32_t want) { return static_cast<int32_t>(have - want) >= 0; }
 
@@ -34,10 +28,6 @@ size_t auto_ring_bytes(int size) {
   size_t v = (64u << 20) / std::max<size_t>(pairs, 1);
   return std::clamp<size_t>(v, 16u << 10, 1u << 20);
 }
-
-// Below this a copy is a few lines: latency, not bandwidth, and the next
-// reader may well be this core.
-constexpr size_t kStreamMinBytes = 4096;
 
 constexpr int kSleepSliceUs = 20000;  // futex slice between deadline/liveness checks
 
@@ -77,14 +67,11 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   // The machine's CPUs: a rank pinned to one core of its own still has one.
   long cpus = sysconf(_SC_NPROCESSORS_ONLN);
   rank_per_core_ = cpus > 0 && group_.size <= cpus;
-  // Spreading stacked ranks needs more ranks than the CPUs this rank may use
-  // (taskset, a cgroup's cpuset) and at least two of them: a pinned rank
-  // stays where it was put ([Note: ranks the kernel stacks]).
-  cpu_set_t mask;
-  const int usable = sched_getaffinity(0, sizeof mask, &mask) == 0 ? CPU_COUNT(&mask) : 0;
-  spread_ = usable >= 2 && group_.size > usable && opts.spread_ms > 0;
-  stated_cpu_ = opts.test_on_cpu;
   attach(store);
+  // Group rank 0's mode, written before any peer attached.
+  adapt_ = std::make_unique<Adaptation>(
+      static_cast<AdaptMode>(ctl(0).adapt_mode.load(std::memory_order_relaxed)), group_.rank,
+      group_.size, &ctl(0).probe_at, opts.test_shm_stores);
   if (layout_.pool)
     pool_ = std::make_shared<ShmPool>(seg_, seg_->data() + layout_.pool_offset(group_.rank),
                                       layout_.pool);
@@ -93,13 +80,13 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   watch_ = std::make_unique<PeerWatch>(pids, group_.rank);
   notice_ = std::make_unique<Notice>(reinterpret_cast<NoticeBlock*>(seg_->data() + kNoticeOffset));
   probe(group_.timeout);
-  measured_ = handoff().measured;  // rank 0's verdict: alike on every rank
   if (opts_.debug)
     std::cerr << group_.me() << ": group '" << group_.name << "' size " << group_.size
               << ", shared memory " << layout_.total() << " bytes (staging 2x" << layout_.half
               << ", p2p ring " << layout_.ring << ", pool " << layout_.pool << " per rank)"
-              << "; hand-off " << handoff().mode() << " (step " << handoff().step_ns
-              << " ns, pull " << handoff().pull_gbps << " GB/s)" << std::endl;
+              << "; adaptation " << adapt_mode_name(adapt_->mode()) << ", hand-off "
+              << adapt_->handoff().mode() << " (step " << adapt_->handoff().step_ns
+              << " ns, pull " << adapt_->handoff().pull_gbps << " GB/s)" << std::endl;
 }
 
 ShmComm::~ShmComm() = default;
@@ -107,9 +94,15 @@ ShmComm::~ShmComm() = default;
 void ShmComm::attach(Bootstrap& store) {
   const size_t bytes = layout_.total();
   const int n = group_.size;
+  // Group rank 0's adaptation mode decides for the group (adaptation.h): it is
+  // in its control block before any peer can attach.
+  auto own_mode = [&] {
+    ctl(0).adapt_mode.store(static_cast<int32_t>(opts_.shm_adapt), std::memory_order_relaxed);
+  };
   if (n == 1) {
     // Nothing to share: an anonymous private mapping keeps /dev/shm clean.
     seg_ = std::make_shared<ShmSegment>(ShmSegment::anonymous(bytes));
+    own_mode();
   } else if (group_.rank == 0) {
     std::string name = ShmSegment::random_name();
     // The pools stay sparse: each owner commits what it hands out.
@@ -117,6 +110,7 @@ void ShmComm::attach(Bootstrap& store) {
     auto* h = reinterpret_cast<SegmentHeader*>(seg_->data());
     *h = SegmentHeader{kShmMagic, static_cast<uint64_t>(n), layout_.half, layout_.ring,
                        layout_.pool};
+    own_mode();
     std::vector<std::string> keys;
     for (int r = 1; r < n; ++r) keys.push_back(group_.key("shm/attached/" + std::to_string(r)));
     bool all = false;
@@ -174,28 +168,13 @@ void ShmComm::probe(std::chrono::milliseconds timeout) {
   // collectives by number, the first of the user's being #1. Every rank
   // restores alike.
   const uint64_t seq = seq_;
-  probing_ = true;
-  probed_time_ = Clock::now();
-  Handoff h;
   try {
-    h = probe_handoff(*this, timeout);
+    adapt_->probe(*this, timeout);
   } catch (...) {
-    probing_ = false;
     seq_ = seq;
     throw;
   }
-  probing_ = false;
   seq_ = seq;
-  slow_.reset();
-  timing_ = false;
-  {
-    std::lock_guard<std::mutex> g(handoff_mu_);
-    h.probes = handoff_.probes + 1;
-    h.early = early_probes_;
-    handoff_ = h;
-  }
-  streaming_.store(opts_.shm_stores == "streaming" || (opts_.shm_stores == "auto" && h.stream),
-                   std::memory_order_relaxed);
 }
 
 void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
@@ -203,27 +182,10 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
     RSDP_FAIL(ErrorKind::kPeer, group_.me(), ": ", op_name(desc.kind),
               " refused: the group is unusable after an earlier failure (", broken_,
               "); destroy it and create a new one");
-  // The host may move the vCPUs while a group lives: probe again on rank 0's
-  // clock ([Note: re-probing on rank 0's clock]). Not before a ring step (its
-  // neighbours may still be a step behind).
-  if (!probing_ && desc.kind != OpKind::kRingShift && measured_) {
-    const uint64_t next = seq_ + 1;
-    RankCtl& lead = ctl(0);
-    if (group_.rank == 0 && opts_.reprobe_ms > 0) {
-      time_work(desc);
-      const auto since = Clock::now() - probed_time_;
-      // Once a second, or sooner when the work slowed
-      // ([Note: a placement that changes under a group]).
-      const bool due = since >= std::chrono::milliseconds(opts_.reprobe_ms) ||
-                       (slow_.slow() && since >= kEarlyReprobeGap);
-      if (due && lead.probe_at.load(std::memory_order_relaxed) < next) {
-        lead.probe_at.store(next + 1, std::memory_order_release);
-        if (slow_.slow()) ++early_probes_;
-      }
-    }
-    if (lead.probe_at.load(std::memory_order_acquire) == next) probe(timeout);
-  }
-  if (spread_) spread_out();
+  // The placement may change while a group lives: probe again when the
+  // adaptation says so ([Note: re-probing on rank 0's clock]). Not before a
+  // ring step (its neighbours may still be a step behind).
+  if (desc.kind != OpKind::kRingShift && adapt_->due(seq_ + 1)) probe(timeout);
   desc.seq = ++seq_;
   desc_ = desc;
   deadline_ = Deadline(timeout);
@@ -236,73 +198,28 @@ void ShmComm::begin(OpDesc desc, std::chrono::milliseconds timeout) {
   }
 }
 
-void ShmComm::time_work(const OpDesc& next) {
-  // The collective before this one, if it ended as one node's collective
-  // (finished()): its work up to its first step plus its first step to its
-  // end; the wait for late peers at the first step is theirs, not the
-  // placement's.
-  if (timing_ && timed_done_) {
-    uint64_t ns = work_ns_ + ns_between(first_step_, last_step_);
-    if (opts_.test_slow_from)  // the placement a test states (options.h)
-      ns = timed_bytes_ * (timed_seq_ >= opts_.test_slow_from ? 4 : 1);
-    slow_.sample(timed_kind_, timed_bytes_, ns);
-  }
-  timed_done_ = false;
-  const uint64_t bytes = next.count * dtype_size(next.dtype);
-  timing_ = bytes >= kTimedBytes;
-  if (!timing_) return;
-  timed_kind_ = next.kind;
-  timed_seq_ = seq_ + 1;
-  timed_bytes_ = bytes;
-  timed_steps_ = 0;
-  work_ns_ = 0;
-  op_from_ = Clock::now();
-}
-
-void ShmComm::spread_out() {
-  // [Note: ranks the kernel stacks] in rank_spread.cpp.
-  // The vDSO: tens of ns. A test may state the CPU instead (options.h).
-  const int cpu = stated_cpu_ >= 0 ? stated_cpu_ : sched_getcpu();
-  if (cpu < 0) return;
-  ctl(group_.rank).on_cpu.store(cpu + 1, std::memory_order_relaxed);
-  if ((++spread_ops_ & 15) != 0) return;  // look every 16 collectives at most
-  const auto now = Clock::now();
-  if (now - spread_looked_ < std::chrono::milliseconds(opts_.spread_ms)) return;
-  spread_looked_ = now;
-  std::vector<int> cpus(group_.size);
-  for (int r = 0; r < group_.size; ++r)
-    cpus[r] = ctl(r).on_cpu.load(std::memory_order_relaxed) - 1;
-  cpu_set_t mask;
-  if (sched_getaffinity(0, sizeof mask, &mask) != 0) return;
-  std::vector<int> allowed;
-  for (int c = 0; c < CPU_SETSIZE; ++c)
-    if (CPU_ISSET(c, &mask)) allowed.push_back(c);
-  const int target = spread_target(cpus, group_.rank, allowed);
-  if (target < 0) return;
-  // Only this thread's affinity changes, and only for the move: the kernel
-  // migrates a thread off a CPU its mask no longer holds before the call
-  // returns, and the mask put back leaves it where it now is.
-  cpu_set_t one;
-  CPU_ZERO(&one);
-  CPU_SET(target, &one);
-  if (sched_setaffinity(0, sizeof one, &one) != 0) return;
-  sched_setaffinity(0, sizeof mask, &mask);
-  ctl(group_.rank).on_cpu.store(target + 1, std::memory_order_relaxed);
-  stated_cpu_ = -1;
-  spread_moves_.fetch_add(1, std::memory_order_relaxed);
-}
-
 void ShmComm::copy(void* dst, const void* src, size_t bytes) {
   if (!bytes || dst == src) return;
   // Only what a peer reads next streams: a copy into this rank's own buffer
   // is read by this core (the caller), so it stays in its cache.
   char* d = static_cast<char*>(dst);
   const char* stage_begin = seg_->data() + layout_.stage_offset(group_.rank, 0);
-  if (streaming_ && bytes >= kStreamMinBytes && d >= stage_begin &&
+  if (adapt_->streaming() && bytes >= Adaptation::kStreamMinBytes && d >= stage_begin &&
       d + bytes <= stage_begin + 2 * layout_.half)
     stream_copy(dst, src, bytes);
   else
     std::memcpy(dst, src, bytes);
+}
+
+void ShmComm::reduce_and_stage(void* own, void* staged, const void* const* srcs, int nsrc,
+                               size_t count, DType dt, RedOp op, int divisor) {
+  if (!adapt_->streaming()) return Staging::reduce_and_stage(own, staged, srcs, nsrc, count, dt,
+                                                             op, divisor);
+  // Reduced into this rank's own buffer, then streamed to the half: the peers
+  // read the chunk from memory, not from this core's cache (core/stream_copy.h).
+  // Same sources, same order, so the same bits.
+  reduce(own, srcs, nsrc, count, dt, op, divisor, nullptr);
+  copy(staged, own, count * dtype_size(dt));
 }
 
 void ShmComm::reduce_pass(void* dst, const void* const* srcs, int nsrc, size_t count, DType dt,
@@ -330,7 +247,6 @@ const char* ShmComm::posted(int p, size_t bytes) const {
 
 void ShmComm::exchange(size_t staged, uint64_t buf_off) {
   if (traffic_ && staged && group_.size > 1) traffic_->add(true, staged);
-  if (timing_ && timed_steps_ == 0) work_ns_ = ns_between(op_from_, Clock::now());
   const uint32_t s = ++step_;
   RankCtl& me = ctl(group_.rank);
   me.desc[s & 1] = desc_;
@@ -343,10 +259,6 @@ void ShmComm::exchange(size_t staged, uint64_t buf_off) {
     if (p != group_.rank) check_desc(p, s);
   reader_[s & 1] = kAllPeers;
   lazy_ = false;
-  if (timing_) {
-    last_step_ = Clock::now();
-    if (timed_steps_++ == 0) first_step_ = last_step_;
-  }
 }
 
 void ShmComm::check_desc(int p, uint32_t s) {

@@ -34,7 +34,6 @@
 
 #include <atomic>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "core/bootstrap.h"
@@ -45,13 +44,12 @@
 #include "core/op_desc.h"
 #include "core/options.h"
 #include "core/traffic.h"
-#include "transport/shm/handoff_probe.h"
+#include "transport/shm/adaptation.h"
 #include "transport/shm/p2p_wire.h"  // RingView
 #include "transport/shm/peer_watch.h"
 #include "transport/shm/shm_layout.h"
 #include "transport/shm/shm_pool.h"
 #include "transport/shm/shm_segment.h"
-#include "transport/shm/slow_watch.h"
 #include "transport/staging.h"
 
 namespace rsdp {
@@ -81,24 +79,15 @@ class ShmComm final : public Staging {
   void exchange(size_t staged = 0) override { exchange(staged, kNotInPool); }
   void exchange(size_t staged, uint64_t buf_off);
   const char* peer(int p) const override;  // p's half of the last exchanged step
-  // The collective begun last has ended (algorithms/collectives.cpp): its
-  // time, for the early probe, runs to here ([Note: a placement that changes
-  // under a group]). `alone`: it ran on this node only; one that waited on
-  // the network too (or on a device, or raised: no call) is not timed.
-  void finished(bool alone) {
-    if (!timing_ || timed_steps_ == 0) return;
-    last_step_ = std::chrono::steady_clock::now();
-    timed_done_ = alone;
-  }
-
   // The host side channel is the staging half itself.
   char* host_stage() override { return stage(); }
   const char* host_peer(int p) const override { return peer(p); }
   size_t host_half_bytes() const override { return half_bytes(); }
   void copy(void* dst, const void* src, size_t bytes) override;
   ShmComm* shared_memory() override { return this; }
-  bool streams_stage() const override { return streaming_.load(std::memory_order_relaxed); }
   bool rank_per_core() const override { return rank_per_core_; }
+  void reduce_and_stage(void* own, void* staged, const void* const* srcs, int nsrc, size_t count,
+                        DType dt, RedOp op, int divisor) override;
 
   // --- ring steps ([Note: ring steps wait for neighbours only]) ---
   // This rank's half for the next step, once whoever read its previous use
@@ -134,17 +123,9 @@ class ShmComm final : public Staging {
   // other members (the notice).
   void abort(const std::string& why);
   bool broken() const { return !broken_.empty(); }
-  // What a hand-off between this node's ranks costs (handoff_probe.h): the
-  // latest probe's, when the group was made or at a re-probe since (any thread).
-  Handoff handoff() const {
-    std::lock_guard<std::mutex> g(handoff_mu_);
-    return handoff_;
-  }
-  // How often this rank moved itself off a CPU the kernel had stacked the
-  // group's ranks on ([Note: ranks the kernel stacks]; any thread).
-  uint64_t spread_moves() const { return spread_moves_.load(std::memory_order_relaxed); }
-  // Whether copies into the staging halves use streaming stores.
-  bool streaming() const { return streaming_.load(std::memory_order_relaxed); }
+  // How this node's group adapts to where its ranks run (adaptation.h): the
+  // latest probe's findings, the stores it chose (any thread).
+  const Adaptation& adaptation() const { return *adapt_; }
   // The group's notice on this node: the first failure that broke it.
   Notice& notice() const { return *notice_; }
 
@@ -159,8 +140,8 @@ class ShmComm final : public Staging {
   void wait_step(int p, uint32_t step);
   [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
   void attach(Bootstrap& store);
-  // Runs the hand-off probe and adopts its mode; the group's collective
-  // numbering is left as it was (the probe is no collective of the user's).
+  // Runs the adaptation's probe; the group's collective numbering is left as
+  // it was (the probe is no collective of the user's).
   void probe(std::chrono::milliseconds timeout);
 
   Group group_;
@@ -173,43 +154,8 @@ class ShmComm final : public Staging {
   std::shared_ptr<ShmPool> pool_;
   std::unique_ptr<PeerWatch> watch_;
   std::unique_ptr<Notice> notice_;
-  mutable std::mutex handoff_mu_;  // handoff_ is read by other threads (topology())
-  Handoff handoff_;
-  // Copies into the staging halves stream (RSDP_SHM_STORES); set by the
-  // thread that runs the collectives, read by any.
-  std::atomic<bool> streaming_{false};
-  // Whether the group's probe measures (then it runs again, on rank 0's
-  // clock), when this rank last probed, and whether a probe is running now.
-  bool measured_ = false;
-  std::chrono::steady_clock::time_point probed_time_;
-  bool probing_ = false;
-  // Group rank 0 times each collective and probes early when they slow
-  // ([Note: a placement that changes under a group]): whether this one is
-  // timed, its kind and bytes, its steps so far and when they returned.
-  static constexpr uint64_t kTimedBytes = 256u << 10;  // smaller ops: a few us of work
-  // An early probe comes at least this long after the last one (a probe costs
-  // about 1 ms; at most 2% of the time even if every probe came early).
-  static constexpr std::chrono::milliseconds kEarlyReprobeGap{50};
-  SlowWatch slow_;
-  uint64_t early_probes_ = 0;
-  bool timing_ = false;
-  OpKind timed_kind_ = OpKind::kBarrier;
-  uint64_t timed_bytes_ = 0;
-  uint64_t timed_seq_ = 0;  // its number
-  int timed_steps_ = 0;
-  bool timed_done_ = false;  // finished(true) was called
-  uint64_t work_ns_ = 0;  // from begin() to the first step
-  std::chrono::steady_clock::time_point op_from_, first_step_, last_step_;
-  void time_work(const OpDesc& next);
+  std::unique_ptr<Adaptation> adapt_;
   bool rank_per_core_ = false;  // no more ranks than CPUs
-  // Spreading stacked ranks (RSDP_SPREAD_MS, with more ranks than CPUs):
-  // collectives since the last look, when it was, moves made.
-  void spread_out();
-  bool spread_ = false;
-  uint32_t spread_ops_ = 0;
-  std::chrono::steady_clock::time_point spread_looked_;
-  std::atomic<uint64_t> spread_moves_{0};
-  int stated_cpu_ = -1;  // RSDP_TEST_PLACEMENT's on_cpu, until this rank moves
   uint32_t step_ = 0;
   uint64_t seq_ = 0;
   // Who read this rank's half of the last step of each parity: a group rank,

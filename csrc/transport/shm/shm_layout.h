@@ -37,11 +37,11 @@ struct alignas(128) RankCtl {
   std::atomic<uint32_t> doorbell;        // bumped when a p2p channel of this rank moves
   std::atomic<uint32_t> doorbell_sleepers;
   int32_t pid;
-  // The CPU this rank ran its last collective on, plus one (0: not known);
-  // kept only with more ranks than cores ([Note: ranks the kernel stacks]).
-  std::atomic<int32_t> on_cpu;
+  // Rank 0's only: its adaptation mode (AdaptMode), the group's
+  // ([Note: adapting to the placement] in adaptation.h).
+  std::atomic<int32_t> adapt_mode;
   // Rank 0's only: the number of the collective before which every rank
-  // probes again (ShmComm::begin, [Note: re-probing on rank 0's clock]).
+  // probes again ([Note: re-probing on rank 0's clock] in adaptation.h).
   std::atomic<uint64_t> probe_at;
   OpDesc desc[2];  // descriptor posted with the step of the same parity
   // Where this rank's buffer lies in its pool region, posted with the step of
