@@ -578,7 +578,7 @@ def process_main(args) -> int:
     # [Note: runs take turns] With --compare the runs are built first and then take turns,
     # one optimizer step each: a machine that gets busier or quieter halfway (other work, a
     # CPU warming up) then slows every run alike, where runs one after another would hand
-    # the whole change to whichever ran then (the same reason benchmarks/bench_rsdp_fsdp2.py
+    # the whole change to whichever ran then (the same reason the rsdp-fsdp2 benchmark suite
     # interleaves its variants). Each run's times are its own steps'. --on-failure shrink
     # rebuilds a run after a lost rank, so it keeps runs one after another.
     turns = args.compare and recovery is None
