@@ -15,12 +15,10 @@ namespace {
 
 // A broadcast in one piece is two copies in series (the root's in, the
 // others' out); in segments they overlap and it tends to one copy plus one
-// segment. Eight segments, none below 8 KiB, from 64 KiB up (2 ranks, a
-// core each: 64 KiB 14.5-15.3 -> 13.4 us, 256 KiB 31-35 -> 27, 1 MiB 82 ->
-// 68, 4 MiB 223-230 -> 185-207; at 32 KiB the extra exchanges cost more
-// than the overlap saves). Only while every rank has a core: time-sliced
-// ranks pay a switch of the scheduler per exchange (4 ranks on 2 cores:
-// 64 KiB 80 us whole, 170 in segments).
+// segment. Eight segments, none below 8 KiB, from 64 KiB up: below that the
+// extra exchanges cost more than the overlap saves. Only while every rank
+// has a core: time-sliced ranks pay a switch of the scheduler per exchange,
+// which costs more than the overlap gains.
 size_t segment_bytes(const Staging& c, size_t bytes) {
   constexpr size_t kMinPipelined = 64u << 10, kSegments = 8, kMinSegment = 8u << 10;
   if (!c.rank_per_core() || bytes < kMinPipelined) return c.half_bytes();

@@ -4,8 +4,8 @@
 // baseline; an ifunc picks one when the library loads. x86-64-v4 (AVX-512
 // F/BW/DQ/VL) rather than plain "avx512f": VL gives the 256-bit code 32
 // registers, mask blends and vpternlog, which makes the branch-free
-// fp16/bf16 conversions much cheaper. Every AVX-512 x86 CPU except Xeon Phi
-// has it; the others fall back to the AVX2 clone.
+// fp16/bf16 conversions much cheaper. A CPU with AVX-512F alone (no BW, DQ
+// or VL) takes the AVX2 clone.
 // RSDP_AI forces the helpers inline, so each clone gets its own copy.
 #pragma once
 

@@ -32,18 +32,13 @@ size_t auto_ring_bytes(int size) {
 constexpr int kSleepSliceUs = 20000;  // futex slice between deadline/liveness checks
 
 // [Note: waiting with more ranks than cores]
-// Ranks that outnumber the cores take turns on them, and a waiter that spins
-// holds a core its peer needs. They used to spin 2 us and then sleep on the
-// futex, so most steps cost a sleep and a wake-up through the scheduler. A
-// waiter that yields the core at every poll lets the rank sharing it run at
-// once and sees the peer's step as soon as it is back, the way Open MPI polls
-// when oversubscribed. Measured in one launch, two groups over the same ranks
-// in turn (30 batches of 10 all-reduces each, ranks pinned round-robin to the
-// 2 cores of a Zen 5 guest): 4 ranks, 4 KiB 13.7-30.8 -> 12.3-21.0 us, 64 KiB
-// 22.3-67.6 -> 19.1-35.7, 1 MiB 128-230 -> 123-197; 3 ranks 31.6 / 32.5 / 140
-// -> 17.7 / 17.6 / 114; 8 ranks 8-18% faster. Polling 50, 500 or 5000 us
-// before sleeping measured alike, so RSDP_SPIN_US bounds it as it bounds the
-// spin.
+// A waiter polls for RSDP_SPIN_US before it sleeps on the futex; how it polls
+// depends on whether its peer can be running. With a core per rank it spins
+// (yielding now and then). Ranks that outnumber the cores take turns on them,
+// and a spinning waiter holds a core its peer needs, while a sleep costs a
+// wake-up through the scheduler at every step; so there every poll yields the
+// core, letting the rank sharing it run at once, and the waiter sees the
+// peer's step as soon as it is back (Open MPI polls so when oversubscribed).
 
 // ShmSegment's errors start with "rsdp: "; inside a sentence that already
 // names this rank, the prefix goes.
