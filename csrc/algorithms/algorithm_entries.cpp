@@ -34,11 +34,11 @@ bool fits_staging_half(const Choice& c) { return c.bytes <= c.half_bytes; }
 
 // Rails pair the ranks of equal local rank, so allreduce, allgather and
 // reduce_scatter need nodes of equal size; the rooted ops and the barrier
-// run on any topology. Allreduces up to RSDP_ONESHOT_BYTES run the leaders'
+// run on any topology. Allreduces up to kOneshotBytes (select.h) run the leaders'
 // variant (kLeaders) instead.
 bool hier_applies(const Choice& c) {
   switch (c.op) {
-    case OpKind::kAllreduce: return c.topo.uniform() && c.bytes > c.opts.oneshot_bytes;
+    case OpKind::kAllreduce: return c.topo.uniform() && c.bytes > kOneshotBytes;
     case OpKind::kAllgather:
     case OpKind::kReduceScatter: return c.topo.uniform();
     default: return true;
@@ -59,7 +59,7 @@ void run_shm(const CollArgs& a) {
     case OpKind::kBroadcast: return algo::broadcast(c, a.buf, a.count, a.dt, a.root, a.timeout);
     case OpKind::kReduce:
       return algo::reduce(c, a.buf, a.count, a.dt, a.redop, a.root,
-                          oneshot_bytes(a.g.opts, a.node != nullptr), a.timeout);
+                          oneshot_bytes(a.node != nullptr), a.timeout);
     case OpKind::kAllgather: return algo::allgather(c, a.in, a.outs, a.counts, a.dt, a.timeout);
     case OpKind::kGather: return algo::gather(c, a.in, a.outs, a.count, a.dt, a.root, a.timeout);
     case OpKind::kScatter: return algo::scatter(c, a.ins, a.out, a.count, a.dt, a.root, a.timeout);

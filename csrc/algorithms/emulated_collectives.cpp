@@ -24,7 +24,7 @@ class EmulatedCollectives final : public DeviceCollectives {
   std::string describe() const override {
     return detail::cat("intra-node: emulated device (", g_.size(),
                        " ranks; the CUDA-IPC algorithms on host memory, a stream thread per "
-                       "rank, jitter up to ", g_.opts.emulate_device_jitter_us, " us)");
+                       "rank, jitter up to ", g_.opts.test.emulate_device_jitter_us, " us)");
   }
 
   void broadcast(void* buf, size_t count, DType dt, int root, Millis timeout) override {

@@ -1,4 +1,4 @@
-// The emulated device's DeviceCollectives (a test fixture, RSDP_EMULATE_DEVICE):
+// The emulated device's DeviceCollectives (a test fixture, RSDP_TEST_EMULATE_DEVICE):
 // the single-node algorithms over transport/emu's EmuComm, chosen by the
 // same table and selection as CUDA IPC (coll::run_on_device), on CPU tensors.
 //

@@ -18,6 +18,7 @@
 #include "algorithms/algorithms.h"
 #include "algorithms/hierarchical.h"
 #include "algorithms/net/net_algorithms.h"
+#include "algorithms/select.h"
 
 namespace rsdp {
 namespace hier {
@@ -59,7 +60,7 @@ void reduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, int root,
     copy.assign(static_cast<const char*>(buf), static_cast<const char*>(buf) + count * dtype_size(dt));
     data = copy.data();
   }
-  algo::reduce(*g.shm, data, count, dt, node_op, t.local_rank_of[rep], g.opts.oneshot_bytes,
+  algo::reduce(*g.shm, data, count, dt, node_op, t.local_rank_of[rep], kOneshotBytes,
                timeout);
   if (rep == g.rank())
     net::reduce_tree(*g.net, reps, data, count, dt, op, root_node, g.size(), step);
@@ -68,7 +69,7 @@ void reduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, int root,
 void allreduce_leaders(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout,
                        uint32_t& step) {
   const RedOp node_op = op == RedOp::kAvg ? RedOp::kSum : op;
-  algo::allreduce(*g.shm, buf, count, dt, node_op, g.opts.oneshot_bytes, timeout);
+  algo::allreduce(*g.shm, buf, count, dt, node_op, kOneshotBytes, timeout);
   if (g.topo.local_rank() == 0)
     net::allreduce_recursive_doubling(*g.net, g.topo.leaders(), buf, count, dt, op, g.size(),
                                       step);

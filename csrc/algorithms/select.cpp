@@ -25,10 +25,10 @@ Algo automatic(const Choice& c) {
     // outweighs the n-fold reduction, i.e. for small messages; the two are
     // about even at kNodeAllreduceOneshotBytes (select.h), and beyond it the
     // redundant reduction loses, the more so with more ranks than cores.
-    // Reduce keeps its own, larger bound (RSDP_ONESHOT_BYTES): its one-shot
+    // Reduce keeps its own, larger bound (kOneshotBytes): its one-shot
     // form has the root alone reduce, repeating no rank's work, so it stays
     // ahead to a larger size.
-    const size_t oneshot = allreduce_oneshot_bytes(c.opts, c.device);
+    const size_t oneshot = allreduce_oneshot_bytes(c.device);
     return c.bytes <= oneshot && c.bytes <= c.half_bytes ? Algo::kOneshot : Algo::kRsAg;
   }
   // Several nodes.
@@ -36,7 +36,7 @@ Algo automatic(const Choice& c) {
     case OpKind::kAllreduce:
       // Small messages: rounds cost more than bytes, so only the leaders talk,
       // in log2(nodes) rounds; any node sizes work.
-      if (c.bytes <= c.opts.oneshot_bytes) return Algo::kLeaders;
+      if (c.bytes <= kOneshotBytes) return Algo::kLeaders;
       if (!topo.uniform()) return Algo::kRing;  // rails pair equal nodes only
       return topo.local_size() > 1 ? Algo::kHier : Algo::kRing;
     case OpKind::kAllgather:

@@ -23,19 +23,28 @@ Algo select_algo(const Choice& c);
 // with no choice of algorithm ignores its variable (the entry is cleared).
 void check_forced_algorithms(Options& opts);
 
-// The one-shot threshold of reduce for host or device buffers
-// (RSDP_ONESHOT_BYTES, RSDP_CUDA_ONESHOT_BYTES).
-inline size_t oneshot_bytes(const Options& opts, bool device) {
-  return device ? opts.cuda_oneshot_bytes : opts.oneshot_bytes;
+// The one-shot bounds: the largest messages for which one exchange in which every rank reduces
+// every copy is chosen over two exchanges in which each reduces its share (select.cpp,
+// [Note: one-shot bound]). They follow from what each costs, not from the user's job, so they
+// are constants of the selection; RSDP_ALGO_ALLREDUCE forces either all-reduce algorithm.
+//   kOneshotBytes: reduce on host memory; across nodes the all-reduce's leaders' path (and
+//     its node stage).
+//   kNodeAllreduceOneshotBytes: a single-node all-reduce on host memory.
+//   kDeviceOneshotBytes: reduce and all-reduce on device buffers (CUDA IPC, the emulated
+//     device): reading every peer's copy costs a GPU less than a second exchange.
+constexpr size_t kOneshotBytes = 32u << 10;
+constexpr size_t kNodeAllreduceOneshotBytes = 8u << 10;
+constexpr size_t kDeviceOneshotBytes = 256u << 10;
+
+// The one-shot bound of reduce for host or device buffers.
+constexpr size_t oneshot_bytes(bool device) {
+  return device ? kDeviceOneshotBytes : kOneshotBytes;
 }
 
 // The largest single-node all-reduce that runs one-shot rather than reduce-scatter +
-// all-gather: RSDP_CUDA_ONESHOT_BYTES for device buffers, RSDP_ONESHOT_BYTES where it is
-// set, else kNodeAllreduceOneshotBytes (select.cpp, [Note: one-shot bound]).
-constexpr size_t kNodeAllreduceOneshotBytes = 8u << 10;
-inline size_t allreduce_oneshot_bytes(const Options& opts, bool device) {
-  if (device) return opts.cuda_oneshot_bytes;
-  return opts.oneshot_set ? opts.oneshot_bytes : kNodeAllreduceOneshotBytes;
+// all-gather, for host or device buffers.
+constexpr size_t allreduce_oneshot_bytes(bool device) {
+  return device ? kDeviceOneshotBytes : kNodeAllreduceOneshotBytes;
 }
 
 }  // namespace rsdp

@@ -93,7 +93,7 @@ std::shared_ptr<RingStep> BackendRSDP::ring_step(const at::Tensor& send, const a
     RSDP_CHECK(!shut_down_, "rsdp rank ", global_rank_, ": ", name,
                " called after the process group was shut down");
     // Across nodes, and over the emulated device, the queued ring_shift serves.
-    if (comm_->multi_node() || comm_->opts.emulate_device()) return nullptr;
+    if (comm_->multi_node() || comm_->opts.test.emulate_device()) return nullptr;
     if (open_step_) finish_step_locked(*open_step_);
     if (!queue_->try_reserve()) return nullptr;
     auto step = std::make_shared<RingStep>(

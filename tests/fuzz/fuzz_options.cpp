@@ -1,5 +1,5 @@
-// The option parser (csrc/core/options.h, Options::from_env): the RSDP_*
-// environment variables, whatever they hold (overlong, negative, signed,
+// The option parser (csrc/core/options.h, Options::from_env, with the test
+// hooks of csrc/core/test_hooks.h): the RSDP_* environment variables, whatever they hold (overlong, negative, signed,
 // non-numeric, past 2^64, with suffixes, blanks or control characters).
 //
 // Input: lines "NAME=value" (NAME one of the variables from_env reads;
@@ -9,7 +9,7 @@
 // documented ranges (docs/configuration.md); UBSan watches the number parsing
 // (signed overflow, shifts).
 //
-// fuzz-sources: csrc/core/options.cpp csrc/core/op_desc.cpp
+// fuzz-sources: csrc/core/options.cpp csrc/core/test_hooks.cpp csrc/core/op_desc.cpp
 // fuzz-options: -max_len=2048
 #include <algorithm>
 #include <cstdlib>
@@ -27,12 +27,11 @@ namespace {
 
 const std::vector<std::string>& names() {
   static const std::vector<std::string> n = [] {
-    std::vector<std::string> v = {"RSDP_SHM_BYTES",       "RSDP_ONESHOT_BYTES",
-                                  "RSDP_P2P_BYTES",       "RSDP_POOL_BYTES",
-                                  "RSDP_SPIN_US",         "RSDP_DEBUG",
-                                  "RSDP_NODE_ID",         "RSDP_CUDA_STAGING_BYTES",
-                                  "RSDP_CUDA_ONESHOT_BYTES", "RSDP_EMULATE_DEVICE",
-                                  "RSDP_CUDA_INTRA",      "RSDP_TEST_WIRE_LIE"};
+    std::vector<std::string> v = {"RSDP_SHM_BYTES",          "RSDP_P2P_BYTES",
+                                  "RSDP_POOL_BYTES",         "RSDP_SPIN_US",
+                                  "RSDP_DEBUG",              "RSDP_NODE_ID",
+                                  "RSDP_CUDA_STAGING_BYTES", "RSDP_CUDA_INTRA",
+                                  "RSDP_TEST_EMULATE_DEVICE", "RSDP_TEST_WIRE_LIE"};
     for (int k = 0; k < kNumOpKinds; ++k) v.push_back(algo_env_var(static_cast<OpKind>(k)));
     return v;
   }();
@@ -91,19 +90,19 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_TRACE("accepted: shm %zu pool %zu spin %d intra %s\n", o.shm_bytes, o.pool_bytes,
                o.spin_us, o.cuda_intra.c_str());
     FUZZ_CHECK(o.shm_bytes >= 8192 && o.shm_bytes <= (1ull << 40), "RSDP_SHM_BYTES out of range");
-    for (size_t b : {o.oneshot_bytes, o.p2p_bytes, o.pool_bytes, o.cuda_oneshot_bytes})
+    for (size_t b : {o.p2p_bytes, o.pool_bytes})
       FUZZ_CHECK(b <= (1ull << 40), "a byte count past 1024G");
     FUZZ_CHECK(o.cuda_staging_bytes >= 8192 && o.cuda_staging_bytes <= (1ull << 40),
                "RSDP_CUDA_STAGING_BYTES out of range");
     FUZZ_CHECK(o.spin_us >= 0 && o.spin_us <= 1000000, "RSDP_SPIN_US out of range");
     FUZZ_CHECK(o.cuda_intra == "auto" || o.cuda_intra == "ipc" || o.cuda_intra == "nccl",
                "RSDP_CUDA_INTRA='" + o.cuda_intra + "' accepted");
-    const std::string lie = " " + o.test_wire_lie + " ";
-    FUZZ_CHECK(o.test_wire_lie.empty() ||
+    const std::string lie = " " + o.test.wire_lie + " ";
+    FUZZ_CHECK(o.test.wire_lie.empty() ||
                    std::string(" bytes step dtype op bits count ").find(lie) != std::string::npos,
-               "RSDP_TEST_WIRE_LIE='" + o.test_wire_lie + "' accepted");
-    FUZZ_CHECK(o.emulate_device_jitter_us >= -1, "negative jitter");
-    FUZZ_CHECK(o.emulate_device_stall_rank >= -1, "negative stall rank");
+               "RSDP_TEST_WIRE_LIE='" + o.test.wire_lie + "' accepted");
+    FUZZ_CHECK(o.test.emulate_device_jitter_us >= -1, "negative jitter");
+    FUZZ_CHECK(o.test.emulate_device_stall_rank >= -1, "negative stall rank");
   } catch (const Error& e) {
     const std::string what = e.what();
     FUZZ_TRACE("refused: %s\n", what.c_str());

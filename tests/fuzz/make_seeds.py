@@ -184,15 +184,15 @@ def quantize() -> dict:
 
 def options() -> dict:
     return {
-        "valid-all": "RSDP_SHM_BYTES=2M\nRSDP_ONESHOT_BYTES=32K\nRSDP_P2P_BYTES=1MiB\n"
+        "valid-all": "RSDP_SHM_BYTES=2M\nRSDP_P2P_BYTES=1MiB\n"
                      "RSDP_POOL_BYTES=4G\nRSDP_SPIN_US=50\nRSDP_DEBUG=1\nRSDP_NODE_ID=node0\n"
-                     "RSDP_CUDA_STAGING_BYTES=64M\nRSDP_CUDA_ONESHOT_BYTES=256K\n"
-                     "RSDP_EMULATE_DEVICE=jitter=5,stall=1@7\nRSDP_CUDA_INTRA=ipc\n"
+                     "RSDP_CUDA_STAGING_BYTES=64M\n"
+                     "RSDP_TEST_EMULATE_DEVICE=jitter=5,stall=1@7\nRSDP_CUDA_INTRA=ipc\n"
                      "RSDP_ALGO_ALLREDUCE=ring\nRSDP_ALGO_BROADCAST=auto\n",
         "valid-bytes-plain": "RSDP_SHM_BYTES=65536\n",
-        "valid-bytes-suffixes": "RSDP_P2P_BYTES=64kB\nRSDP_POOL_BYTES=0\nRSDP_ONESHOT_BYTES=1Gi\n",
+        "valid-bytes-suffixes": "RSDP_P2P_BYTES=64kB\nRSDP_POOL_BYTES=0\nRSDP_CUDA_STAGING_BYTES=1Gi\n",
         "valid-max": "RSDP_POOL_BYTES=1024G\n",
-        "valid-emulate": "RSDP_EMULATE_DEVICE=1\n",
+        "valid-emulate": "RSDP_TEST_EMULATE_DEVICE=1\n",
         "regression-bytes-negative": "RSDP_SHM_BYTES=-1\n",
         "regression-bytes-past-2-64": "RSDP_SHM_BYTES=99999999999999999999\n",
         "bad-shift-wraps": "RSDP_POOL_BYTES=17179869185G\n",
@@ -204,10 +204,10 @@ def options() -> dict:
         "regression-spin-overflow": "RSDP_SPIN_US=99999999999\n",
         "bad-spin-negative": "RSDP_SPIN_US=-5\n",
         "bad-spin-text": "RSDP_SPIN_US=abc\n",
-        "bad-jitter-overflow": "RSDP_EMULATE_DEVICE=jitter=99999999999\n",
-        "bad-stall-overflow": "RSDP_EMULATE_DEVICE=stall=1@18446744073709551616\n",
-        "bad-stall-rank": "RSDP_EMULATE_DEVICE=stall=-1@3\n",
-        "bad-emulate-item": "RSDP_EMULATE_DEVICE=jitter=5,,stall\n",
+        "bad-jitter-overflow": "RSDP_TEST_EMULATE_DEVICE=jitter=99999999999\n",
+        "bad-stall-overflow": "RSDP_TEST_EMULATE_DEVICE=stall=1@18446744073709551616\n",
+        "bad-stall-rank": "RSDP_TEST_EMULATE_DEVICE=stall=-1@3\n",
+        "bad-emulate-item": "RSDP_TEST_EMULATE_DEVICE=jitter=5,,stall\n",
         "regression-intra-two-words": "RSDP_CUDA_INTRA=ipc nccl\n",
         "bad-intra": "RSDP_CUDA_INTRA=gloo\n",
         "valid-wire-lie": "RSDP_TEST_WIRE_LIE=dtype\n",

@@ -21,8 +21,8 @@ std::string mapped_key(const Group& g, int r) { return g.key("emu/mapped/" + std
 EmuComm::EmuComm(ShmComm& shm, Bootstrap& store, const Options& opts)
     : shm_(shm),
       half_(opts.cuda_staging_bytes / 2 / kHalfAlign * kHalfAlign),
-      stall_(opts.emulate_device_stall_rank == shm.rank()),
-      stall_seq_(opts.emulate_device_stall_seq) {
+      stall_(opts.test.emulate_device_stall_rank == shm.rank()),
+      stall_seq_(opts.test.emulate_device_stall_seq) {
   const size_t staging_bytes = opts.cuda_staging_bytes;
   const int n = size();
   const size_t least = std::max<size_t>(kHalfAlign, 64u * static_cast<size_t>(n));
@@ -30,7 +30,7 @@ EmuComm::EmuComm(ShmComm& shm, Bootstrap& store, const Options& opts)
              " bytes is too small for ", n, " ranks: each of its two halves needs at least ",
              least, " bytes");
   map_peers(store);
-  stream_ = std::make_unique<EmuStream>(opts.emulate_device_jitter_us,
+  stream_ = std::make_unique<EmuStream>(opts.test.emulate_device_jitter_us,
                                         0x5eed0000u + group().global(rank()));
 }
 

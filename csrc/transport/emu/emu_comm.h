@@ -26,7 +26,7 @@
 // below the GPU kernel's 32), so that 4 ranks already run the rounds and
 // scratch logic of Staging::reduce.
 //
-// It is a test fixture (RSDP_EMULATE_DEVICE), not a backend users choose.
+// It is a test fixture (RSDP_TEST_EMULATE_DEVICE), not a backend users choose.
 #pragma once
 
 #include <atomic>
@@ -49,7 +49,7 @@ class EmuComm final : public Staging {
   // shm: the node's host comm over the same ranks. From opts: the staging
   // bytes (RSDP_CUDA_STAGING_BYTES: both halves, each rounded down to 256
   // bytes, at least 64 per rank), the jitter and the stall hook
-  // (RSDP_EMULATE_DEVICE).
+  // (RSDP_TEST_EMULATE_DEVICE).
   EmuComm(ShmComm& shm, Bootstrap& store, const Options& opts);
   ~EmuComm() override;
   EmuComm(const EmuComm&) = delete;

@@ -200,7 +200,7 @@ void UcxCollectives::isend(int peer, const void* buf, size_t bytes, uint32_t ste
   Op& op = new_op(true, peer, buf, bytes, step);
   op.hdr = ucx_wire::make_header(desc_, step, bytes);
   // Test hook for the hostile-peer test only (wire_lie.h); empty otherwise.
-  if (!opts_.test_wire_lie.empty()) ucx_wire::apply_wire_lie(opts_.test_wire_lie, op.hdr);
+  if (!opts_.test.wire_lie.empty()) ucx_wire::apply_wire_lie(opts_.test.wire_lie, op.hdr);
   const uint64_t tag = ucx_wire::coll_tag(group_.rank, desc_.seq, step, false);
   if (bytes <= ucx_wire::kInlineMax) {
     op.iov[0] = {&op.hdr, kHdr};

@@ -1,6 +1,6 @@
 // A test-only fault of the UCX collective engine: a rank whose messages are
-// well-formed but whose headers lie. RSDP_TEST_WIRE_LIE=<field> (read with
-// the other options, once per process group) makes every header this rank
+// well-formed but whose headers lie. RSDP_TEST_WIRE_LIE=<field> (a test hook,
+// core/test_hooks.h, read once per process group) makes every header this rank
 // sends carry that field altered, the payload and the UCX tag untouched, so
 // that tests/backend/test_hostile_peer.py can prove the honest peer refuses
 // the message with an error naming the peer and the op, and never writes a
