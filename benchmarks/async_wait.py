@@ -1,20 +1,8 @@
-"""What an asynchronous op costs over a blocking one, for rsdp and gloo, in the same launch.
-
-A blocking all-reduce runs on the caller's thread; `async_op=True` hands the op to the
-backend's worker thread and `wait()` hands the result back. This times, per backend, world size
-and pinning, the median over 5 batches of back-to-back calls (after a barrier) of:
-
-    blocking   dist.all_reduce(t)
-    async      dist.all_reduce(t, async_op=True).wait()
-    future     dist.all_reduce(t, async_op=True).get_future().wait()   (DDP's comm hooks wait so)
-    overlap    w = dist.all_reduce(t, async_op=True); torch.mm(a, a) (64 x 64); w.wait()
-    mm         torch.mm(a, a) alone (what overlap would cost if the op were free)
-
-and prints async / blocking per size: the price of the hand-off ([Note: waiting runs the op] in
-csrc/backend/work_rsdp.cpp). Ranks are pinned to cores 0..n-1 (--pin) or left to the kernel.
-
-    python -m benchmarks async-wait                        # rsdp and gloo, 1 and 2 ranks
-    python -m benchmarks async-wait --backends rsdp --world-sizes 2 --pin both
+"""What an asynchronous op costs over a blocking one, rsdp and gloo in the same launch: per
+backend, world size and pinning, the median over 5 batches of back-to-back `blocking`,
+`async` (`.wait()`), `future` (`get_future().wait()`), `overlap` (a 64 x 64 matmul between
+issue and wait) and `mm` alone; async / blocking is the price of the hand-off ([Note: waiting
+runs the op] in csrc/backend/work_rsdp.cpp). See docs/benchmarks.md, async-wait.
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
 """Checkpoint cost: torch.distributed.checkpoint over planned models against a gathered save.
 
-For a 13 M-parameter Hugging Face Llama (the fine-tuning example's architecture, wider; AdamW
-state initialised by one step) under each plan of ``--plans`` (default ``rotate`` and
-``full_shard``) at ``--nproc`` ranks (default 4), in one run:
-
-* sharded save: ``get_state_dict`` + ``dcp.save`` (every rank writes its shards), and the bytes
-  each rank wrote;
-* gathered save: ``get_state_dict(full_state_dict=True, cpu_offload=True)`` (the whole model
-  and optimizer state gathered on rank 0, as ``plan.full_state_dict`` does for the model) and
-  ``torch.save`` on rank 0;
-* ``dcp.async_save``: the time training is blocked (until the call returns), against the
-  synchronous save; with DCP's default stager (a copy of the state dict) and with
-  ``plan.CopyOnceStager`` (the plan's state dicts are copies already), on a group of its own;
-* sharded load (``get_state_dict`` + ``dcp.load`` + ``set_state_dict``) and gathered load
-  (``torch.load`` on every rank + ``set_state_dict(full_state_dict=True)``).
-
-Times are the slowest rank's, medians of ``--repeats``; the checks (goals of the checkpoint
-work) print PASS/MISS: each rank writes at most 1/W + 5 % of the sharded bytes; the sharded
-save takes at most 0.5x the gathered save; ``async_save`` blocks for at most 0.2x a
-synchronous save. Writes checkpoint.md / .json to ``--out``.
-
-    python -m benchmarks checkpoint [--nproc 4] [--plans rotate,full_shard]
+A 13 M-parameter Llama (AdamW state initialised by one step) under each plan of --plans at
+--nproc ranks: sharded save (`get_state_dict` + `dcp.save`) and the bytes each rank wrote;
+gathered save (full state dict on rank 0 + `torch.save`); the time `dcp.async_save` blocks
+training, with DCP's default stager and `plan.CopyOnceStager`, on a group of its own (DCP plans
+the save with collectives from its background thread, which must not interleave with the
+training group's); sharded and gathered loads. Times are the slowest rank's, medians of
+--repeats. See docs/benchmarks.md, checkpoint.
 """
 from __future__ import annotations
 

@@ -1,59 +1,15 @@
 #!/usr/bin/env python3
 """nccl-tests-style benchmark of torch.distributed collectives on CPU (or CUDA) tensors.
 
-For every backend named in --backends (the last one is the baseline), the script spawns
---world-size ranks on this machine, initialises a process group with that backend and sweeps
-op x dtype x size (sizes double from --min-bytes to --max-bytes). For each point it
-
-  1. checks the result once (inputs are small integers, so the expected output is exact),
-  2. runs warm-up iterations,
-  3. runs timed iterations: a barrier of the group under test (each library its own, as the
-     MPI peer uses MPI_Barrier), time.perf_counter() around the op
-     (around `reps` back-to-back ops for messages under 1 MiB, divided by reps, so the skew
-     with which ranks leave the barrier is amortised, as nccl-tests does);
-     afterwards the per-iteration times are all-gathered on the side group, the max across
-     ranks is taken per iteration, and the median over iterations is reported (with
-     --rounds R the sweep is repeated R times, alternating backends, and the iteration times
-     of all rounds are pooled).
-
-Sizes follow nccl-tests: "bytes" is the full buffer (for allgather the gathered output, for
-reduce_scatter the unreduced input, for alltoall the whole send buffer); algbw = bytes / time;
-busbw = algbw x factor (allreduce 2(n-1)/n; allgather, reduce_scatter, alltoall (n-1)/n;
-broadcast 1). GB = 1e9 bytes.
-
-Outputs (in --out, default benchmarks/results/): results.md, results.json and
-busbw_<op>.png; the markdown table and a "targets" section go to stdout as well.
-
---device cuda: every rank uses GPU (rank % device count), buffers live there, and a timed
-iteration is measured with CUDA events on the rank's current stream (start event after the
-barrier, end event after the last op, synchronised). The default baseline is nccl; NCCL refuses
-two ranks on one GPU, so with more ranks than GPUs the nccl baseline is left out (the script
-says so) and the reference becomes the physical limit instead: the GPU's own device-to-device
-copy bandwidth, measured in the same run (bytes read + written / time of the fastest copy of a
---memcpy-bytes buffer). Every backend then gets a `busbw/copy` column, and the report a
-"Physical limit" section in place of the CPU targets.
-
---peers mpi (CPU only): after the torch backends, the same points are measured with Open MPI
-(mpi_rank.py under mpirun, mpi4py on numpy buffers, the same sizes, iteration counts and
-timing; bfloat16 has no MPI datatype and is skipped), and rsdp once more on a 1-rank group
-("rsdp@1", the cost of a call that communicates nothing). The table gets an `mpi` backend and
-an `X/mpi` time ratio; the targets section checks that, from 8 B to 64 KiB, rsdp's time minus
-its rsdp@1 time is at most Open MPI's (allreduce, allgather, broadcast, reduce_scatter). A
-missing mpirun or mpi4py is reported and the peer left out. See common.py, "peers".
-
---peers oneccl (CPU only): the same points with Intel oneCCL (oneccl_peer.cpp, compiled on
-first use into build/oneccl/ against the oneccl-cpu wheels, ranks bootstrapped through
-oneCCL's own key-value store, libfabric's shared-memory transport; every dtype). The table gets
-an `oneccl` backend and an `X/oneccl` ratio; `--peers mpi,oneccl` measures both.
-
-Examples:
-    python -m benchmarks collectives                       # rsdp vs gloo (gloo alone if rsdp is missing)
-    python -m benchmarks collectives --backends gloo,gloo  # dry run: gloo against itself
-    python -m benchmarks collectives --backends rsdp,gloo --ops allreduce --max-bytes 1M
-    python -m benchmarks collectives --device cuda --world-size 4   # rsdp (+ nccl if 4 GPUs)
-    python -m benchmarks collectives --peers mpi --max-bytes 64K   # + Open MPI, rsdp@1
-    python -m benchmarks collectives --peers mpi,oneccl    # + Open MPI and oneCCL
-    python -m benchmarks collectives --backends rsdp,rsdp:pool,gloo  # + communication memory
+For every backend of --backends (the last is the baseline) --world-size ranks sweep op x dtype x
+size (doubling from --min-bytes to --max-bytes). Per point: one exact check (small-integer
+inputs), warm-up, then timed iterations, each a barrier of the group under test and `reps`
+back-to-back ops; the slowest rank's time per iteration, the median over iterations (with
+--rounds R the backends alternate R times and the samples are pooled). "bytes", algbw and busbw
+follow nccl-tests. --device cuda times with CUDA events and, where ranks share a GPU, compares
+with the GPU's device-to-device copy bandwidth. --peers mpi,oneccl measures Open MPI and oneCCL
+at the same points (common.py, "peers"), and rsdp on one rank ("rsdp@1", the cost of a call).
+Outputs: NAME.md / .json (common.write_result), busbw_<op>.png. See docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -1144,90 +1100,32 @@ class Report:
     # ------------------------------------------------------------------ plots
 
     def plots(self, out_dir: str) -> list[str]:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
-
-        colors = plt.get_cmap("tab10").colors
-        styles = ["-", "--", ":", "-."]
+        """busbw_<op>.png: busbw against size per backend and dtype, and the ratio to the
+        baseline, with the single-core memcpy (or device copy) bandwidth as a line."""
+        ref = (self.copy, "device copy") if self.cuda and self.copy else (self.memcpy,
+                                                                           "1-core memcpy")
         written = []
         for op in self.config["ops"]:
-            have_ratio = bool(self.candidates)
-            fig, axes = plt.subplots(
-                2 if have_ratio else 1, 1, sharex=True, figsize=(8, 6.5 if have_ratio else 4.8),
-                gridspec_kw={"height_ratios": [3, 1.4]} if have_ratio else None, squeeze=False)
-            ax = axes[0][0]
-            all_bytes = set()
-            for i, lb in enumerate(self.labels + self.peers):
-                for j, dt in enumerate(self.config["dtypes"]):
+            bw, ratio = {}, {}
+            for lb in self.labels + self.peers:
+                for dt in self.config["dtypes"]:
                     rows = sorted((r for r in self._rows(lb, op, dt) if self._ok(r)),
                                   key=lambda r: r["bytes"])
-                    if not rows:
-                        continue
-                    xs = [r["bytes"] for r in rows]
-                    all_bytes.update(xs)
-                    name = f"{lb} {dt}" + (" (baseline)" if lb == self.baseline else "")
-                    ax.plot(xs, [r["busbw_gbps"] for r in rows], styles[j % len(styles)],
-                            color=colors[i % len(colors)], marker="o", markersize=3,
-                            linewidth=1.6, label=name)
-                    if have_ratio and lb in self.candidates:
-                        pts = [(r["bytes"], r["busbw_ratio"]) for r in rows
-                               if r.get("busbw_ratio")]
-                        if pts:
-                            axes[1][0].plot(*zip(*pts), styles[j % len(styles)],
-                                            color=colors[i % len(colors)], marker="o",
-                                            markersize=3, linewidth=1.6, label=f"{lb} {dt}")
-            ref_bw, ref_text = self.memcpy, f"single-core memcpy {self.memcpy:.1f} GB/s"
-            if self.cuda and self.copy:
-                ref_bw, ref_text = self.copy, f"device copy {self.copy:.0f} GB/s (read + written)"
-            ax.axhline(ref_bw, color="gray", linestyle=(0, (2, 2)), linewidth=1)
-            ax.text(max(all_bytes) if all_bytes else 1, ref_bw * 1.12,
-                    ref_text, color="gray", fontsize=8,
-                    ha="right", va="bottom")
-            ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
-            lo_y, hi_y = ax.get_ylim()
-            ax.set_ylim(lo_y, max(hi_y, ref_bw * 2.5))
-            ax.set_ylabel("busbw (GB/s)")
-            ax.set_title(f"{op}: bus bandwidth vs message size "
-                         f"({self.n} ranks, factor {BUSBW_FACTOR_TEXT[op]})"
-                         + (", CUDA tensors" if self.cuda else ""))
-            ax.grid(True, which="major", alpha=0.35)
-            ax.grid(True, which="minor", axis="y", alpha=0.12)
-            ax.legend(fontsize=8, loc="upper left")
-            bottom = axes[-1][0]
-            if have_ratio:
-                rax = axes[1][0]
-                rax.axhline(1.0, color="black", linewidth=0.8)
-                if op in BUSBW_OPS:
-                    rax.axhline(BUSBW_SPEEDUP, color="tab:red", linestyle="--", linewidth=0.9)
-                    rax.text(min(all_bytes) if all_bytes else 1, BUSBW_SPEEDUP * 1.1,
-                             f"target {BUSBW_SPEEDUP:g}x", color="tab:red", fontsize=8)
-                rax.set_yscale("log")
-                lo_r, hi_r = rax.get_ylim()
-                lo_r, hi_r = min(lo_r, 0.5), max(hi_r, BUSBW_SPEEDUP * 1.6)
-                rax.set_ylim(lo_r, hi_r)
-                nice = [v * 10.0 ** e for e in range(-3, 4) for v in (1, 2, 5)]
-                rax.yaxis.set_major_locator(FixedLocator([v for v in nice if lo_r <= v <= hi_r]))
-                rax.yaxis.set_minor_locator(NullLocator())
-                rax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}x"))
-                rax.set_ylabel(f"busbw / {self.baseline}")
-                rax.grid(True, which="major", alpha=0.35)
-            if all_bytes:
-                lo = int(math.log2(min(all_bytes)))
-                hi = int(math.ceil(math.log2(max(all_bytes))))
-                ticks = [2 ** k for k in range(lo, hi + 1) if (k - lo) % 2 == 0 or hi - lo < 12]
-                bottom.xaxis.set_major_locator(FixedLocator(ticks))
-                bottom.xaxis.set_minor_locator(NullLocator())
-                bottom.set_xticklabels([fmt_bytes(t).replace(" ", "") for t in ticks],
-                                       rotation=45, fontsize=8)
-            bottom.set_xlabel("message size (bytes of the full buffer)")
-            fig.tight_layout()
+                    if rows:
+                        bw[f"{lb} {dt}"] = ([r["bytes"] for r in rows],
+                                            [r["busbw_gbps"] for r in rows])
+                    pts = [(r["bytes"], r["busbw_ratio"]) for r in rows if r.get("busbw_ratio")]
+                    if lb in self.candidates and pts:
+                        ratio[f"{lb} {dt}"] = tuple(zip(*pts))
+            panels = [dict(title=f"{op}, {self.n} ranks", ylabel="busbw (GB/s)", lines=bw,
+                           logx=True, logy=True, bytes=True, hline=(ref[0], ref[1]))]
+            if ratio:
+                panels.append(dict(title=f"busbw / {self.baseline}", lines=ratio, logx=True,
+                                   logy=True, bytes=True,
+                                   hline=(BUSBW_SPEEDUP, "goal") if op in BUSBW_OPS else None))
             name = f"busbw_{op}.png"
-            fig.savefig(os.path.join(out_dir, name), dpi=110)
-            plt.close(fig)
-            written.append(name)
+            if common.plot(os.path.join(out_dir, name), panels):
+                written.append(name)
         return written
 
 

@@ -1,18 +1,10 @@
 """FSDP2 over rsdp with and without communication memory, measured in one run.
 
-FSDP2 allocates each all-gather output and reduce-scatter input with torch.empty, unless
-`module.set_allocate_memory_from_process_group_for_comm(True)` makes it ask the process group
-(`Backend.allocate_tensor`). rsdp then hands out its communication memory, which peers read in
-place, so every all-gather and reduce-scatter copies once instead of twice through the staging
-buffers (torch_rsdp._comm_memory). This script trains the same model both ways in the same
-processes, alternating every few steps so that both see the same machine, and prints the median
-step time of each, their ratio, and how many collectives took the one-copy path.
-
-    python -m benchmarks comm-memory                  # 2 ranks, 8 x Linear(1024, 1024)
-    python -m benchmarks comm-memory --ranks 4 --width 2048
-
-Writes benchmarks/results/comm_memory.md / .json. Ranks are pinned one per core where there
-are enough cores (as collectives --bind).
+FSDP2 allocates each all-gather output and reduce-scatter input with torch.empty unless
+`set_allocate_memory_from_process_group_for_comm(True)` makes it ask the process group: rsdp
+then hands out memory its peers read in place, one copy instead of two. The same model trains
+both ways in the same processes, alternating every few steps so both see the same machine:
+median step time of each, their ratio, and the collectives that took the one-copy path.
 """
 
 from __future__ import annotations

@@ -195,7 +195,7 @@ def provenance_markdown(prov: dict) -> str:
     m = prov["machine"]
     return (f"Command: `{prov['command']}`  \n"
             f"Commit {prov['commit']}, {prov['date']}; {m['cpu_model']}, {m['vcpus']} vCPUs, "
-            f"{fmt_bytes(m['memory_bytes'])} memory, torch {m['torch']}, load {m['load_1min']}")
+            f"{m['memory_bytes'] / (1 << 30):.1f} GiB memory, torch {m['torch']}, load {m['load_1min']}")
 
 
 def write_result(out_dir: str, name: str, data, markdown: str | None = None,
@@ -219,21 +219,11 @@ def write_result(out_dir: str, name: str, data, markdown: str | None = None,
 
 # --------------------------------------------------------------------------- CPU probe
 #
-# How fast this machine's CPUs run the interpreter right now: alone, and all at once.
-#
-# On a virtual machine a vCPU can share its host core with another hardware thread: the guest's
-# other vCPU (when the host placed the two on one core's hyperthreads) or another guest's. The
-# sharing comes and goes within seconds, and neither the guest kernel nor the hand-off probe
-# (csrc/transport/shm/handoff_probe.h: cache-line round trips stay fast) sees it. What it does to
-# a collective is double its fixed cost: torch's dispatch and any Python around it run at half
-# speed (2-core AMD EPYC KVM guest: a 2-rank 4 KiB all-reduce 8 -> 21 µs, 64 KiB 18 -> 30-49 µs,
-# while a C multiply chain and an 8 KiB memcpy loop keep their speed).
-#
-# probe() times a fixed interpreter loop on each CPU alone (the others idle), then on all of them
-# at once (each pinned to its CPU, started together), the fastest of `reps` each. `contended`
-# classifies a probe against the fastest alone time seen in the same run: a probe is contended
-# when a CPU alone, or the CPUs together, take more than THRESHOLD times that. About 0.5 s on
-# two CPUs.
+# A vCPU may share its host core with another hardware thread for seconds at a time, unseen by
+# the guest; the interpreter (and every fixed cost of a call) then runs at about half speed.
+# probe() times a fixed interpreter loop on each CPU alone, then on all at once (each pinned),
+# the fastest of `reps`; a probe is contended when either takes more than THRESHOLD times the
+# fastest alone time of the run.
 
 LOOP = 1_000_000
 THRESHOLD = 1.25
@@ -296,34 +286,11 @@ def describe(p: dict) -> str:
 
 # --------------------------------------------------------------------------- peers
 #
-# Peers for the collectives suite (`--peers mpi,oneccl`): communication libraries measured
-# outside torch.distributed, at the same points and with the same timing method, plus rsdp on a
-# world-size-1 group as the reference for the per-call overhead.
-#
-# After the torch backends are swept, run_peers() does, for the peers asked for:
-#
-# 1. "rsdp@1": spawns ONE rank running collectives.worker with the rsdp backend, the same
-#    ops, dtypes, sizes and iteration counts (rows labelled "rsdp@1", world_size 1). A 1-rank
-#    collective moves nothing between processes, so its time is what rsdp spends on a call
-#    besides the communication: the torch dispatch, the backend's bookkeeping, the local copy.
-# 2. "mpi": writes the plan (every point the collectives suite would measure, with its element
-#    count and iteration counts, for the dtypes MPI has a datatype for) and runs
-#    mpi_rank.py under Open MPI's mpirun with the same number of ranks; it reads the rows
-#    back from a JSON file and records the library version in the machine info.
-# 3. "oneccl": Intel oneCCL (the `oneccl-cpu` and `oneccl-cpu-devel` wheels). oneccl_peer.cpp is
-#    compiled on first use into build/oneccl/ (again whenever the source, the compiler command
-#    or the wheel's files change); the plan goes to it as a text file, the same points for
-#    every dtype oneCCL has (all of the collectives suite'); the ranks are started directly, one
-#    process each, pinned like the torch ranks, and find each other through oneCCL's own
-#    key-value store, whose address rank 0 publishes in a file (no MPI launcher). The
-#    transport is OFI (libfabric, Debian's libfabric1) with its shared-memory provider; see
-#    ONECCL_ENV.
-#
-# A peer that cannot run here (no mpirun, no mpi4py, an mpirun that is not Open MPI's; no
-# oneCCL wheel, no libfabric, no C++ compiler, a build that fails) is announced at the start
-# and left out; the run goes on and its exit status is not affected.
-# A peer that starts and then fails is reported as an error (exit status 1), like a crash of
-# the torch side.
+# Libraries measured outside torch.distributed at the collectives suite's points with its timing
+# (`--peers mpi,oneccl`), and rsdp on a 1-rank group ("rsdp@1": a call's cost besides the
+# communication). Open MPI runs mpi_rank.py under mpirun; oneCCL runs oneccl_peer.cpp, built on
+# first use into build/oneccl/, one process per rank meeting through oneCCL's key-value store.
+# A peer that cannot run here is announced and left out; one that starts and fails is an error.
 
 PEERS = ("mpi", "oneccl")
 WORLD1_LABEL = "rsdp@1"
@@ -333,15 +300,10 @@ MPI_DTYPES = ("float32", "float64", "int32", "int64")
 # oneCCL has a datatype for every dtype the collectives suite measures.
 ONECCL_DTYPES = ("float32", "bfloat16", "float16", "float64", "int32", "int64")
 ONECCL_VERSION = "2022.2.0"  # the wheels scripts/setup.sh installs
-# The oneCCL environment of the run (a variable already set in the environment wins). OFI is
-# the transport that needs no MPI library; CCL_ATL_SHM=1 with FI_PROVIDER=shm makes it
-# libfabric's shared-memory provider (the default would be tcp;ofi_rxm over the loopback,
-# 5-10x slower here), the counterpart of Open MPI's vader. CCL_WORKER_OFFLOAD=0 runs the
-# collective on the calling thread: by default a worker thread per rank progresses it while
-# the caller spins in wait(), two busy threads per rank, which on a core per rank made small
-# ops take milliseconds instead of microseconds. The key-value store listens on the loopback
-# only; no process manager is there to ask for the local rank and size, so they are given.
-# Errors only: oneCCL warns about every variable set here, on every rank.
+# oneCCL's environment (a variable already set wins): OFI with libfabric's shared-memory
+# provider, Open MPI vader's counterpart (tcp over the loopback is several times slower); the
+# collective on the calling thread (a progress thread per rank would busy a second core); the
+# key-value store on the loopback, local rank and size given (no process manager); errors only.
 ONECCL_ENV = {"CCL_ATL_TRANSPORT": "ofi", "CCL_ATL_SHM": "1", "FI_PROVIDER": "shm",
               "CCL_WORKER_OFFLOAD": "0", "CCL_KVS_IFACE": "lo", "CCL_PROCESS_LAUNCHER": "none",
               "CCL_LOG_LEVEL": "error"}
@@ -684,36 +646,14 @@ def run_peers(args, bc, notes: list[str]) -> tuple[list[dict], dict, list[str]]:
     return rows, info, errors
 
 
-# Across emulated nodes (the multinode suite)
-#
-# Open MPI and oneCCL across emulated nodes: the peers of the multinode suite.
-#
-# Each peer runs the points the multinode suite measures (same ops, element counts, iterations and
-# timing: a barrier, one op, the slowest rank's time per iteration, the median over
-# iterations), with its ranks placed on the emulated nodes as the torch ranks are, so its
-# traffic between nodes crosses the same rate-limited links:
-#
-#   mpi     Open MPI's mpirun starts one daemon per emulated node through a remote shell that
-#           enters the node's namespace (torch_rsdp/testing/netns.py run as a command; the
-#           host names are the namespace names), exactly as it would over ssh on a cluster.
-#           Its ranks run mpi_rank.py. Shared memory (vader) inside a node, TCP between
-#           nodes on the node's interface; mpi_yield_when_idle, Open MPI's setting for more
-#           ranks than cores (its ranks poll otherwise: 16 of them on 2 cores made a 1 MiB
-#           allreduce take 330 ms instead of 30).
-#   oneccl  not measured across nodes (ONECCL_ACROSS_NODES says why); the collectives suite
-#           --peers oneccl measures it inside one node.
-#
-# Both are launched from the root namespace by multinode.main() while the EmulatedNodes
-# are up; neither imports torch on the ranks.
+# Across emulated nodes (the multinode suite): Open MPI's mpirun starts one daemon per node
+# through torch_rsdp/testing/netns.py as its remote shell (the host names are the namespaces'),
+# as ssh would on a cluster; vader inside a node, TCP between nodes on the node's interface,
+# mpi_yield_when_idle (polling ranks outnumbering the cores would starve each other).
 
 NETNS_COMMAND = [sys.executable, os.path.join(ROOT, "torch_rsdp", "testing", "netns.py")]
-# Tried: oneccl_peer.cpp, one process per rank started inside its node's namespace (the
-# remote shell below), libfabric 1.17's tcp provider (via ofi_rxm) with FI_TCP_IFACE and
-# CCL_KVS_IFACE naming the node's interface, CCL_ATL_SHM=0. The key-value store connects
-# across nodes, and libfabric logs that it chose the node's address, but strace shows every
-# OFI endpoint bound to and connecting to 127.0.0.1: each namespace has its own loopback,
-# so the ranks of different nodes never reach each other (connection refused, retried
-# forever). FI_PROVIDER=sockets with FI_SOCKETS_IFACE fails at the first send.
+# oneCCL across namespaces: its libfabric endpoints bind to and connect to 127.0.0.1 whatever
+# FI_TCP_IFACE names, and each namespace has its own loopback, so nodes never reach each other.
 ONECCL_ACROSS_NODES = ("oneCCL's libfabric endpoints bind to 127.0.0.1 inside each node's "
                        "namespace whatever FI_TCP_IFACE says, so ranks on different emulated "
                        "nodes cannot connect (benchmarks/common.py)")
@@ -784,3 +724,57 @@ def run_mpi_across_nodes(nodes, node_of, points, timeout, tmp):
     error = run_mpirun(cmd, timeout, capture=True)
     raw = json.load(open(out)).get("rows", []) if os.path.exists(out) else []
     return raw, error, shown
+
+
+# --------------------------------------------------------------------------- plots
+
+
+def plot(path: str, panels: list[dict], cols: int | None = None, title: str = "") -> str | None:
+    """Draws `panels` into one PNG at `path`; returns it, or None without matplotlib.
+
+    A panel is a dict: title, xlabel, ylabel; `lines` {label: (xs, ys)} and/or `bars`
+    [(label, categories, values)], stacked; `logx` (base 2), `logy`; `bytes` (x ticks as
+    sizes); `hline` (y, label); `ylim`."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    cols = cols or len(panels)
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 4.2 * rows), squeeze=False)
+    for ax, p in zip(axes.flat, panels):
+        for label, (xs, ys) in p.get("lines", {}).items():
+            ax.plot(xs, ys, marker="o" if len(xs) <= 40 else None, markersize=3, label=label)
+        bottom = None
+        for label, cats, vals in p.get("bars", []):
+            ax.bar(cats, vals, bottom=bottom, label=label)
+            bottom = vals if bottom is None else [b + v for b, v in zip(bottom, vals)]
+            ax.tick_params(axis="x", labelrotation=30, labelsize=7)
+        if p.get("hline"):
+            ax.axhline(p["hline"][0], color="tab:red", linestyle="--", linewidth=0.9,
+                       label=p["hline"][1])
+        if p.get("logx"):
+            ax.set_xscale("log", base=2)
+        if p.get("logy"):
+            ax.set_yscale("log")
+        if p.get("bytes"):
+            ticks = sorted({x for xs, _ in p.get("lines", {}).values() for x in xs})
+            ax.set_xticks(ticks, [fmt_bytes(t).replace(" ", "") for t in ticks], rotation=45,
+                          fontsize=7)
+            ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+        if p.get("ylim"):
+            ax.set_ylim(*p["ylim"])
+        ax.set(title=p.get("title", ""), xlabel=p.get("xlabel", ""), ylabel=p.get("ylabel", ""))
+        ax.grid(True, alpha=0.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.set_visible(False)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

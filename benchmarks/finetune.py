@@ -1,46 +1,14 @@
 """LoRA fine-tuning of a pretrained Llama, RSDP against FSDP2: memory beyond the shards, tokens/s.
 
-    python -m benchmarks finetune                     # the 1B shape, then the small one
-    python -m benchmarks finetune --shapes small --steps 3
-    python -m benchmarks finetune --shapes small --dtype float32   # weights in fp32
-    python -m benchmarks finetune --shapes tiny --steps 1   # seconds: what CI runs
-
-Shapes (Hugging Face ``LlamaForCausalLM`` from a config, bf16 unless ``--dtype float32``, LoRA
-r = 16 on all seven projections, one sequence of ``--seq`` tokens per rank, 2 ranks):
-
-* ``1b``: Llama-3.2-1B's shape: hidden 2048, 16 layers, 32 heads with 8 key-value heads, FFN
-  8192, vocabulary 128,256, embedding tied to the head (1.24 B parameters);
-* ``small``: hidden 1024, 4 layers, 16 heads with 4 key-value heads, FFN 2816, vocabulary
-  32,000, untied, where whole-layer and root gathers dominate FSDP2's memory;
-* ``tiny``: hidden 64, 2 layers, vocabulary 512 (a smoke run for the test suite).
-
-How each run is built, as a user fine-tuning a pretrained model would: the parent process
-writes a ``save_pretrained`` checkpoint of the shape (random weights, std 0.02); every rank
-builds the model on ``meta``, wraps it with peft, shards it (``rsdp.shard``: ``rsdp`` with
-every projection rotating on its own, ``rsdp-units`` with ``tp_plan="auto"``, attention and
-MLP as rotation units; or FSDP2's ``fully_shard`` on every decoder layer and then on the
-root), allocates it with ``to_empty`` and loads the checkpoint with ``rsdp.load_pretrained``
-(each rank reads only its slices; for FSDP2 too, through its DTensor state dict). The three
-models live in the same processes and take turns step by step, so a machine that slows down
-halfway slows them alike; each appears twice,
-without and with Hugging Face's ``gradient_checkpointing_enable()`` (non-reentrant, per
-decoder layer). A step is forward, backward and an AdamW step over the adapters.
-
-Reported per run (rank 0's, all over the rsdp backend, one node):
-
-* **resident**: this rank's share of the model (its shards and what it holds whole: norms,
-  adapters; bytes of the parameters' local tensors and the buffers);
-* **beyond**: the peak of what a step allocates on top of that (torch's ``MemTracker`` over
-  one step, after the warm-up step: its peak total less the model's parameters and buffers,
-  so the activations, the logits, the weights in flight, FSDP2's gathered root and blocks,
-  the adapters' gradients and optimizer state), and its ratio to FSDP2's;
-* **load peak**: ``MemTracker``'s peak over ``load_pretrained`` against the resident share;
-* median step time, tokens/s and its ratio to FSDP2's; the bytes this rank sent per step
-  (``torch_rsdp.comm_stats``); each model's first loss (RSDP's and FSDP2's agree to bf16's
-  precision: same checkpoint, same tokens, adapters that start at zero; a run and its
-  ``+ckpt`` twin share one model, trained by both in turn).
-
-Outputs in ``--out`` (default benchmarks/results/): ``finetune.md`` and ``finetune.json``.
+As a user would: the parent writes a `save_pretrained` checkpoint of the shape (random weights);
+every rank builds the model on meta, wraps it with peft (r = 16 on all seven projections),
+shards it (`rsdp`: every projection on its own; `rsdp-units`: `tp_plan="auto"`; `fsdp2`:
+`fully_shard` per decoder layer and the root), materialises it and loads its slices with
+`rsdp.load_pretrained`. The models live in the same processes and take turns step by step,
+each without and with gradient checkpointing (`+ckpt`, sharing the model). Per run (rank 0,
+2 ranks): resident share, what a step allocates beyond it (MemTracker), load peak, median step
+time, tokens/s, bytes sent, first loss (equal across strategies: same checkpoint and tokens).
+Shapes: `1b` (Llama-3.2-1B's), `small`, `tiny` (the test's). See docs/benchmarks.md.
 """
 from __future__ import annotations
 

@@ -1,55 +1,13 @@
-"""Multi-node collectives over an emulated, rate-limited network link.
+"""Collectives across emulated nodes: rsdp (as it chooses, hierarchical, flat ring, compressed)
+against gloo and Open MPI behind a rate-limited link, with link efficiency.
 
-Emulated nodes (--nodes, default 2) x ranks (--ranks-per-node, default 2): network namespaces
-joined by a bridge, see torch_rsdp.testing.netns; needs root. Every node link is limited with
-tc to --rate per direction (default 1gbit). In one run, for allreduce, all-gather
-(all_gather_into_tensor) and reduce-scatter (reduce_scatter_tensor) at each size of --sizes,
-it measures the variants asked for:
-
-  auto    rsdp as a user gets it: no RSDP_ALGO_*, the backend chooses (hierarchical on nodes
-          of equal size with more than one rank, from RSDP_ONESHOT_BYTES up);
-  hier    rsdp with RSDP_ALGO_{ALLREDUCE,ALLGATHER,REDUCE_SCATTER}=hier (shared memory inside
-          a node, rails across nodes);
-  ring    rsdp with the flat ring over all ranks (=ring);
-  gloo    the baseline (GLOO_SOCKET_IFNAME = the node's interface);
-  mpi     Open MPI, its ranks on the same nodes (common.py: one daemon per node,
-          shared memory inside a node, TCP across);
-  oneccl  Intel oneCCL: not measured across nodes, the report says why (its endpoints bind
-          to each namespace's loopback; common.py);
-  nolink  `auto` with every rank on the loopback (RSDP_NODE_ID tells the nodes apart), no
-          link at all: what the same algorithm costs in CPU time on this machine, the floor
-          under any link time when all the emulated nodes share its cores.
-
-Sizes are the total tensor, as in nccl-tests: the allreduce tensor, the all-gather output,
-the reduce-scatter input. For every point: the median time of --iters timed iterations
-(each after a barrier on a side gloo group; an iteration's time is the slowest rank's);
-"link bytes", what the algorithm must send across a node's link in each direction
-(torch_rsdp/testing/traffic.py; gloo, Open MPI and oneCCL are charged with the flat ring's
-bytes, the least a flat algorithm sends); "link efficiency" = link bytes / time / link rate,
-which for the hierarchical algorithms is nccl-tests' bus bandwidth of the stage between
-nodes (a ring of M nodes) over the link rate; and the speed-up over gloo (gloo time / time).
-Each point's result is checked once (exact small integers).
-
-Compressed variants (``--variants hier,hier-int8,hier-int4``): ``hier`` after
-``torch_rsdp.set_compression`` (int8 everywhere; int4 for the reductions, the all-gather
-int8), block 512; their results are checked against the exact ones within half a
-quantisation step per quantisation, their link bytes are what they put on the wire, and ``x
-hier`` is the fp32 hier time / their time.
-
-Targets (printed with PASS/MISS): from 1 MiB up, link efficiency >= 90 % for rsdp as it
-chooses (auto; hier when auto is not run); from 16 MiB, its allreduce faster than gloo by at
-least 90 % of the ratio of their link bytes (1.5x on 2 nodes, 1.25x on 4); compressed
-all-gather and reduce-scatter >= 2.5x the fp32 hier time. The ceiling for link efficiency is
-TCP's goodput on a 1500-byte MTU, 1448/1514 = 95.6 % of the tc rate.
-
-Outputs in --out (default benchmarks/results/): multinode.md, .json, .png.
-
-    sudo python -m benchmarks multinode                  # 1, 4, 16, 64, 256 MiB at 1gbit
-    python -m benchmarks multinode --nodes 4 --ranks-per-node 4 --sizes 1M,4M,16M,64M \
-        --variants auto,ring,gloo,mpi,oneccl,nolink             # 4 x 4 with the peers
-    python -m benchmarks multinode --rate 500mbit --sizes 16M,64M --iters 3
-    python -m benchmarks multinode --quick                  # smoke test: small sizes, 1 iteration
-    python -m benchmarks multinode --rate 200mbit --sizes 16M --variants hier,hier-int8,hier-int4
+Nodes are network namespaces (torch_rsdp.testing.netns, root) with a `tc` rate per node link,
+or the loopback with RSDP_NODE_ID (--loopback, or without namespaces). Variants: `auto`,
+`hier`, `ring`, `hier-int8` / `hier-int4` (quantised inter-node stages), `gloo`, `mpi` (Open
+MPI on the same nodes, common.run_across_nodes), `oneccl` (left out with the reason), `nolink`
+(auto on the loopback: the CPU floor). Per point the slowest rank's median time; link
+efficiency = the bytes the algorithm must send per node link and direction
+(torch_rsdp/testing/traffic.py) / time / link rate. See docs/benchmarks.md, multinode.
 
 Only the standard library is imported at the top: worker processes import this file before
 they move into their node's namespace, and torch must not start threads before that.
@@ -463,47 +421,22 @@ def markdown(rows, variants, info, tgts) -> str:
 
 
 def plot(rows, variants, path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import FixedLocator, NullLocator
-
-    fig, axes = plt.subplots(2, len(OPS), figsize=(4.2 * len(OPS), 7), sharex=True,
-                             squeeze=False)
-    for j, op in enumerate(OPS):
+    panels = []
+    for op in OPS:
+        times, eff = {}, {}
         for v in variants:
             pts = sorted((r["bytes"], r) for r in rows
                          if r["variant"] == v and r["op"] == op and r.get("time_s"))
-            if not pts:
-                continue
-            xs = [b for b, _ in pts]
-            axes[0][j].plot(xs, [r["time_s"] * 1e3 for _, r in pts], marker="o", label=LABELS[v])
-            eff = [(b, r["link_efficiency"]) for b, r in pts if r.get("link_efficiency")]
-            if eff:
-                axes[1][j].plot(*zip(*[(b, e * 100) for b, e in eff]), marker="o",
-                                label=LABELS[v])
-        axes[0][j].set_title(op)
-        axes[0][j].set_yscale("log")
-        axes[0][j].set_ylabel("time (ms)")
-        axes[1][j].axhline(TARGET_EFFICIENCY * 100, color="tab:red", linestyle="--",
-                           linewidth=0.9, label="target (hier)")
-        axes[1][j].set_ylabel("link efficiency (%)")
-        axes[1][j].set_ylim(0, 105)
-        axes[1][j].set_xscale("log", base=2)
-        sizes = sorted({r["bytes"] for r in rows if r["op"] == op})
-        if sizes:
-            axes[1][j].xaxis.set_major_locator(FixedLocator(sizes))
-            axes[1][j].xaxis.set_minor_locator(NullLocator())
-            axes[1][j].set_xticklabels([fmt_bytes(b).replace(" ", "")
-                                        for b in sizes], rotation=45, fontsize=8)
-        axes[1][j].set_xlabel("bytes (total tensor)")
-        for ax in (axes[0][j], axes[1][j]):
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+            if pts:
+                times[LABELS[v]] = ([b for b, _ in pts], [r["time_s"] * 1e3 for _, r in pts])
+            e = [(b, r["link_efficiency"] * 100) for b, r in pts if r.get("link_efficiency")]
+            if e:
+                eff[LABELS[v]] = tuple(zip(*e))
+        panels.append(dict(title=op, ylabel="time (ms)", lines=times, logx=True, logy=True,
+                           bytes=True))
+        panels.append(dict(title=op, ylabel="link efficiency (%)", lines=eff, logx=True,
+                           bytes=True, ylim=(0, 105), hline=(TARGET_EFFICIENCY * 100, "goal")))
+    common.plot(path, panels, cols=2)
 
 
 def main(argv=None) -> int:

@@ -1,38 +1,10 @@
-"""The planner against every uniform strategy, across memory budgets (OSDP's figure).
+"""The planner against uniform strategies: `plan.auto` at memory budgets from the tightest
+feasible to unconstrained, on 1x2 and 1x4 ranks and 2x2 emulated nodes behind a `tc`-limited
+link. Auto's plan and every uniform strategy train in turns in one launch: measured and
+predicted step time and peak memory (MemTracker), auto's margin over the best uniform plan that
+fits, and the Cluster prediction checked against the emulated cluster. Outputs plans.md /
+.json / .png. See docs/benchmarks.md, plans.
 
-A Hugging Face Llama built from a config (nothing downloaded) is trained with AdamW over the
-rsdp backend. In one launch per setting (``1x2`` / ``1x4``: 2 / 4 ranks on one node; ``2x2``:
-2 emulated nodes x 2 ranks behind a ``tc``-limited link), it
-
-1. finds the tightest budget any plan fits (``plan.BudgetError.smallest_feasible_bytes``) and
-   the unconstrained one (what ``no_shard`` needs), and picks ``--budgets`` budgets between;
-2. runs every uniform strategy once (one unit per layer) and measures its step time and peak
-   memory per rank;
-3. at every budget, plans with ``plan.auto``, trains that plan and measures the same;
-4. with ``2x2``, also plans with ``Cluster(nodes=2, ranks_per_node=2, ...)`` built from the
-   link's rate and compares that prediction with what the emulated cluster measured.
-
-Measured peak memory per rank: torch's ``MemTracker`` (torch.distributed._tools.mem_tracker,
-every tensor torch allocates: parameters, gradients, optimizer state, activations,
-temporaries, communication buffers) over one training step, max over ranks. Step time: median
-of the timed steps, slowest rank; all runs take turns over ``--rounds`` rounds, so a slow spell
-of a shared machine touches every run alike.
-
-Targets (PASS/MISS, never the exit code): measured peak <= budget at every budget; predicted
-peak within 10 % of measured; predicted step time within 25 %; auto at least as fast as the
-best uniform strategy that fits (its measured peak <= the budget) at every budget -- the
-margin (best uniform's step time / auto's) pooled over all rounds >= 1 minus the noise (the
-larger of 5 % and how far apart one uniform plan measured twice in the same run lands), not
-counting budgets where auto picked that uniform plan itself; the table also gives each
-round's margin -- and >= 1.15x faster at some budget between the extremes in one setting;
-on 2x2 the plan uses hybrid_shard where it pays; the Cluster prediction within 25 % of what
-2x2 measured.
-
-    python -m benchmarks plans                      # all three settings
-    python -m benchmarks plans --settings 1x4 --budgets 6 --steps 4
-    python -m benchmarks plans --quick              # smoke test
-
-Outputs in --out (default benchmarks/results/): plans.md, plans.json, plans.png.
 Only the standard library is imported at the top (workers enter network namespaces first).
 """
 from __future__ import annotations
@@ -386,30 +358,22 @@ def markdown(results, info, chk):
 
 
 def plot(results, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    ok = [r for r in results if "error" not in r]
-    if not ok:
-        return
-    fig, axes = plt.subplots(1, len(ok), figsize=(7 * len(ok), 4.5), squeeze=False)
-    for ax, res in zip(axes[0], ok):
-        budgets = res["budgets"]
-        autos = [r for r in res["rows"] if r["kind"] == "auto"]
-        for u in [r for r in res["rows"] if r["kind"] == "uniform"]:
-            xs = [b / 2**20 for b in budgets if u["peak_bytes"] <= b]
+    from .common import plot as draw
+
+    panels = []
+    for res in (r for r in results if "error" not in r):
+        lines = {}
+        for u in (r for r in res["rows"] if r["kind"] == "uniform"):
+            xs = [b / 2**20 for b in res["budgets"] if u["peak_bytes"] <= b]
             if xs:
-                ax.plot(xs, [1 / u["step_s"]] * len(xs), marker=".", label=u["plan"])
-        ax.plot([r["budget_bytes"] / 2**20 for r in autos], [1 / r["step_s"] for r in autos],
-                marker="o", linewidth=2.5, color="black", label="auto")
-        ax.set_xlabel("memory budget per rank (MiB)")
-        ax.set_ylabel("steps/s (higher is better)")
-        ax.set_title(f"{res['setting']}: throughput against budget")
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+                lines[u["plan"]] = (xs, [1 / u["step_s"]] * len(xs))
+        autos = [r for r in res["rows"] if r["kind"] == "auto"]
+        lines["auto"] = ([r["budget_bytes"] / 2**20 for r in autos],
+                         [1 / r["step_s"] for r in autos])
+        panels.append(dict(title=f"{res['setting']}: throughput against budget", lines=lines,
+                           xlabel="memory budget per rank (MiB)", ylabel="steps/s"))
+    if panels:
+        draw(path, panels)
 
 
 def main(argv=None) -> int:

@@ -1,14 +1,8 @@
-"""What compression would gain on a cluster we do not have: the planner's prediction at 64 x 8.
-
-Profiles the strategies benchmark's TransformerLM (``--config``: ``small`` or ``medium``) in
-one process here, then asks :func:`torch_rsdp.plan.predict` for the step time of uniform plans
-with and without compression, and :func:`torch_rsdp.plan.auto` (``allow_compression=True``)
-for its own pick, on ``Cluster(nodes=64, ranks_per_node=8, ...)`` at several inter-node link
-speeds. The cluster's ranks compute as fast as this machine's cores (the profile's) and
-quantise at this machine's kernel speed: a cluster of CPU nodes like this one. Prints a
-table; writes predict_compression.md / .json to --out.
-
-    python -m benchmarks predict-compression
+"""What compression would gain on a cluster this project does not have: the planner's prediction
+at 64 x 8. Profiles the strategies suite's TransformerLM here, then asks `plan.predict` for the
+step time of uniform plans with and without compression, and `plan.auto(allow_compression=True)`
+for its pick, on `Cluster(nodes=64, ranks_per_node=8)` at several inter-node link speeds (ranks
+compute and quantise at this machine's speed).
 """
 from __future__ import annotations
 

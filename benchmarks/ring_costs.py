@@ -1,33 +1,12 @@
-"""Where an RSDP step's time goes next to FSDP2's: four measurements behind
-docs/benchmarks.md's "Where the time goes now".
+"""Where an RSDP step's time goes next to FSDP2's (the rsdp-fsdp2 suite's `act` setting):
 
-    python -m benchmarks ring-costs steps --world-size 4    # CPU, context switches
-    python -m benchmarks ring-costs hops --world-size 4     # what one ring hop costs
-    python -m benchmarks ring-costs single                  # no communication at all
-    python -m benchmarks ring-costs phases --steps 30       # forward / backward / optimizer
-
-``steps``: the ``act`` setting of the rsdp-fsdp2 suite (Llama 4.2 M parameters, 4 x 64
-tokens per rank), every ``--variants`` model built in the same processes and timed in turns
-(``--rounds`` rounds of ``--steps`` steps each). Per variant and round: wall time per step,
-CPU time per step summed over the ranks (``time.process_time``), its share of
-``cores x wall``, voluntary and involuntary context switches and system time per step summed
-over the ranks (``getrusage``), and an RSDP variant's ring hops per step on rank 0. With more
-ranks than cores the CPU share says whether cores sat idle; the switches count the
-synchronisation points that put a rank to sleep.
-
-``hops``: ``--iters`` iterations of a 256 x 256 matmul followed by nothing (``none``), one ring
-hop (``ring1``), a whole rotation of W - 1 hops (``ring``, as a layer's forward makes), an
-all-gather or a reduce-scatter of a shard of ``--numel`` float32 elements; the time added to an
-iteration over ``none`` is the cost of that synchronisation, compute in between included as a
-layer has.
-
-``phases``: the ``act`` setting, every ``--variants`` model in the same processes taking turns
-step by step after a barrier (as the rsdp-fsdp2 suite times them), forward, backward and
-the optimizer's step timed apart; the medians over ``--steps`` steps of the slowest rank's.
-
-``single``: one rank, one thread: a step of the unsharded model, under RSDP and under FSDP2
-(their bookkeeping without any communication), and AdamW's step alone on each model's
-parameters (plain tensors against DTensors).
+  steps   every --variants model in the same processes, timed in turns: wall and CPU time per
+          step, CPU share of cores x wall, context switches and system time (getrusage), ring
+          hops per step;
+  hops    a 256 x 256 matmul per iteration followed by nothing, one ring hop, a whole rotation,
+          an all-gather or a reduce-scatter of a --numel shard: the cost of each synchronisation;
+  single  one rank: a step unsharded, under RSDP and FSDP2, and AdamW alone;
+  phases  forward, backward and the optimizer's step timed apart.
 """
 from __future__ import annotations
 

@@ -1,56 +1,16 @@
-"""RSDP against FSDP2 in one run: throughput ratio, step-time spread under load, peak memory.
+"""RSDP against FSDP2 on a Hugging Face Llama, every variant in the same processes.
 
-    python -m benchmarks rsdp-fsdp2                        # both settings, 4 and 2 ranks
-    python -m benchmarks rsdp-fsdp2 --settings act --world-sizes 4 --load 1
-    python -m benchmarks rsdp-fsdp2 --quick                # the CI guard's short mode
-    python -m benchmarks rsdp-fsdp2 --backend rsdp,gloo --variants rsdp,fsdp2
-
-A Hugging Face ``LlamaForCausalLM`` built from a config, in two settings:
-
-* ``act`` (activations dominate): 4.2 M parameters (hidden 256, 4 layers, FFN 768, vocab
-  2048), 4 sequences of 64 tokens per rank;
-* ``weights`` (weights dominate): 18.7 M parameters (hidden 256, 4 layers, FFN 512, vocab
-  32,000, untied head), 1 sequence of 32 tokens per rank.
-
-In one launch per (setting, world size) every variant is built in the same processes from the
-same initial weights and trained with AdamW on the same batches: ``rsdp`` (``rsdp.shard``,
-the defaults: from 3 ranks on, a decoder layer's small layers rotate together, [Note: block
-gathers]), ``rsdp-perlayer`` (every layer rotates on its own), ``rsdp-pershard``
-(``rsdp-perlayer`` with layers smaller than their activations computed shard by shard too),
-``rsdp-units`` (``tp_plan="auto"``: attention and MLP rotate as units; a unit no larger than
-its activations computes whole, [Note: small units computed whole]), ``rsdp-units-pershard``
-(every unit shard by shard), ``rsdp-units-recompute`` (``unit_recompute=True``), ``fsdp2``
-(``fully_shard`` per decoder layer and on the root, over the rsdp backend). The variants take
-turns step by step, each round starting with the next one, so a slow spell of the shared
-machine touches each alike. A step is forward, backward and the optimizer step after a
-barrier; its time is the slowest rank's.
-
-Reported per variant: median step time, tokens/s, **throughput ratio to FSDP2** (FSDP2's
-median / the variant's: > 1 is faster), step-time **spread** (max / median over the timed
-steps) and its ratio to FSDP2's, the same under load when ``--load N`` (N competing processes,
-each a busy loop, run during a second timed phase of the same launch), and **peak memory per
-rank** (torch's ``MemTracker`` over one step: every tensor torch allocates; max over ranks;
-without its per-module split, whose hooks raise inside rotation units' backward), split into
-parameters, gradients with optimizer state, and the rest (activations, gathered or rotating
-weights, temporaries), with its ratio to FSDP2. The final
-losses of all variants are printed too: they must agree (same math, other summation order).
-
-``--quick`` (run in CI by ``tests/integrations/test_bench_rsdp_fsdp2.py``): the ``act`` setting
-at 2 ranks, ``rsdp`` and ``fsdp2``, 6 timed steps, no memory step, plus an all-reduce of 4 MiB over rsdp
-and gloo in the same processes; the JSON then also holds ``allreduce_speedup`` (gloo time /
-rsdp time).
-
-``--backend rsdp,gloo`` (a comma list; default ``rsdp``): every variant runs over every listed
-backend in the same processes, taking turns with the others step by step. The first backend
-is the default process group's (``init_process_group``), each other one a group of the whole
-world created with that backend (``new_group(backend=...)``); a variant over backend B gets
-B's group (``rsdp.shard(model, group)``, FSDP2's mesh ``DeviceMesh.from_group``), and the
-worker checks that the group it got runs on B. The table then has a backend column, the
-ratios are against one baseline row, FSDP2 over ``--baseline`` (default gloo where listed,
-else the first backend), and each variant's tokens/s and peak memory over rsdp are set
-against its own over each other backend: what the rsdp backend adds.
-
-Outputs in ``--out`` (default benchmarks/results/): ``rsdp_fsdp2.md`` and ``rsdp_fsdp2.json``.
+Settings: `act` (activations dominate: 4.2 M parameters, 4 x 64 tokens per rank) and `weights`
+(18.7 M parameters, a 32,000-token untied head, 1 x 32 tokens). One launch per setting and world
+size builds every --variants model from the same weights and trains them on the same batches,
+taking turns step by step (each round starting with the next), so a slow spell touches each
+alike. Per variant: median step time (slowest rank), throughput over FSDP2's, step-time spread
+(max / median) and its ratio to FSDP2's, the same under --load N competing busy loops, and
+peak memory per rank (MemTracker, without its per-module split, whose hooks raise inside
+rotation units' backward) split into parameters, gradients with optimizer state and the rest.
+Final losses agree. --backend rsdp,gloo runs every variant over each backend (the others as
+`new_group(backend=...)`). --quick (the CI guard): act, 2 ranks, rsdp and fsdp2, plus a 4 MiB
+all-reduce over rsdp and gloo. See docs/benchmarks.md, rsdp-fsdp2.
 """
 from __future__ import annotations
 

@@ -1,18 +1,10 @@
-"""RSDP rotation units vs per-layer rotation on a Hugging Face Llama built from a config.
+"""RSDP rotation units against per-layer rotation on a Hugging Face Llama built from a config.
 
-    python -m benchmarks rsdp-units                     # 4 CPU ranks, small model
-    python -m benchmarks rsdp-units --world-size 2 --layers 8 --hidden 512
-    python -m benchmarks rsdp-units --device cuda         # rank r on GPU r % count
-
-Three runs, each in fresh processes, same model (seed 0), same batches: ``layer`` --
-``shard(model)``, every Linear rotates on its own (7 rotations per transformer layer);
-``units`` -- ``shard(model, tp_plan="auto")``, attention and MLP rotate as one buffer each (2
-per layer; a unit no larger than its activations computes whole, [Note: small units computed
-whole]); ``units-recompute`` -- the same with ``unit_recompute=True`` (backward recomputes
-each unit's forward). Reported per run: median forward and backward time (slowest rank, after
-one warm-up step), ring shifts per forward, and the loss (all runs compute the same math, so
-losses agree to rounding). Needs ``transformers``.
-With more ranks than cores, RSDP_SPIN_US=0 unless set (a spinning rank steals its peer's core).
+Runs, each in fresh processes, same model and batches: `layer` (`shard(model)`, every Linear
+rotates on its own), `units` (`tp_plan="auto"`: attention and MLP rotate as one buffer each),
+`units-recompute` (`unit_recompute=True`). Median forward and backward time (slowest rank),
+ring shifts per forward, loss. With more ranks than cores, RSDP_SPIN_US=0 unless set (a
+spinning rank steals its peer's core).
 """
 from __future__ import annotations
 

@@ -1,37 +1,10 @@
-"""Every sharding strategy of ``torch_rsdp.plan`` on one model: speed, memory, link traffic.
+"""Every sharding strategy of torch_rsdp.plan, alone and mixed, on one model: 4 ranks on one
+node (1x4) and 2 x 2 emulated nodes behind a `tc`-limited link (2x2). Per plan: tokens/s, peak
+memory per rank by category (training_models.ParamMemoryTracker), bytes across the node link,
+losses; `PLAN+int8` / `+int4` compress what crosses nodes. Checks (PASS/MISS): on 2x2,
+hybrid_shard sends fewer bytes across the link than full_shard and is faster behind it.
+Outputs strategies.md / .json / .png. See docs/benchmarks.md, strategies.
 
-For each plan (by default every strategy alone, one unit per block, and a mix of all seven)
-and each setting, it trains the training benchmark's TransformerLM (``--small`` config unless
-given; ``--model llama-chess``: a Hugging Face Llama on the main job's chess games) with Adam
-over the rsdp backend and reports:
-
-* tokens/s: global tokens per step / median step time (the slowest rank's), after warm-up;
-* peak memory per rank (max over ranks), from ``training_models.ParamMemoryTracker`` during
-  one extra step: parameters, gradients, optimizer state, communication buffers (gathered
-  weights, collective buffers, RSDP rotation buffers) and activations (tensors saved for
-  backward), each storage counted once;
-* bytes this rank sent across its node link during that step (``torch_rsdp.comm_stats`` over
-  every process group the plan uses; mean over ranks) and inside the node.
-
-A plan spec may end in ``+int8``, ``+int4`` (gradients; weights int8; error feedback) or
-``+int8-noef`` / ``+int4-noef`` (without error feedback): ``plan.apply(compression=...)``. On
-2x2 each is checked against the same plan in fp32: >= 1.6x its tokens/s behind the limited
-link, and its loss curve (every step, warm-up included) within 3 %.
-
-Settings: ``1x4`` (4 ranks on this machine) and ``2x2`` (2 emulated nodes x 2 ranks, network
-namespaces joined by a link limited with ``tc`` to ``--rate`` per direction; on the loopback
-with RSDP_NODE_ID where namespaces cannot be made, which then emulates no link). Checks
-(PASS/MISS, never the exit code): on 2x2, hybrid_shard sends fewer bytes across the node link
-than full_shard and is faster behind the limited link.
-
-    python -m benchmarks strategies                       # both settings, every strategy
-    python -m benchmarks strategies --settings 2x2 --plans full_shard,hybrid_shard
-    python -m benchmarks strategies --plans my_plan.json  # any plan.Plan JSON file
-    python -m benchmarks strategies --quick               # smoke test
-    python -m benchmarks strategies --settings 2x2 --plans full_shard,full_shard+int8 \
-        --steps 58 --warmup 2 --repeat-batches 4 --lr 3e-3      # a 60-step loss curve
-
-Outputs in --out (default benchmarks/results/): strategies.md, .json, .png.
 Only the standard library is imported at the top: worker processes import this file before
 they move into their node's namespace.
 """
@@ -297,37 +270,21 @@ def markdown(rows, info, chk):
 
 
 def plot(rows, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    settings = list(dict.fromkeys(r["setting"] for r in rows))
-    fig, axes = plt.subplots(len(settings), 3, figsize=(19, 3.8 * len(settings)), squeeze=False)
-    for i, s in enumerate(settings):
+    from .common import plot as draw
+
+    panels = []
+    for s in dict.fromkeys(r["setting"] for r in rows):
         sub = [r for r in rows if r["setting"] == s and "error" not in r]
         labels = [r["plan"] for r in sub]
-        axes[i][0].bar(labels, [r["tokens_per_s"] for r in sub], color="tab:blue")
-        axes[i][0].set_ylabel("tokens/s (higher is better)")
-        axes[i][0].set_title(f"{s}: throughput")
-        bottom = [0.0] * len(sub)
-        for c in CATS:
-            vals = [r["mem_breakdown_bytes"][c] / 2**20 for r in sub]
-            axes[i][1].bar(labels, vals, bottom=bottom, label=c)
-            bottom = [b + v for b, v in zip(bottom, vals)]
-        axes[i][1].set_ylabel("MiB per rank (lower is better)")
-        axes[i][1].set_title(f"{s}: peak memory")
-        axes[i][1].legend(fontsize=7)
-        for ax in axes[i][:2]:
-            ax.tick_params(axis="x", labelrotation=30, labelsize=8)
-        for r in sub:  # every step's loss, warm-up included (compressed against fp32)
-            axes[i][2].plot(range(len(r["losses"])), r["losses"], label=r["plan"],
-                            lw=1.8 if "+" not in r["plan"] else 1.0)
-        axes[i][2].set_xlabel("step")
-        axes[i][2].set_ylabel("training loss")
-        axes[i][2].set_title(f"{s}: loss curves (same batches)")
-        axes[i][2].legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+        panels += [dict(title=f"{s}: throughput", ylabel="tokens/s",
+                        bars=[("tokens/s", labels, [r["tokens_per_s"] for r in sub])]),
+                   dict(title=f"{s}: peak memory", ylabel="MiB per rank",
+                        bars=[(c, labels, [r["mem_breakdown_bytes"][c] / 2**20 for r in sub])
+                              for c in CATS]),
+                   dict(title=f"{s}: loss curves (same batches)", xlabel="step",
+                        lines={r["plan"]: (list(range(len(r["losses"]))), r["losses"])
+                               for r in sub})]
+    draw(path, panels, cols=3)
 
 
 def main(argv=None) -> int:

@@ -1,54 +1,13 @@
-"""Training benchmark: RSDP vs FSDP2 vs DDP on the RTP/RSDP seed's TransformerLM, one run.
+"""RSDP vs FSDP2 vs DDP on the seed's TransformerLM (`--small` for a small CPU machine).
 
-    python -m benchmarks training --small            # 4 CPU ranks, ~2 minutes
-    python -m benchmarks training                    # the seed's config (see below)
-    python -m benchmarks training --small --runs rsdp:rsdp,fsdp2:gloo --steps 20
-    python -m benchmarks training --small --runs fsdp2:rsdp --plan rotate --plan my_plan.json
-    python -m benchmarks training --d-model 512 --layers 6 --batch 16
-    python -m benchmarks training --device cuda               # models on the GPUs
-    python -m benchmarks training --single-gpu --world-size 4 # 4 ranks on one GPU vs 1 process
-
-Every run is ``strategy:backend``; the default compares (a) rsdp:rsdp -- RSDP
-(``torch_rsdp.rsdp.shard``) over the "rsdp" backend, (b) fsdp2:rsdp -- torch FSDP2
-(``fully_shard`` on every block, then on the root, over ``init_device_mesh("cpu", (W,))``),
-(c) fsdp2:gloo, (d) ddp:rsdp and ddp:gloo. Each run spawns ``--world-size`` fresh ranks (so peak
-RSS is per strategy), builds the same model from the same seed, trains with Adam on the same
-synthetic token batches (rank r takes rows [r*B, (r+1)*B) of each global batch), and reports:
-
-* tokens/s: global tokens per step / step time, where the step time is the median over the
-  timed steps (after ``--warmup``) of each rank's step time, taken on the slowest rank. With
-  more ranks than cores, every run gets RSDP_SPIN_US=0 unless it is set (a spinning rank
-  steals the core its peer needs; on the 2-core machine spinning made RSDP ~2.5x slower);
-* peak parameter-related memory per rank (max over ranks), measured during one extra step by
-  ``training_models.ParamMemoryTracker`` (method printed with the results), split into
-  parameters / gradients / optimizer state / gathered-or-communication buffers;
-* peak RSS per rank (VmHWM, max over ranks) and its growth over the RSS before the model was built;
-* the loss of the last step (mean over ranks): all strategies compute the same math, so these
-  agree to rounding.
-
-The seed's config (vocab 10240, d_model 2048, ffn 2048, 32 heads, 10 layers, seq 32, batch 32;
-~295 M parameters, 1.2 GB in float32) needs ~5 GB per DDP rank with Adam and about 150 s per step
-on a 2-core machine: use ``--small`` there. A run that fails (e.g. RSDP not importable yet) is
-reported as "not available: <reason>" and the others still run; the exit code is 1 only if
-every run failed. Targets (printed as PASS/MISS, never failing the exit code): RSDP peak
-parameter memory <= 0.5x FSDP2's and <= 0.3x DDP's; RSDP tokens/s >= 0.8x FSDP2's on the
-same backend. Results: ``<out>/training_<name>.md``, ``.json``, ``.png``.
-
-``--device cuda``: rank r trains on GPU ``r % device count`` (model built on the CPU from the
-seed, then moved; batches moved per step; step times between ``torch.cuda.synchronize()``
-calls). Memory is then the GPU's: ``torch.cuda.max_memory_allocated()`` over the training steps,
-with the peak reset after wrapping (each run is a fresh set of processes), max over ranks; it
-counts what PyTorch's caching allocator handed out (parameters, gradients, optimizer state,
-activations, FSDP2/DDP buffers), not memory a backend allocates itself (NCCL's or rsdp's
-staging buffers). It replaces the RSS columns; the parameter-memory tracker still runs. The
-default runs are rsdp:rsdp, fsdp2:rsdp, fsdp2:nccl, ddp:rsdp, ddp:nccl; when ranks must share
-a GPU (more ranks than GPUs, or ``--single-gpu``) NCCL cannot serve them (it refuses two ranks
-on one device), so the nccl runs are left out and the FSDP2/DDP baselines run over rsdp.
-
-``--single-gpu`` (implies ``--device cuda``): every rank on the first GPU, and a ``plain`` run:
-the unwrapped model in one process (no process group) training on the whole global batch, so
-its tokens/s is what one GPU does without any distribution; the report gives RSDP's tokens/s
-relative to it. ``plain`` can also be named in ``--runs`` (it has no backend).
+Every run is `strategy:backend` (`plain`: the unwrapped model in one process) in fresh ranks,
+the same model, seed and synthetic batches. Reported: tokens/s (median step time of the slowest
+rank), peak parameter-related memory per rank (training_models.ParamMemoryTracker, one extra
+step), peak RSS per rank and its growth, the last loss (equal across strategies). With more
+ranks than cores RSDP_SPIN_US=0 unless set. --device cuda: rank r on GPU r % count, memory
+from `torch.cuda.max_memory_allocated()` (what the caching allocator handed out) instead of RSS;
+NCCL runs are left out where ranks share a GPU. --single-gpu adds `plain`. A failing run is
+reported and the others go on; the exit code is 1 only if every run failed.
 """
 from __future__ import annotations
 
@@ -66,6 +25,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from . import common
 from . import training_models as tm
 from .common import RESULTS, write_result
 
@@ -459,53 +419,23 @@ def render(args, results, targets, meta) -> str:
 
 
 def plot(path, results, title) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except Exception as exc:  # noqa: BLE001
-        print(f"note: no plot ({exc})")
-        return False
     ok = [r for r in results if "error" not in r]
     if not ok:
         return False
     labels = [f"{r['strategy']}\n{r['backend']}" for r in ok]
-    colors = {"rsdp": "tab:red", "fsdp2": "tab:blue", "ddp": "tab:gray", PLAIN: "tab:olive"}
-    fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.4))
-    colors = {r["strategy"]: colors.get(r["strategy"], "tab:cyan") for r in ok} | colors
-    a1.bar(labels, [r["tokens_per_s"] for r in ok], color=[colors[r["strategy"]] for r in ok])
-    a1.set_ylabel("tokens/s (higher is better)")
-    a1.set_title("throughput (median step, slowest rank)")
-    bottom = [0.0] * len(ok)
-    shades = {"params": "tab:green", "grads": "tab:orange", "optim": "tab:purple",
-              "buffers": "tab:brown"}
-    for cat in tm.ParamMemoryTracker.CATS:
-        vals = [r["mem_breakdown_bytes"][cat] / 2**20 for r in ok]
-        a2.bar(labels, vals, bottom=bottom, label=cat, color=shades[cat])
-        bottom = [b + v for b, v in zip(bottom, vals)]
-    a2.set_ylabel("MiB per rank (lower is better)")
-    a2.set_title("peak parameter-related memory")
-    a2.legend(fontsize=8)
-    if all("cuda_peak_bytes" in r for r in ok):
-        a3.bar(labels, [r["cuda_peak_bytes"] / 2**20 for r in ok],
-               color=[colors[r["strategy"]] for r in ok], alpha=0.35, label="peak CUDA memory")
-        a3.bar(labels, [r["cuda_after_wrap_bytes"] / 2**20 for r in ok],
-               color=[colors[r["strategy"]] for r in ok], label="after wrapping")
-        a3.set_ylabel("MiB per rank (lower is better)")
-        a3.set_title("torch.cuda.max_memory_allocated(), max over ranks")
-    else:
-        a3.bar(labels, [r["rss_peak_bytes"] / 2**20 for r in ok],
-               color=[colors[r["strategy"]] for r in ok], alpha=0.35, label="peak RSS")
-        a3.bar(labels, [r["rss_growth_bytes"] / 2**20 for r in ok],
-               color=[colors[r["strategy"]] for r in ok], label="growth during training")
-        a3.set_ylabel("MiB per rank (lower is better)")
-        a3.set_title("peak RSS (VmHWM), max over ranks")
-    a3.legend(fontsize=8)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return True
+    cuda = all("cuda_peak_bytes" in r for r in ok)
+    peak, after = (("cuda_peak_bytes", "cuda_after_wrap_bytes") if cuda
+                   else ("rss_peak_bytes", "rss_growth_bytes"))
+    return bool(common.plot(path, [
+        dict(title="throughput (median step, slowest rank)", ylabel="tokens/s",
+             bars=[("tokens/s", labels, [r["tokens_per_s"] for r in ok])]),
+        dict(title="peak parameter-related memory", ylabel="MiB per rank",
+             bars=[(c, labels, [r["mem_breakdown_bytes"][c] / 2**20 for r in ok])
+                   for c in tm.ParamMemoryTracker.CATS]),
+        dict(title="peak CUDA memory" if cuda else "peak RSS (VmHWM)", ylabel="MiB per rank",
+             bars=[(after, labels, [r[after] / 2**20 for r in ok]),
+                   (peak + " (beyond)", labels, [(r[peak] - r[after]) / 2**20 for r in ok])]),
+    ], title=title))
 
 
 def main(argv=None) -> int:
