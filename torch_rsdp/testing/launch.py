@@ -223,15 +223,6 @@ class WorkerContext:
         return list(st.multi_get(keys))
 
 
-def _ensure_torch_rsdp_importable() -> None:
-    """Fall back to the source tree (in-place build) when torch_rsdp is not installed."""
-    import importlib.util
-
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    if importlib.util.find_spec("torch_rsdp") is None and root not in sys.path:
-        sys.path.append(root)
-
-
 def _enter_netns(name: str) -> None:
     """Moves this process into network namespace `name` (host name = `name`).
 
@@ -335,10 +326,9 @@ def _worker_main(fn, args, rank, world_size, backend, workdir, store_port, env, 
     try:
         if netns_error is not None:
             raise netns_error
+        # The "rsdp" backend is registered: this module is part of torch_rsdp, whose import
+        # registers it, and the rank imported this module to run this function.
         fn = _resolve_fn(fn)
-        if backend == "rsdp" or os.environ.get("RSDP_TEST_IMPORT", "") == "1":
-            _ensure_torch_rsdp_importable()
-            import torch_rsdp  # noqa: F401  (registers the "rsdp" backend)
         import torch.distributed as dist
 
         dist.set_debug_level_from_env()
@@ -421,7 +411,6 @@ def _context(mp):
     if method == "forkserver":
         from multiprocessing import forkserver
 
-        _ensure_torch_rsdp_importable()
         ctx.set_forkserver_preload(list(PRELOAD))
         # Started now, before _start_all sets a launch's variables in os.environ: the server's
         # environment is every later rank's starting point.
