@@ -193,7 +193,7 @@ def run(setting, spec, args, nodes):
     except LaunchError as e:
         row = {"error": str(e).splitlines()[0][:300]}
     row.update(setting=setting, plan=label, wall_s=round(time.perf_counter() - t0, 1))
-    from training_models import fmt_bytes
+    from .common import fmt_bytes
     if "error" in row:
         print(f"# {setting} {label}: FAILED {row['error']}", flush=True)
     else:
@@ -233,7 +233,7 @@ TARGET_COMPRESSED_SPEEDUP = 1.6
 
 
 def markdown(rows, info, chk):
-    from training_models import fmt_bytes as fb, md_table
+    from .common import fmt_bytes as fb, md_table
     name = {"transformerlm": "TransformerLM", "llama-chess": "LlamaForCausalLM (chess games)"}
     lines = [f"## Strategies: {name[info['config']['model']]} {info['config']}, {info['params'] / 1e6:.2f} M "
              f"parameters, Adam, rsdp backend", "",
