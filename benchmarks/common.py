@@ -125,7 +125,7 @@ def md_table(header: list[str], rows: list[list], align: str | None = None) -> s
     return "\n".join([line(header), sep] + [line(r) for r in rows])
 
 
-# --------------------------------------------------------------------------- ranks, machine, results
+# --------------------------------------------------------------------------- machine, results
 
 
 def free_port() -> int:
@@ -195,7 +195,8 @@ def provenance_markdown(prov: dict) -> str:
     m = prov["machine"]
     return (f"Command: `{prov['command']}`  \n"
             f"Commit {prov['commit']}, {prov['date']}; {m['cpu_model']}, {m['vcpus']} vCPUs, "
-            f"{m['memory_bytes'] / (1 << 30):.1f} GiB memory, torch {m['torch']}, load {m['load_1min']}")
+            f"{m['memory_bytes'] / (1 << 30):.1f} GiB memory, torch {m['torch']}, "
+            f"load {m['load_1min']}")
 
 
 def write_result(out_dir: str, name: str, data, markdown: str | None = None,

@@ -1,11 +1,13 @@
-// The oneCCL side of `bench_collectives.py --peers oneccl`: one rank of a oneCCL job.
+// The oneCCL side of `python -m benchmarks collectives --peers oneccl`: one rank of a oneCCL
+// job.
 //
-// bench_peers.py compiles this file on first use (into build/oneccl/, against the
+// benchmarks/common.py compiles this file on first use (into build/oneccl/, against the
 // oneccl-cpu / oneccl-cpu-devel wheels) and starts N copies of it:
 //
 //     oneccl_peer PLAN.txt KVS_FILE RESULT.json RANK
 //
-// PLAN.txt is plain text, written by bench_peers.py from bench_collectives.py's own point list:
+// PLAN.txt is plain text, written by benchmarks/common.py from the collectives suite's own
+// point list:
 //     world_size rounds warmup_seconds warmup_max_ops timeout_s
 //     op dtype count bytes iters reps warmup          (one line per point, in sweep order)
 // so the sizes, the "bytes" definition (full buffer: the gathered output for allgather, the
@@ -15,7 +17,7 @@
 // Bootstrap: no MPI launcher. Rank 0 creates oneCCL's main key-value store (a TCP service of
 // its own), writes its address to KVS_FILE (write to a temporary name, then rename, so a reader
 // never sees half of it); the other ranks poll that file until the deadline and attach. The
-// transport between ranks (oneCCL's ATL) is chosen by the environment bench_peers.py sets:
+// transport between ranks (oneCCL's ATL) is chosen by the environment benchmarks/common.py sets:
 // OFI (libfabric) by default, no MPI library needed.
 //
 // The ops, on page-aligned host buffers:
@@ -26,8 +28,8 @@
 //     alltoall       ccl::alltoall(inp, out, count / n)
 // each followed by event.wait(): an op is complete when its call returns, as in torch and MPI.
 //
-// Timing, as bench_collectives.sweep_backend: the result is checked once from exact
-// small-integer inputs (bench_collectives.pattern's values), the verdict all-reduced (MAX) so
+// Timing, as collectives.sweep_backend: the result is checked once from exact
+// small-integer inputs (collectives.Collective's values), the verdict all-reduced (MAX) so
 // every rank agrees; warm-up ops, then more warm-up for about warmup_seconds (an op count from
 // the slowest rank's warm-up time, at most warmup_max_ops); per timed iteration ccl::barrier,
 // a steady clock around `reps` back-to-back ops, divided by reps; the per-iteration times are
@@ -35,7 +37,7 @@
 // the parent pools the samples and takes the median. A point that raises is reported as an
 // error and the larger sizes of its op x dtype are skipped, as on the torch side.
 //
-// Rank 0 writes RESULT.json: {"library_version", "rows"}, rows in bench_collectives.py's raw
+// Rank 0 writes RESULT.json: {"library_version", "rows"}, rows in the collectives suite's raw
 // format (backend "oneccl"), rewritten after every op x dtype so a crash keeps what was
 // measured.
 //
@@ -233,7 +235,7 @@ class Point {
 
  private:
   // Into dst[first + j], j < len: (position % 7) + offset, position counted from `first`'s
-  // origin (bench_collectives.pattern).
+  // origin (collectives.Collective).
   void fill(void* dst, size_t first, size_t len, long long offset) const {
     for (size_t j = 0; j < len; ++j)
       dt_.store(dst, first + j, static_cast<long long>(j % 7) + offset);
@@ -314,7 +316,7 @@ struct Result {
 void sweep(const ccl::communicator& comm, const Plan& plan, int rnd, Result& result) {
   const int n = comm.size(), rank = comm.rank();
   size_t i = 0;
-  while (i < plan.points.size()) {  // bench_collectives' order: op, dtype, then sizes
+  while (i < plan.points.size()) {  // the collectives suite's order: op, dtype, then sizes
     const std::string op = plan.points[i].op, dtype = plan.points[i].dtype;
     const auto t_start = Clock::now();
     std::string failed;

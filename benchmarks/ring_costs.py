@@ -189,7 +189,7 @@ def _phases_worker(rank, world, port, a):
     warmup = 3
     for s in range(warmup + a.steps):
         k = s % len(variants)
-        for v in variants[k:] + variants[:k]:  # taking turns, as bench_rsdp_fsdp2 does
+        for v in variants[k:] + variants[:k]:  # taking turns, as the rsdp-fsdp2 suite does
             bench.use_variant(v)
             g = torch.Generator().manual_seed(1000 * s + rank)
             ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
