@@ -21,8 +21,6 @@ SUITES = {
     "training": ("training", "RSDP, FSDP2 and DDP training steps: time, tokens/s, memory"),
     "rsdp-fsdp2": ("rsdp_fsdp2", "RSDP variants against FSDP2 in one process group: speed and "
                                  "memory per setting"),
-    "rsdp-units": ("rsdp_units", "RSDP rotation per layer against rotation units on a "
-                                 "Llama-style model"),
     "ring-costs": ("ring_costs", "where an RSDP step's time goes: hops, phases, one rank alone"),
     "finetune": ("finetune", "LoRA fine-tuning of a Llama shape: RSDP, RSDP units and FSDP2, "
                              "with and without checkpointing"),
