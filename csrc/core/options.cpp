@@ -1,7 +1,5 @@
 #include "core/options.h"
 
-#include <sched.h>
-
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
@@ -14,10 +12,8 @@ namespace rsdp {
 namespace {
 
 // The value parsers, shared with the test hooks (core/env_parse.h).
-using env_parse::Decimal;
 using env_parse::env;
 using env_parse::parse_bytes;
-using env_parse::parse_decimal;
 using env_parse::parse_int;
 
 }  // namespace
@@ -69,10 +65,6 @@ Options Options::from_env() {
     o.shm_adapt = std::strcmp(v, "off") == 0    ? AdaptMode::kOff
                   : std::strcmp(v, "once") == 0 ? AdaptMode::kOnce
                                                 : AdaptMode::kContinuous;
-  }
-  if (const char* v = env("RSDP_TEST_SHM_STORES")) {
-    check_choice("RSDP_TEST_SHM_STORES", v, "cached streaming");
-    o.test_shm_stores = v;
   }
   o.test = TestHooks::from_env();
   RSDP_CHECK(o.shm_bytes >= 8192, "RSDP_SHM_BYTES must be at least 8K, got ", o.shm_bytes);

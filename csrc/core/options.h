@@ -54,11 +54,6 @@ struct Options {
   std::string cuda_intra = "auto";
   // The project's test hooks (RSDP_TEST_*; off unless a test sets them).
   TestHooks test;
-  // Test hook (RSDP_TEST_SHM_STORES, tests/backend/test_shm_stores.py):
-  // "cached" or "streaming" forces this rank's stores into the staging
-  // halves whatever the probe finds, so both paths are checked on any
-  // machine. Empty: the adaptation chooses.
-  std::string test_shm_stores;
 
   static Options from_env();
 };

@@ -51,6 +51,12 @@ void parse_emulate_device(const char* v, TestHooks& h) {
 TestHooks TestHooks::from_env() {
   TestHooks h;
   if (const char* v = env_parse::env("RSDP_TEST_EMULATE_DEVICE")) parse_emulate_device(v, h);
+  if (const char* v = env_parse::env("RSDP_TEST_SHM_STORES")) {
+    RSDP_CHECK(std::strcmp(v, "cached") == 0 || std::strcmp(v, "streaming") == 0,
+               "environment variable RSDP_TEST_SHM_STORES='", v,
+               "' is none of its choices: cached streaming");
+    h.shm_stores = v;
+  }
   if (const char* v = env_parse::env("RSDP_TEST_WIRE_LIE")) {
     RSDP_CHECK(std::strchr(v, ' ') == nullptr &&
                    std::strstr(" bytes step dtype op bits count ",

@@ -29,6 +29,13 @@ struct TestHooks {
   int emulate_device_stall_rank = -1;
   uint64_t emulate_device_stall_seq = 0;
 
+  // RSDP_TEST_SHM_STORES (tests/backend/test_shm_stores.py,
+  // test_shm_adaptation.py): "cached" or "streaming" forces this rank's
+  // stores into the shared-memory staging halves whatever the hand-off probe
+  // finds (transport/shm/adaptation.h), so both paths are checked on any
+  // machine. Empty: the adaptation chooses.
+  std::string shm_stores;
+
   // RSDP_TEST_WIRE_LIE (tests/backend/test_hostile_peer.py): this rank's UCX
   // collective headers lie about one field (bytes, step, dtype, op, bits or
   // count) while the payload stays as it is, to prove that the honest peer

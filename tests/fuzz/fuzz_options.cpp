@@ -31,7 +31,8 @@ const std::vector<std::string>& names() {
                                   "RSDP_POOL_BYTES",         "RSDP_SPIN_US",
                                   "RSDP_DEBUG",              "RSDP_NODE_ID",
                                   "RSDP_CUDA_STAGING_BYTES", "RSDP_CUDA_INTRA",
-                                  "RSDP_TEST_EMULATE_DEVICE", "RSDP_TEST_WIRE_LIE"};
+                                  "RSDP_TEST_EMULATE_DEVICE", "RSDP_TEST_WIRE_LIE",
+                                  "RSDP_TEST_SHM_STORES",    "RSDP_SHM_ADAPT"};
     for (int k = 0; k < kNumOpKinds; ++k) v.push_back(algo_env_var(static_cast<OpKind>(k)));
     return v;
   }();
@@ -101,6 +102,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(o.test.wire_lie.empty() ||
                    std::string(" bytes step dtype op bits count ").find(lie) != std::string::npos,
                "RSDP_TEST_WIRE_LIE='" + o.test.wire_lie + "' accepted");
+    FUZZ_CHECK(o.test.shm_stores.empty() || o.test.shm_stores == "cached" ||
+                   o.test.shm_stores == "streaming",
+               "RSDP_TEST_SHM_STORES='" + o.test.shm_stores + "' accepted");
     FUZZ_CHECK(o.test.emulate_device_jitter_us >= -1, "negative jitter");
     FUZZ_CHECK(o.test.emulate_device_stall_rank >= -1, "negative stall rank");
   } catch (const Error& e) {

@@ -66,7 +66,7 @@ ShmComm::ShmComm(const Group& group, Bootstrap& store, const Options& opts, Traf
   // Group rank 0's mode, written before any peer attached.
   adapt_ = std::make_unique<Adaptation>(
       static_cast<AdaptMode>(ctl(0).adapt_mode.load(std::memory_order_relaxed)), group_.rank,
-      group_.size, &ctl(0).probe_at, opts.test_shm_stores);
+      group_.size, &ctl(0).probe_at, opts.test.shm_stores);
   if (layout_.pool)
     pool_ = std::make_shared<ShmPool>(seg_, seg_->data() + layout_.pool_offset(group_.rank),
                                       layout_.pool);
