@@ -213,7 +213,8 @@ def write_result(out_dir: str, name: str, data, markdown: str | None = None,
         paths.append(os.path.join(out_dir, name + ".md"))
         with open(paths[1], "w") as f:
             f.write(provenance_markdown(prov) + "\n\n" + markdown.rstrip() + "\n")
-    print("# wrote " + ", ".join(os.path.relpath(p) for p in paths), flush=True)
+    shown = [os.path.relpath(p) if not os.path.relpath(p).startswith("..") else p for p in paths]
+    print("# wrote " + ", ".join(shown), flush=True)
     return paths
 
 

@@ -1,37 +1,13 @@
 """The spread of collective times over launches, per launch mode: rsdp against its peers, or
-rsdp under several environment settings against each other (A/B).
+rsdp under several environments against each other (--variants, A/B).
 
-On a virtual machine the host places the guest's CPUs, and two things change under a launch:
- * the caches: in some launches two ranks share a last-level cache ("near"), in others they do
-   not ("far") and every library's shared-memory collectives slow down, for minutes;
- * the cores: a vCPU may share its host core with another hardware thread for seconds at a
-   time; the interpreter, and with it every fixed cost of a call, then runs at about half
-   speed ("contended"; common.probe).
-One launch compared with another is then a coin toss, so this suite runs --launches rounds;
-each round
-
-  1. probes the mode: two rsdp ranks are set up and their group's hand-off probe is read
-     (torch_rsdp.topology()["handoff"]);
-  2. runs the collectives suite once per variant of rsdp (--variants; one variant "rsdp" with
-     the environment as it is by default), each as its own launch with --cpu-probes, the
-     peers (Open MPI, oneCCL) in the round's last launch right after its rsdp. The variants'
-     order rotates from round to round, so none always runs first. Each library's run gets the
-     CPU state of the probes around it: "clear" or "contended" (against the fastest alone time
-     of the whole run) when both agree, "changed" when they differ.
-
-Then, per mode (hand-off/CPUs) and size: every variant's and peer's median over the launches it
-ran in that mode, its min/max and spread (max/min), each variant's time over the first
-variant's (the median of the per-round ratios, rounds where both ran in that mode), and the
-first variant's over Open MPI's. Goals (PASS/MISS; "changed" is shown, not judged): from
-64 KiB, in every steady mode, launch by launch, the first variant at or below Open MPI's time;
-over all launches its spread no wider than Open MPI's.
-
-    python -m benchmarks launches --launches 10                    # 2 ranks, Open MPI
-    python -m benchmarks launches --launches 4 --peers mpi,oneccl --sizes 64K,1M
-    python -m benchmarks launches --launches 6 --peers mpi --sizes 64K,1M,16M \\
-        --variants off:RSDP_SHM_ADAPT=off,on:RSDP_SHM_ADAPT=continuous
-
-Writes launches.md / launches.json (every launch) to --out (default benchmarks/results/).
+Each round probes the launch mode (a fresh 2-rank group's hand-off probe; the CPUs clear,
+contended or changed by common.probe), then runs the collectives suite once per variant of rsdp,
+each its own launch, the peers right after the last, the variants' order rotating by round.
+Per mode and size: every variant's and peer's median over launches (min-max, spread), each
+variant over the first (median of per-round ratios), the first over Open MPI, and the goals
+(from 64 KiB: the first variant at or below Open MPI launch by launch in every steady mode,
+its spread no wider). See docs/benchmarks.md, launches.
 """
 
 from __future__ import annotations

@@ -1,40 +1,17 @@
 #!/usr/bin/env python3
-"""The Open MPI side of `python -m benchmarks collectives --peers mpi` (and of the multinode
-suite's `mpi` variant): one rank of an mpirun job. Imports neither torch nor the benchmarks
-package: mpirun starts it by its path.
+"""The Open MPI side of the collectives suite's `--peers mpi` (and of the multinode suite's
+`mpi` variant): one rank of an mpirun job, started by its path (neither torch nor the
+benchmarks package is imported: the ranks are plain MPI processes).
 
-The collectives suite (through common.run_mpi) writes the plan, the list of points the torch
-backends were measured at, and launches
+    mpirun ... python benchmarks/mpi_rank.py --plan PLAN.json --out RESULT.json
 
-    mpirun [--allow-run-as-root] --oversubscribe -np N --bind-to core|none --mca btl self,vader \
-        python benchmarks/mpi_rank.py --plan PLAN.json --out RESULT.json
-
-Each point of the plan is an (op, dtype, element count, iterations, ops per iteration, warm-up
-ops) tuple computed by the collectives suite itself, so the sizes, the "bytes" definition (full
-buffer: the gathered output for allgather, the unreduced input for reduce_scatter, the whole
-send buffer for alltoall) and the iteration counts are those of the torch side by construction.
-The ops, on numpy buffers through mpi4py:
-
-    allreduce      Allreduce(send, recv, SUM)           (out of place, the usual MPI call)
-    allgather      Allgather(chunk, out)
-    reduce_scatter Reduce_scatter_block(inp, chunk, SUM)
-    broadcast      Bcast(buf, root=0)
-    alltoall       Alltoall(inp, out)
-
-and the timing is the torch side's: the result is checked once from exact small-integer inputs
-(the same values as collectives.Collective); then warm-up ops, and more for about the
-plan's warmup_seconds (an op count from the slowest rank's warm-up time); then per timed iteration
-MPI Barrier, time.perf_counter() around `reps` back-to-back ops, divided by reps; after the
-loop the per-iteration times are reduced with MPI MAX onto rank 0 (the slowest rank per
-iteration). The plan's rounds repeat the whole sweep; the parent pools the samples and takes
-the median, as for the torch backends.
-
-Only dtypes with an MPI datatype are in the plan (common.MPI_DTYPES): MPI has no bfloat16
-(nor, in Open MPI 4.1, float16), so those are skipped and the report says so.
-
-Rank 0 writes RESULT.json: {"library_version", "mpi_version", "mpi4py_version", "rows"}, the
-rows in the collectives suite's raw format (backend "mpi"), rewritten after every op x dtype so a
-crash keeps what was measured. torch is not imported here: the ranks are plain MPI processes.
+The plan holds the points the torch side measured (op, dtype, element count, iterations, ops per
+iteration, warm-up ops), so sizes and counts match by construction. Per point, on numpy buffers:
+one exact check (the torch side's inputs), warm-up (then more for the plan's warmup_seconds),
+then per iteration an MPI barrier and `reps` back-to-back ops (Allreduce, Allgather,
+Reduce_scatter_block, Bcast, Alltoall), the times reduced with MAX onto rank 0. Rank 0 rewrites
+RESULT.json (library versions and rows in the collectives suite's raw format) after every op x
+dtype, so a crash keeps what was measured.
 """
 
 from __future__ import annotations

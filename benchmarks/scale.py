@@ -1,33 +1,12 @@
-"""What scale costs: set-up, memory, threads, fds, all-reduce time and failure notice by ranks.
-
-For each world size (default 2, 4, 8, 16, 32 ranks, at most --per-node ranks per emulated
-node: 1, 1, 2, 4, 8 nodes) one launch measures, on every rank:
-
-- set-up: wall time of ``init_process_group("rsdp")`` + the first barrier, after every rank
-  connected to the store and met the others there (so a slow interpreter start is not
-  counted); then ``new_group`` of the same ranks + a barrier on it. Max over ranks.
-- the backend's memory: the shared-memory layout the backend prints with ``RSDP_DEBUG=1``
-  (staging halves, p2p ring per ordered pair, pool), checked against the rank's mappings in
-  /proc/self/smaps; the resident-set growth across the set-up (VmRSS after - before: UCX's
-  buffers and endpoints, the touched shared pages, torch's own group objects too).
-- threads (/proc/self/task) and open fds (/proc/self/fd, by kind) the set-up added, and the
-  UCX endpoints the backend opened (its ``RSDP_DEBUG`` lines).
-- all-reduce of 8 B (back-to-back batches) and 1 MiB float32: per iteration the slowest
-  rank's time, median over iterations (as the collectives suite).
-- failure notice: every rank but the last enters a 1 MiB all-reduce, the last rank SIGKILLs
-  itself; the time from the kill until the last survivor's all-reduce raised. The group's
-  timeout is long (--pg-timeout), so only the notice can make the survivors raise.
-
-Nodes are emulated on the loopback: ``RSDP_NODE_ID=node<i>`` per rank, ``UCX_TLS=tcp``,
-``UCX_NET_DEVICES=lo`` (as the multi-node tests do without network namespaces), so ranks of a
-node share memory and nodes talk through UCX over TCP.
-
-    python -m benchmarks scale                       # 2..32 ranks, 4 per node
-    python -m benchmarks scale --sizes 16,32 --append  # add/replace rows in the results
-    python -m benchmarks scale --quick               # 2 and 4 ranks, 2 per node
-
-Writes <out>/scale.json and <out>/scale.md (default benchmarks/results/). With more ranks than
-cores, ranks are time-sliced: times then measure oversubscription as much as the backend.
+"""What scale costs, by world size (--sizes; at most --per-node ranks per emulated node):
+set-up (`init_process_group` + first barrier after every rank met at the store, so a slow
+interpreter start is not counted; then `new_group`), the backend's shared memory (its
+RSDP_DEBUG layout checked against /proc/self/smaps) and RSS growth, threads, fds and UCX
+endpoints the set-up added, 8 B and 1 MiB all-reduce (slowest rank, median), and the failure
+notice: the last rank SIGKILLs itself inside an all-reduce, and the time until the last
+survivor's raised (the group's timeout is long, so only the notice can end the wait).
+Nodes are the loopback with RSDP_NODE_ID and UCX over TCP, as the multi-node tests without
+namespaces. With more ranks than cores the times measure oversubscription as well.
 """
 
 from __future__ import annotations

@@ -433,8 +433,9 @@ def plot(path, results, title) -> bool:
              bars=[(c, labels, [r["mem_breakdown_bytes"][c] / 2**20 for r in ok])
                    for c in tm.ParamMemoryTracker.CATS]),
         dict(title="peak CUDA memory" if cuda else "peak RSS (VmHWM)", ylabel="MiB per rank",
-             bars=[(after, labels, [r[after] / 2**20 for r in ok]),
-                   (peak + " (beyond)", labels, [(r[peak] - r[after]) / 2**20 for r in ok])]),
+             bars=[("after wrapping" if cuda else "growth during training", labels,
+                    [r[after] / 2**20 for r in ok]),
+                   ("rest of the peak", labels, [(r[peak] - r[after]) / 2**20 for r in ok])]),
     ], title=title))
 
 
