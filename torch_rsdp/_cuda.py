@@ -36,6 +36,6 @@ def cuda_available() -> bool:
 def cuda_paths(group: Optional[dist.ProcessGroup] = None) -> str:
     """Which transports serve ``group``'s CUDA ops on this rank, e.g.
     ``"intra-node: cuda-ipc (3 ranks on 1 GPU)"``; empty before its first CUDA op. (Under
-    the test fixture ``RSDP_EMULATE_DEVICE`` it names the emulated device, which serves the
+    the test fixture ``RSDP_TEST_EMULATE_DEVICE`` it names the emulated device, which serves the
     group's CPU tensors.)"""
     return rsdp_backend(group, feature="cuda_paths").cuda_paths()

@@ -14,7 +14,7 @@ collective the group timeout (a quarter of ``--timeout``, at least 5 s), the who
 ``--timeout``; a rank that raises skips the rest of that backend's ops (its peers may be out
 of step), and a rank that dies leaves the others a few seconds to report before they stop.
 
-``RSDP_SELFCHECK_PLANT=<op>:<rank>[:die|:hang]`` (a test hook, read here only) corrupts that
+``RSDP_TEST_SELFCHECK_PLANT=<op>:<rank>[:die|:hang]`` (a test hook, read here only) corrupts that
 rank's result of that op before it is checked, or makes the rank exit or sleep in that op, so
 that the tests can see each kind of failure reported.
 """
@@ -43,7 +43,7 @@ from ._ring import ring_neighbours, ring_shift
 
 __all__ = ["check", "OPS"]
 
-PLANT_ENV = "RSDP_SELFCHECK_PLANT"
+PLANT_ENV = "RSDP_TEST_SELFCHECK_PLANT"
 BACKENDS = ("rsdp", "gloo")
 SMALL = 2                 # float32 elements per rank for the latency figure: 8 bytes
 LARGE_BYTES = 4 << 20     # the whole message for the bandwidth figure
@@ -155,7 +155,7 @@ OPS: Dict[str, Tuple[Optional[Callable[[int], float]], bool]] = {
 
 def _compare(got: Optional[torch.Tensor], want: Optional[torch.Tensor], planted: bool) -> str:
     """'' when right, else what is wrong."""
-    tag = " (planted by RSDP_SELFCHECK_PLANT)" if planted else ""
+    tag = " (planted by RSDP_TEST_SELFCHECK_PLANT)" if planted else ""
     if got is None or want is None:
         return f"planted failure{tag}" if planted else ""
     got, want = got.detach().cpu().reshape(-1), want.detach().cpu().reshape(-1)

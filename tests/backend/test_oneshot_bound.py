@@ -2,7 +2,7 @@
 bound]; csrc/patterns/chunks.h, chunk_elems):
 
 * up to the bound, one-shot (one exchange); above it reduce-scatter + all-gather. The bound is
-  8 KiB unless RSDP_ONESHOT_BYTES is set, and the group reports it
+  8 KiB (kNodeAllreduceOneshotBytes, csrc/algorithms/select.h), and the group reports it
   (`topology()["allreduce_oneshot_bytes"]`);
 * reduce-scatter + all-gather gives every rank an equal share of a message shorter than its
   segment (before, a message up to a slot, 512 KiB at 2 ranks, was reduced by rank 0 alone
@@ -43,15 +43,14 @@ def _worker(ctx, sizes):
     return out
 
 
-@pytest.mark.parametrize("ranks,setting", [(2, None), (4, None), (2, "16K")],
-                         ids=["2-ranks", "4-ranks", "2-ranks-RSDP_ONESHOT_BYTES=16K"])
-def test_one_shot_up_to_the_bound_then_shares(ranks, setting):
-    bound = int(setting[:-1]) * KIB if setting else 8 * KIB
+@pytest.mark.parametrize("ranks", [2, 4], ids=["2-ranks", "4-ranks"])
+def test_one_shot_up_to_the_bound_then_shares(ranks):
+    bound = 8 * KIB
     ragged = 3 * bound + 4 * 13  # 13 floats past a whole number of lines
     sizes = [bound // 2, bound, 2 * bound, ragged]
     # The default staging (halves of 1 MiB): each size is one segment, shorter than the
     # ranks' slots (the harness' 64 KiB staging would cut the larger ones into full segments).
-    env = {"RSDP_ONESHOT_BYTES": setting, "RSDP_SHM_BYTES": "2M"}
+    env = {"RSDP_SHM_BYTES": "2M"}
     res = launch(_worker, ranks, (sizes,), env=env, deadline=120)
     for rank, out in enumerate(res.values()):
         assert out["bound"] == bound, (rank, out)

@@ -3,7 +3,7 @@ collective once on N local ranks, rsdp and gloo), each run as a user runs it: a 
 
 The report must add little to the import it needs and hold every section; a probe that raises
 prints "unavailable" instead of ending it. ``--check 2`` must pass every op on both backends,
-and a failure planted with ``RSDP_SELFCHECK_PLANT`` (a wrong result, a rank that exits, a rank
+and a failure planted with ``RSDP_TEST_SELFCHECK_PLANT`` (a wrong result, a rank that exits, a rank
 that hangs) must be named by op, backend and rank, with a non-zero exit code. About a minute
 and a half on the 2-core machine, most of it the four ``--check`` launches.
 """
@@ -115,7 +115,7 @@ def test_check_2_passes_every_op_on_both_backends():
 
 
 def test_a_wrong_result_is_named_by_op_backend_and_rank():
-    code, out, _ = _check(RSDP_SELFCHECK_PLANT="reduce_scatter:1")
+    code, out, _ = _check(RSDP_TEST_SELFCHECK_PLANT="reduce_scatter:1")
     assert code == 1, out
     for backend in _selfcheck.BACKENDS:
         assert re.search(rf"^FAIL reduce_scatter on {backend} \(cpu\): rank 1: 8 B: element 0 "
@@ -126,7 +126,7 @@ def test_a_wrong_result_is_named_by_op_backend_and_rank():
 
 
 def test_a_rank_that_exits_is_named_with_its_op():
-    code, out, seconds = _check(RSDP_SELFCHECK_PLANT="all_gather:1:die")
+    code, out, seconds = _check(RSDP_TEST_SELFCHECK_PLANT="all_gather:1:die")
     assert code == 1, out
     assert re.search(r"^FAIL rank 1 died: exited with code 3 during all_gather on rsdp \(cpu\)",
                      out, re.M), out
@@ -136,7 +136,7 @@ def test_a_rank_that_exits_is_named_with_its_op():
 
 
 def test_a_rank_that_hangs_is_named_with_its_op_and_stopped_at_the_deadline():
-    code, out, seconds = _check("--timeout", "12", RSDP_SELFCHECK_PLANT="barrier:1:hang")
+    code, out, seconds = _check("--timeout", "12", RSDP_TEST_SELFCHECK_PLANT="barrier:1:hang")
     assert code == 1, out
     assert re.search(r"^FAIL rank 1 hung: no end within the 12 s deadline, killed during "
                      r"barrier on rsdp \(cpu\)", out, re.M), out

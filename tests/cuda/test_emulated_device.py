@@ -1,4 +1,4 @@
-"""The CUDA-IPC algorithms on the emulated device, in CPU CI (``RSDP_EMULATE_DEVICE``).
+"""The CUDA-IPC algorithms on the emulated device, in CPU CI (``RSDP_TEST_EMULATE_DEVICE``).
 
 The emulated device (csrc/transport/emu) implements the staging interface as CUDA IPC does, over
 host memory: each rank's staging buffer is a segment its peers map, a stream thread per rank runs
@@ -93,7 +93,7 @@ def _batch(batch, request):
         ws, env, deadline = BATCHES[batch]
         names = families_needed(request.session, "test_emulated_collective", "batch", batch,
                                 FAMILIES)
-        env = dict(env, RSDP_EMULATE_DEVICE=EMULATE)
+        env = dict(env, RSDP_TEST_EMULATE_DEVICE=EMULATE)
         _BATCH[batch] = launch_families(
             lambda b: launch(_worker, ws, (b,), deadline=deadline, pg_timeout=60, env=env),
             names, ws)[:2]
@@ -125,7 +125,7 @@ def _rsdp_worker(ctx, names):
                                        for ws in (2, 3) for f in RSDP_FAMILIES])
 def test_emulated_rsdp_parity(ws, family):
     if ws not in _RSDP:
-        env = {"RSDP_EMULATE_DEVICE": EMULATE, "RSDP_CUDA_STAGING_BYTES": STAGING_SMALL}
+        env = {"RSDP_TEST_EMULATE_DEVICE": EMULATE, "RSDP_CUDA_STAGING_BYTES": STAGING_SMALL}
         _RSDP[ws] = launch_families(
             lambda b: launch(_rsdp_worker, ws, (b,), deadline=300, pg_timeout=60, env=env),
             list(RSDP_FAMILIES), ws)[:2]
@@ -161,7 +161,8 @@ def _stall_worker(ctx):
 
 def test_stuck_stream_fails_every_rank():
     ws = 2
-    env = {"RSDP_EMULATE_DEVICE": f"{EMULATE},stall=1@2", "RSDP_CUDA_STAGING_BYTES": STAGING_SMALL}
+    env = {"RSDP_TEST_EMULATE_DEVICE": f"{EMULATE},stall=1@2",
+           "RSDP_CUDA_STAGING_BYTES": STAGING_SMALL}
     start = time.monotonic()
     res = launch(_stall_worker, ws, deadline=90, pg_timeout=STALL_TIMEOUT, env=env)
     took = time.monotonic() - start
@@ -199,7 +200,7 @@ def _forced_algo_worker(ctx, per_rank):
 @pytest.mark.parametrize("per_rank", [("rs_ag", "rs_ag"), ("oneshot", "rs_ag")],
                          ids=["both-rs_ag", "oneshot-vs-rs_ag"])
 def test_forced_algorithm_governs_device_ops(per_rank):
-    env = {"RSDP_EMULATE_DEVICE": EMULATE}
+    env = {"RSDP_TEST_EMULATE_DEVICE": EMULATE}
     res = launch(_forced_algo_worker, 2, (per_rank,), init=False, deadline=120, pg_timeout=10,
                  env=env)
     for r in range(2):

@@ -116,7 +116,7 @@ def test_hf_trainer_on_gloo(hf_runs, tmp_path):
     saves and resumes as it does over rsdp (2 ranks: every sum has two terms, so the same
     numbers to rounding on any backend)."""
     _torchrun(2, "trainer_hf_worker.py", str(tmp_path), "rotate",
-              env={"RSDP_TRAINER_BACKEND": "gloo"})
+              env={"RSDP_TEST_TRAINER_BACKEND": "gloo"})
     got, want = _result(tmp_path, "rotate"), _result(hf_runs, "rotate")
     for key in ("loss", "grad_norm", "resumed_loss"):
         _close(got[key], want[key], 1e-6, f"gloo rotate {key}")

@@ -145,7 +145,7 @@ def run(case: str, root: str) -> None:
 
 def main() -> None:
     # the backend the test names (torch's gloo: the module layer needs no rsdp), rsdp by default
-    dist.init_process_group(os.environ.get("RSDP_TRAINER_BACKEND", "rsdp"))
+    dist.init_process_group(os.environ.get("RSDP_TEST_TRAINER_BACKEND", "rsdp"))
     try:
         resume = sys.argv[2] == "--resume"
         for case in sys.argv[3 if resume else 2:]:

@@ -99,8 +99,8 @@ def run(case: str, root: str) -> None:
 
 
 def main() -> None:
-    # the backend the caller names (RSDP_TRAINER_BACKEND=gloo: torch's own), rsdp by default
-    dist.init_process_group(os.environ.get("RSDP_TRAINER_BACKEND", "rsdp"))
+    # the backend the caller names (RSDP_TEST_TRAINER_BACKEND=gloo: torch's own), rsdp by default
+    dist.init_process_group(os.environ.get("RSDP_TEST_TRAINER_BACKEND", "rsdp"))
     try:
         for case in sys.argv[2:]:
             run(case, sys.argv[1])
