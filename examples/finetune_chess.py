@@ -494,8 +494,8 @@ class Run:
     def save_pretrained(self, path):
         """The trained Llama as a Hugging Face checkpoint: gathered whole on rank 0, which
         writes it into an unsharded copy of the architecture (collective)."""
-        import torch_rsdp.rsdp as rsdp
-        sd = rsdp.full_state_dict(self.model)
+        import torch_rsdp.plan as plan
+        sd = plan.full_state_dict(self.model)  # planned and rsdp.shard models alike
         if dist.get_rank() == 0:
             plain = build_model(self.args, self.data.vocab_size)
             plain.load_state_dict(sd)
@@ -503,12 +503,9 @@ class Run:
             self.log(f"saved the pretrained model to {path} (save_pretrained)")
 
     def save(self, path):
-        if self.strategy.startswith("plan"):
+        if self.strategy.startswith("plan") or self.strategy == "rsdp":
             import torch_rsdp.plan as plan
             sd = plan.full_state_dict(self.model)
-        elif self.strategy == "rsdp":
-            import torch_rsdp.rsdp as rsdp
-            sd = rsdp.full_state_dict(self.model)
         elif self.strategy == "fsdp2":
             from torch.distributed.checkpoint.state_dict import (StateDictOptions,
                                                                  get_model_state_dict)

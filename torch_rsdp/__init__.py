@@ -15,14 +15,14 @@ Layout, bottom to top (imports point downwards only; ``tests/project/test_import
 * the backend: the extension ``_C`` (``_extension`` loads it), its registration, and the
   modules over it (``_ring``, ``_topology``, ``_compression``, ``_comm_memory``, ``_cuda``,
   ``_health``), whose public functions this package exports; the ring and the topology on
-  groups of other backends (``_p2p_ring``, ``_node_topology``) beside them;
+  groups of other backends (``_p2p_ring``, ``_derived_topology``) beside them;
 * neutral ground that ``rsdp`` and ``plan`` share (``_utils``, ``_dtensor_params``,
   ``_grad_sync``, ``_checkpoint_hooks``, ``_apply_guard``, ``_materialize``): the backend's
   modules at most;
 * :mod:`torch_rsdp.rsdp`: the backend and the neutral modules;
 * :mod:`torch_rsdp.plan`: all of the above, ``rsdp`` through its public API only;
 * :mod:`torch_rsdp.integrations`: the stock trainers over what ``rsdp`` and ``plan`` shard;
-* ``python -m torch_rsdp`` (``__main__``): the report to paste into a bug (``_report``: the
+* ``python -m torch_rsdp`` (``__main__``): the report to paste into a bug (``_env_report``: the
   package's public names) and ``--check N`` (``_selfcheck``: the backend's modules); nothing
   imports these three but ``__main__``.
 

@@ -1,9 +1,9 @@
 """``python -m torch_rsdp``: the report to paste into a bug; ``--check N`` runs every
-collective on N local ranks (see :mod:`torch_rsdp._report`, :mod:`torch_rsdp._selfcheck`)."""
+collective on N local ranks (see :mod:`torch_rsdp._env_report`, :mod:`torch_rsdp._selfcheck`)."""
 import argparse
 import sys
 
-from . import _report, _selfcheck
+from . import _env_report, _selfcheck
 
 
 def main(argv=None) -> int:
@@ -14,7 +14,7 @@ def main(argv=None) -> int:
                    help="deadline of the whole --check run (default 120)")
     args = p.parse_args(argv)
     if args.check is None:
-        print(_report.report())
+        print(_env_report.report())
         return 0
     return _selfcheck.check(args.check, args.timeout)
 

@@ -16,7 +16,7 @@ Every sharded parameter is a ``DTensor`` (:mod:`torch_rsdp._dtensor_params`), so
 * a shard that is not one ``torch.chunk`` piece per rank (``nn.MultiheadAttention``'s packed
   heads) stays a plain local tensor, which
   DCP would take for a whole one: its state dict and load raise, naming the key
-  (``plan.full_state_dict`` / ``rsdp.full_state_dict`` still serve it);
+  (``plan.full_state_dict`` still serves it);
 * ``shard_optim``'s optimizers mark their parameter groups "per_owner" and a full state dict
   missing an owner's state refuses to load (:func:`_check_owned`).
 

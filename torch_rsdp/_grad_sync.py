@@ -42,7 +42,7 @@ on some ranks gets the average over all ranks (the others contributing zeros), l
 
 [Note: compressed buckets]
 A unit whose gradients cross nodes compressed (``compressed``: unit name -> (group, error
-feedback), :mod:`torch_rsdp.plan._compression`) all-reduces its buckets' gradients on that
+feedback), :mod:`torch_rsdp.plan._plan_compression`) all-reduces its buckets' gradients on that
 unit's compressing group, with :class:`torch_rsdp._compression.FeedbackAllReduce` when it keeps
 error feedback (its residuals stay with the bucket from step to step); the "had a gradient"
 flags go on an exact all-reduce of their own, as a quantised block mixing counts with gradients

@@ -5,7 +5,7 @@ group on gloo, NCCL or MPI gets ``dist.batch_isend_irecv([isend(next), irecv(pre
 pattern torch's ring attention (context parallel) runs on NCCL, with the rsdp backend's
 semantics, so RSDP computes the same bits on every backend:
 
-* the ring is node-aware and the same as rsdp's (:mod:`._node_topology`);
+* the ring is node-aware and the same as rsdp's (:mod:`._derived_topology`);
 * ``out`` may be the tensor itself (the send side is staged in a copy first) and may have
   another shape or layout than the tensor: elements travel in row-major order;
 * the reduce adds the neighbour's tensor and ``local`` (float16/bfloat16 in float32, rounded
@@ -30,7 +30,7 @@ from typing import Callable, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from ._node_topology import derived_topology, ring_order
+from ._derived_topology import derived_topology, ring_order
 
 __all__ = ["P2PRing", "RingShiftWork"]
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch.distributed as dist
 
-from ._node_topology import derived_topology
+from ._derived_topology import derived_topology
 from ._ring import backend_of, rsdp_backend
 
 __all__ = ["topology", "comm_stats", "reset_comm_stats"]
@@ -41,7 +41,7 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
     ``csrc/algorithms/select.h``); across nodes, the leaders' path's (32 KiB).
 
     Any backend: a group on another backend than rsdp gets the same answer derived from
-    ``RSDP_NODE_ID``, torchrun's variables or the host names (:mod:`._node_topology`; the
+    ``RSDP_NODE_ID``, torchrun's variables or the host names (:mod:`._derived_topology`; the
     first call on such a group is collective).
     """
     backend = backend_of(group)

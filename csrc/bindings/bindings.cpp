@@ -10,7 +10,7 @@
 
 #include "backend/backend_rsdp.h"
 #include "backend/ring_step.h"
-#include "rsdp/linear_schedule.h"
+#include "rotation/linear_schedule.h"
 #include "core/quantize.h"
 #include "core/topology.h"
 #include "core/traffic.h"
@@ -26,7 +26,7 @@ namespace py = pybind11;
 namespace {
 
 // RSDP's schedules over the backend's ring hops: a ring step on the caller's thread, or the
-// queued ring_shift where there is none (rsdp::RingHops, csrc/rsdp/linear_schedule.h).
+// queued ring_shift where there is none (rsdp::RingHops, csrc/rotation/linear_schedule.h).
 class BackendHops final : public rsdp::RingHops {
  public:
   explicit BackendHops(rsdp::BackendRSDP& b) : b_(b) {}
@@ -56,7 +56,7 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<rsdp::LinearGeometry>(m, "LinearGeometry",
                                    "A sharded Linear's shape and flat layout "
-                                   "(csrc/rsdp/linear_schedule.h).")
+                                   "(csrc/rotation/linear_schedule.h).")
       .def(py::init([](bool split_out, bool transposed, int64_t fin, int64_t fout,
                        std::vector<int64_t> sizes, std::vector<int64_t> starts, int64_t w_off,
                        int64_t b_off) {

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 import torch_rsdp
-from torch_rsdp import _report, _selfcheck
+from torch_rsdp import _env_report as _report, _selfcheck
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -47,10 +47,7 @@ def _build(name, seed):
 
 def _full(model):
     import torch_rsdp.plan as plan
-    import torch_rsdp.rsdp as rsdp
-    if getattr(model, "_rsdp_plan", None) is None:
-        return rsdp.full_state_dict(model, rank0_only=False)
-    return plan.full_state_dict(model, rank0_only=False)
+    return plan.full_state_dict(model, rank0_only=False)  # planned or rsdp.shard alike
 
 
 def _steps(model, opt, rank, world, start, stop):

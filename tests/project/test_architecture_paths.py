@@ -18,7 +18,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = ROOT / "docs" / "architecture.md"
 NOT_PATHS = {"I/O", "send/recv"}
-_TOKEN = re.compile(r"\*?[A-Za-z_][\w.\-]*(?:/[\w.\-*]*)+|\*?[\w\-]+\.(?:py|cpp|h|cu|def|md|sh)\b")
+_TOKEN = re.compile(r"\*?[A-Za-z_][\w.\-]*(?:/[\w.\-*]*)+(?:\{[\w,]+\})?"
+                    r"|\*?[\w\-]+\.(?:py|cpp|h|cu|def|md|sh)\b")
+_BRACES = re.compile(r"^(.*)\{([\w,]+)\}$")
+
+
+def _expand(tok: str):
+    """``dir/name.{h,cpp}`` -> ``dir/name.h``, ``dir/name.cpp``; any other token as it is."""
+    m = _BRACES.match(tok)
+    return [m.group(1) + alt for alt in m.group(2).split(",")] if m else [tok]
 
 
 def _tracked():
@@ -37,7 +45,8 @@ def missing_paths(text: str, files, dirs):
     names = {os.path.basename(f) for f in files}
     entries = list(files) + sorted(dirs)
     bad = []
-    for tok in sorted(set(_TOKEN.findall(text)) - NOT_PATHS):
+    for tok in sorted({t for found in _TOKEN.findall(text) for t in _expand(found)}
+                      - NOT_PATHS):
         path = tok.rstrip("/.")
         if "*" in path:
             ok = any(fnmatch.fnmatch(f, "*" + path.lstrip("*")) for f in files)

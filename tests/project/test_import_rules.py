@@ -41,7 +41,7 @@ BACKEND = {"torch_rsdp._C", "torch_rsdp._extension", "torch_rsdp._registration",
            "torch_rsdp._shrink_world",
            "torch_rsdp._ring", "torch_rsdp._topology", "torch_rsdp._compression",
            "torch_rsdp._comm_memory", "torch_rsdp._cuda", "torch_rsdp._health",
-           "torch_rsdp._p2p_ring", "torch_rsdp._node_topology"}
+           "torch_rsdp._p2p_ring", "torch_rsdp._derived_topology"}
 #: What rsdp and plan may use of the backend: its public modules.
 BACKEND_API = {"torch_rsdp._ring", "torch_rsdp._topology", "torch_rsdp._compression"}
 #: Neutral ground that ``rsdp`` and ``plan`` both build on (each module's docstring says so).
@@ -50,13 +50,13 @@ SHARED = {"torch_rsdp._utils", "torch_rsdp._dtensor_params", "torch_rsdp._grad_s
           "torch_rsdp._host_staging"}
 #: plan's bottom: plans as data, the handler registry, units, meshes, mixed precision,
 #: compression settings, and the terms handlers price units in.
-PLAN_BOTTOM = {"torch_rsdp.plan._spec", "torch_rsdp.plan._registry", "torch_rsdp.plan._units",
+PLAN_BOTTOM = {"torch_rsdp.plan._spec", "torch_rsdp.plan._registry", "torch_rsdp.plan._ownership",
                "torch_rsdp.plan._mesh", "torch_rsdp.plan._mixed_precision",
-               "torch_rsdp.plan._compression", "torch_rsdp.plan._cost_terms"}
+               "torch_rsdp.plan._plan_compression", "torch_rsdp.plan._cost_terms"}
 #: What a user calls on a planned model (each asks the units' handlers).
 PLAN_CALLS = {f"torch_rsdp.plan._{m}" for m in (
     "apply", "accumulate", "checkpoint", "checkpoint_reader", "clip", "feedback_state",
-    "optim", "report", "staging")}
+    "optim", "cost_report", "async_stager")}
 STRATEGIES = {"torch_rsdp.plan._strategies"}
 RSDP = {"torch_rsdp.rsdp"}
 RSDP_ROTATION = {"torch_rsdp.rsdp._rotation"}
@@ -79,8 +79,8 @@ RULES: Dict[str, Set[str]] = {
     "torch_rsdp.__init__": BACKEND | SHARED | {"torch_rsdp.integrations"},
     # `python -m torch_rsdp`: the report (the package's __version__, integrations.status())
     # and the self-check (the backend) sit on top of it all; nothing imports them.
-    "torch_rsdp.__main__": {"torch_rsdp._report", "torch_rsdp._selfcheck"},
-    "torch_rsdp._report": {"torch_rsdp"},
+    "torch_rsdp.__main__": {"torch_rsdp._env_report", "torch_rsdp._selfcheck"},
+    "torch_rsdp._env_report": {"torch_rsdp"},
     # RSDP: the ring primitive, the backend (_C: native ring schedules), the shared modules.
     "torch_rsdp.rsdp": RSDP | BACKEND_API | {"torch_rsdp._C"} | SHARED,
     # rsdp's floors: the ring core (ring order, rotation schedules, flat shards, buffers), the
@@ -92,10 +92,10 @@ RULES: Dict[str, Set[str]] = {
     # plan, bottom to top.
     "torch_rsdp.plan._registry": set(),
     "torch_rsdp.plan._spec": {"torch_rsdp.plan._registry"},
-    "torch_rsdp.plan._units": {"torch_rsdp.plan._spec"},
+    "torch_rsdp.plan._ownership": {"torch_rsdp.plan._spec"},
     "torch_rsdp.plan._mixed_precision": SHARED,
-    "torch_rsdp.plan._compression": {"torch_rsdp.plan._spec"},
-    "torch_rsdp.plan._mesh": {"torch_rsdp.plan._compression"} | BACKEND_API,
+    "torch_rsdp.plan._plan_compression": {"torch_rsdp.plan._spec"},
+    "torch_rsdp.plan._mesh": {"torch_rsdp.plan._plan_compression"} | BACKEND_API,
     "torch_rsdp.plan._cost_terms": BACKEND_API,
     "torch_rsdp.plan._strategies": PLAN_BOTTOM | STRATEGIES | RSDP | BACKEND_API | SHARED,
     **{m: PLAN_BOTTOM | STRATEGIES | PLAN_CALLS | RSDP | BACKEND_API | SHARED
@@ -119,7 +119,6 @@ PUBLIC_API_ONLY = {"torch_rsdp.rsdp", "torch_rsdp.plan", "torch_rsdp.integration
 _LIGHT_IMPORT = "``import torch_rsdp`` installs the integrations and must not load rsdp or plan"
 LAZY: Dict[Tuple[str, str], str] = {
     ("torch_rsdp.integrations._sharded", "torch_rsdp.plan"): _LIGHT_IMPORT,
-    ("torch_rsdp.integrations._sharded", "torch_rsdp.rsdp"): _LIGHT_IMPORT,
     ("torch_rsdp.integrations._lightning_strategy", "torch_rsdp.plan"): _LIGHT_IMPORT,
     ("torch_rsdp.integrations._lightning_strategy", "torch_rsdp.rsdp"): _LIGHT_IMPORT,
 }

@@ -8,7 +8,7 @@ downwards. The Python side has the same in test_import_rules.py. Needs no build.
     transport   shm, ucx, cuda_ipc, emu, nccl
     primitives  ring_shift
     algorithms  the collectives
-    rsdp        RSDP's Linear schedules (ATen; the ring hops come in as RingHops)
+    rotation    RSDP's Linear schedules (ATen; the ring hops come in as RingHops)
     backend     the c10d glue
     bindings    the Python module: the top, nothing includes it
 """
@@ -28,9 +28,9 @@ ALLOWED: Dict[str, set] = {
     "transport": {"core", "cuda", "patterns"},
     "primitives": {"core", "patterns", "transport"},
     "algorithms": set(_LOW) - {"algorithms"},
-    "rsdp": {"core"},
+    "rotation": {"core"},
     "backend": set(_LOW),
-    "bindings": set(_LOW) | {"rsdp", "backend"},
+    "bindings": set(_LOW) | {"rotation", "backend"},
 }
 _INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.M)
 
@@ -75,11 +75,11 @@ def test_the_table_covers_every_layer():
 def test_planted_violations_are_caught():
     files = sources()
     files["core/options.cpp"] += '\n#include "algorithms/algorithm_table.h"\n'
-    files["rsdp/linear_schedule.cpp"] += '\n#include "backend/backend_rsdp.h"\n'
+    files["rotation/linear_schedule.cpp"] += '\n#include "backend/backend_rsdp.h"\n'
     files["backend/backend_rsdp.cpp"] += '\n#include "bindings/bindings.cpp"\n'
     bad = violations(files)
     assert len(bad) == 3, bad
     assert any(b.startswith("csrc/core/options.cpp:") and "algorithms/algorithm_table.h" in b
                for b in bad), bad
-    assert any("rsdp includes backend/backend_rsdp.h" in b for b in bad), bad
+    assert any("rotation includes backend/backend_rsdp.h" in b for b in bad), bad
     assert any("backend includes bindings/bindings.cpp" in b for b in bad), bad

@@ -226,7 +226,7 @@ class Attn(nn.Module):
 
 
 def fam_attention(ctx, rec):
-    import torch_rsdp.rsdp as rsdp
+    import torch_rsdp.plan as plan
     from torch_rsdp.rsdp._layers.sharded_attention import RSDPMultiheadAttention
 
     E = 12
@@ -257,7 +257,7 @@ def fam_attention(ctx, rec):
                                               batch_first=True)
         model, ref = _check_layer(ctx, make, x, "encoder layer")
         assert isinstance(model.self_attn, RSDPMultiheadAttention)
-        full = rsdp.full_state_dict(model, rank0_only=False)
+        full = plan.full_state_dict(model, rank0_only=False)
         for k, v in ref.state_dict().items():
             assert torch.equal(full[k].to(v.device), v), f"full state dict: {k} differs"
         model.eval()
@@ -355,7 +355,7 @@ def _train_reference(W, steps, micro=1):
 
 
 def fam_adam(ctx, rec):
-    import torch_rsdp.rsdp as rsdp
+    import torch_rsdp.plan as plan
 
     W = ctx.world_size
     for micro in (1, 2):
@@ -363,7 +363,7 @@ def fam_adam(ctx, rec):
             torch.manual_seed(ctx.rank)  # different init per rank: shard() broadcasts rank 0's
             model = _train(ctx, _shard(Tiny() if ctx.rank else _seeded_tiny()), 4, micro)
             ref = _train_reference(W, 4, micro)
-            full = rsdp.full_state_dict(model, rank0_only=False)
+            full = plan.full_state_dict(model, rank0_only=False)
             init = _seeded_tiny().state_dict()
             for k, v in ref.state_dict().items():
                 assert (v - init[k]).abs().max() > 1e-3, f"{k} did not move"
@@ -461,6 +461,7 @@ class _TransposedReplica(nn.Module):
 
 
 def fam_extras(ctx, rec):
+    import torch_rsdp.plan as plan
     import torch_rsdp.rsdp as rsdp
     from torch.distributed.tensor import DTensor, Replicate
 
@@ -521,7 +522,7 @@ def fam_extras(ctx, rec):
     with rec.case("full state_dict on rank 0 loads into the unwrapped model"):
         model = _shard(_seeded_tiny())
         _train(ctx, model, 2)
-        full = rsdp.full_state_dict(model)
+        full = plan.full_state_dict(model)
         x = _tokens(r, "sd")
         y = model(x).detach()
         if r == 0:
@@ -534,8 +535,8 @@ def fam_extras(ctx, rec):
         with torch.no_grad():
             for p in other.parameters():
                 p.mul_(-0.5)
-        rsdp.load_full_state_dict(model, other.state_dict())
-        back = rsdp.full_state_dict(model, rank0_only=False)
+        plan.load_full_state_dict(model, other.state_dict())
+        back = plan.full_state_dict(model, rank0_only=False)
         for k, v in other.state_dict().items():
             assert torch.equal(back[k], v), k
 

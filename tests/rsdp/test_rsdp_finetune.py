@@ -25,7 +25,7 @@ Families, each against the same model built whole in one process (fp32, atol/rto
 * lora_meta: the same model built on ``meta``, wrapped by peft, sharded, materialised and
   loaded with ``load_pretrained``: it starts as the checkpoint (``lora_B`` zeros), its
   adapters agree on every rank, it trains, and ``save_pretrained`` on rank 0 of
-  ``rsdp.full_state_dict`` writes an adapter that ``PeftModel.from_pretrained`` loads onto the
+  ``plan.full_state_dict`` writes an adapter that ``PeftModel.from_pretrained`` loads onto the
   base for the same logits.
 * lora_units: LoRA inside rotation units (``tp_plan="auto"``, both ``unit_recompute``): the
   units form, the adapters stay whole and train as one process's, merge_and_unload works;
@@ -161,12 +161,12 @@ def _check_merge(model, ref, kind, r, what):
     reference's merged logits, and its whole state dict loads into the plain architecture."""
     import torch.distributed as dist
 
-    import torch_rsdp.rsdp as rsdp
+    import torch_rsdp.plan as plan
 
     merged = model.merge_and_unload()
     want = copy.deepcopy(ref).merge_and_unload()
     _close(_loss(merged, r)[1], _loss(want, r)[1], f"{what}: logits after merge_and_unload")
-    whole = rsdp.full_state_dict(merged)  # collective
+    whole = plan.full_state_dict(merged)  # collective
     if dist.get_rank() == 0:
         plain = _make(kind)
         plain.load_state_dict(whole)

@@ -96,7 +96,7 @@ def fam_parity(ctx, rec):
 
 
 def fam_adamw(ctx, rec):
-    import torch_rsdp.rsdp as rsdp
+    import torch_rsdp.plan as plan
 
     r, W = ctx.rank, ctx.world_size
     for kind, steps, micro in (("llama", 3, 1), ("llama_tied", 3, 1), ("qwen2", 3, 1),
@@ -107,7 +107,7 @@ def fam_adamw(ctx, rec):
             _train(model, model.parameters(), r, W, steps, micro, reference=False)
             _train(ref, ref.parameters(), r, W, steps, micro, reference=True)
             _check_tie(model, kind)
-            full = rsdp.full_state_dict(model, rank0_only=False)
+            full = plan.full_state_dict(model, rank0_only=False)
             for k, v in ref.named_parameters():
                 assert (v - init[k]).abs().max() > 1e-4, f"{kind}: {k} did not move"
             for k, v in ref.state_dict().items():
@@ -115,14 +115,14 @@ def fam_adamw(ctx, rec):
 
 
 def fam_state_dict(ctx, rec):
-    import torch_rsdp.rsdp as rsdp
+    import torch_rsdp.plan as plan
 
     r = ctx.rank
     for kind in ("llama_tied", "qwen2", "gpt2"):
         with rec.case(kind):
             model, _ = _sharded(kind)
             _train(model, model.parameters(), r, ctx.world_size, 1, 1, reference=False)
-            full = rsdp.full_state_dict(model)
+            full = plan.full_state_dict(model)
             ids = _ids(r, "sd")
             with torch.no_grad():
                 logits = model(input_ids=ids).logits
@@ -134,9 +134,9 @@ def fam_state_dict(ctx, rec):
             else:
                 assert full == {}, sorted(full)
             other = _make(kind, seed=7)
-            rsdp.load_full_state_dict(model, other.state_dict())
+            plan.load_full_state_dict(model, other.state_dict())
             _check_tie(model, kind)
-            back = rsdp.full_state_dict(model, rank0_only=False)
+            back = plan.full_state_dict(model, rank0_only=False)
             for k, v in other.state_dict().items():
                 assert torch.equal(back[k], v), f"{kind}: {k} after load_full_state_dict"
 

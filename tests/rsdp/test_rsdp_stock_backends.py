@@ -27,6 +27,7 @@ KINDS = ("llama_tied", "gpt2")
 
 def _rsdp_training(ctx):
     """Three AdamW steps of RSDP on each model; the losses and the trained full state dict."""
+    import torch_rsdp.plan as plan
     import torch_rsdp.rsdp as rsdp
 
     out = {}
@@ -40,7 +41,7 @@ def _rsdp_training(ctx):
             losses.append(loss.detach().clone())
             opt.step()
             opt.zero_grad()
-        sd = rsdp.full_state_dict(model)
+        sd = plan.full_state_dict(model)
         out[kind] = (torch.stack(losses), {k: v.clone() for k, v in sd.items()})
     return out
 
@@ -165,7 +166,7 @@ def test_node_map_from_torchrun_variables(monkeypatch):
     """torchrun numbers a node's ranks contiguously: the node map needs no communication
     where its four variables fit that layout, and is ignored where they do not (a launcher
     that sets LOCAL_RANK alone) or where RSDP_NODE_ID says otherwise."""
-    from torch_rsdp._node_topology import _torchrun_node, ring_order, topology_from_node_ids
+    from torch_rsdp._derived_topology import _torchrun_node, ring_order, topology_from_node_ids
 
     monkeypatch.delenv("RSDP_NODE_ID", raising=False)
     for k, v in dict(LOCAL_WORLD_SIZE="4", LOCAL_RANK="1", RANK="5", GROUP_RANK="1").items():

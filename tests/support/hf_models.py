@@ -83,15 +83,15 @@ def _lora(model):
 
 
 def _saved_adapter(model, kind, out):
-    """The adapter of a sharded peft ``model``, gathered by ``rsdp.full_state_dict``
+    """The adapter of a sharded peft ``model``, gathered by ``plan.full_state_dict``
     (collective) and saved by peft on rank 0 into ``out``, loaded by every rank onto a fresh
     ``kind`` base with ``PeftModel.from_pretrained``."""
     import torch.distributed as dist
     from peft import PeftModel
 
-    import torch_rsdp.rsdp as rsdp
+    import torch_rsdp.plan as plan
 
-    whole = rsdp.full_state_dict(model)  # whole tensors on rank 0
+    whole = plan.full_state_dict(model)  # whole tensors on rank 0
     if dist.get_rank() == 0:
         model.save_pretrained(out, state_dict=whole)
     dist.barrier()

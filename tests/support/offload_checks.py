@@ -26,7 +26,7 @@ whose ops raise on a host tensor) and CUDA on a GPU (tests/cuda/test_cuda.py,
   the adapters train as one process's, and the device's peak during a step is at most what
   the model computed whole holds beyond its weights plus two flat shards (the one in hand
   and its gradient contribution), and below this rank's share of the model; the adapter,
-  gathered by ``rsdp.full_state_dict`` and saved by peft on rank 0, loads onto the base with
+  gathered by ``plan.full_state_dict`` and saved by peft on rank 0, loads onto the base with
   the adapter values of one process.
 """
 from __future__ import annotations

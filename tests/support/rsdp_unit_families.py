@@ -173,6 +173,7 @@ def fam_units_whole(ctx, rec):
 
 def fam_units(ctx, rec):
     """Rotation units from a tensor-parallel plan: one buffer per attention block / MLP."""
+    import torch_rsdp.plan as plan
     import torch_rsdp.rsdp as rsdp
 
     r, W = ctx.rank, ctx.world_size
@@ -300,7 +301,7 @@ def fam_units(ctx, rec):
             model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=recompute)
             _train(model, model.parameters(), r, W, steps, micro, reference=False)
             _train(ref, ref.parameters(), r, W, steps, micro, reference=True)
-            full = rsdp.full_state_dict(model, rank0_only=False)
+            full = plan.full_state_dict(model, rank0_only=False)
             for k, v in ref.state_dict().items():
                 _close(full[k], v, f"units trained {k} ({steps}x{micro})")
         fresh = _make("llama_u", seed=5)

@@ -58,10 +58,7 @@ def is_sharded(module) -> bool:
 
 
 def _root_full_state_dict(root: nn.Module) -> Dict[str, torch.Tensor]:
-    if _root_kind(root) == "plan":
-        from ..plan import full_state_dict
-    else:
-        from ..rsdp import full_state_dict
+    from ..plan import full_state_dict  # planned roots and rsdp.shard's alike
     return full_state_dict(root, rank0_only=True)
 
 

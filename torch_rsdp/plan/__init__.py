@@ -27,7 +27,7 @@ Strategies (names follow FSDP's ``ShardingStrategy``, lower case):
 first);
 :func:`report` shows what each unit costs on this rank. A unit may send its cross-node
 traffic quantised (``"full_shard+int8"``; ``apply(..., compression=)`` for the whole model,
-:mod:`._compression`); :func:`feedback_state_dict` checkpoints its error feedback.
+:mod:`._plan_compression`); :func:`feedback_state_dict` checkpoints its error feedback.
 
 :func:`auto` chooses the strategies itself: the fastest plan whose predicted peak memory per
 rank fits a budget, from costs measured here (or for a :class:`Cluster` we do not have).
@@ -39,14 +39,14 @@ part owns; imports point downwards only, ``tests/project/test_import_rules.py`` 
 * ``_planner/``: ``auto`` and its profile, cost model, search, ``Cluster`` and explanation
   (it applies and trains candidate plans, so it builds on the layer below);
 * ``_apply``, ``_accumulate``, ``_checkpoint``, ``_checkpoint_reader``, ``_clip``,
-  ``_feedback_state``, ``_optim``, ``_report``, ``_staging``: what a user calls on a planned
-  model; each loops over units and asks each unit's strategy handler;
+  ``_feedback_state``, ``_optim``, ``_cost_report``, ``_async_stager``: what a user calls on a
+  planned model; each loops over units and asks each unit's strategy handler;
 * ``_strategies/``: one handler per strategy family, the code that knows how a strategy
   works (the planner's cost model and ``_feedback_state`` name strategies too, as kinds to
   price and to find error feedback in);
 * ``_spec`` (plans as data), ``_registry`` (the strategy names and their handlers, against
-  which ``_spec`` checks names), ``_units`` (who owns which parameter), ``_mesh``,
-  ``_mixed_precision``, ``_compression`` (settings), ``_cost_terms`` (``UnitProfile``,
+  which ``_spec`` checks names), ``_ownership`` (which unit owns which parameter), ``_mesh``,
+  ``_mixed_precision``, ``_plan_compression`` (settings), ``_cost_terms`` (``UnitProfile``,
   ``Links``, ``Cost``: what the handlers price and the planner reads): what the handlers
   build on.
 
@@ -63,9 +63,9 @@ from ._clip import clip_grad_norm_, grad_norm
 from ._feedback_state import feedback_state_dict, set_feedback_state_dict
 from ._optim import make_optimizer
 from ._planner import AutoPlan, BudgetError, Cluster, auto, predict
-from ._report import report
+from ._cost_report import report
 from ._spec import Plan
-from ._staging import CopyOnceStager
+from ._async_stager import CopyOnceStager
 from ._strategies import STRATEGIES
 
 __all__ = [

@@ -42,11 +42,11 @@ from .._ring import backend_of, rsdp_backend
 from .._utils import broadcast_module_states
 from .. import _checkpoint_hooks
 from ._mesh import Meshes, device_type_of
-from . import _compression as compression_spec
+from . import _plan_compression as compression_spec
 from ._mixed_precision import as_policy
 from ._spec import Plan, Resolution, resolve
 from ._strategies import ApplyContext, fsdp_kwargs
-from ._units import Unit, build_units, depth, units_by_key
+from ._ownership import Unit, build_units, depth, units_by_key
 
 __all__ = ["apply", "PlanState", "plan_state", "Unit"]
 
@@ -113,7 +113,7 @@ def apply(model: nn.Module, plan: Union[Plan, Mapping[str, str], str], *,
         bucket_bytes: the gradient bucket of the replicated parameters.
         compression: what crosses nodes quantised in the units of the strategies that can
             compress and name no ``+int8`` / ``+int4`` of their own
-            (:mod:`torch_rsdp.plan._compression`): ``"int8"`` or ``"int4"`` gradients with
+            (:mod:`torch_rsdp.plan._plan_compression`): ``"int8"`` or ``"int4"`` gradients with
             int8 weights and error feedback, or a dict; ``None`` (default): only the units
             whose strategy says so.
         offload_policy: FSDP2's ``CPUOffloadPolicy``: the units that shard parameters keep

@@ -9,10 +9,15 @@ unit's strategy handler turns the value into the whole tensor
 tensor, or one RSDP module's shards, at a time) or a whole tensor into this rank's part
 (:meth:`~._strategies.StrategyHandler.local_value`: slicing, no communication). A checkpoint
 taken under one plan therefore loads under any other, and into the plain model.
+
+A model sharded by :func:`torch_rsdp.rsdp.shard` alone is one ``rotate`` unit over the whole
+model here (what ``plan.apply(model, {}, default="rotate")`` would make of it): the same
+handler asks its :class:`~torch_rsdp.rsdp.RSDPState` for whole tensors and local shards, so
+both kinds of model have one pair of functions and one code path.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -21,10 +26,28 @@ from torch.distributed.tensor import DTensor
 
 from .._checkpoint_hooks import raw_state_dict
 from .._dtensor_params import like_param
-from ._apply import plan_state
-from ._units import units_by_key
+from ..rsdp import rsdp_state
+from ._ownership import Unit, units_by_key
+from ._spec import Strategy
 
 __all__ = ["full_state_dict", "load_full_state_dict"]
+
+
+def _owners(model: nn.Module,
+            caller: str) -> Tuple[Optional[dist.ProcessGroup], Dict[str, Unit]]:
+    """The model's group and its parameter names -> owning unit: a planned model's units, or
+    one ``rotate`` unit over a model that :func:`torch_rsdp.rsdp.shard` sharded."""
+    st = getattr(model, "_rsdp_plan", None)
+    if st is not None:
+        return st.group, units_by_key(model, st.units)
+    try:
+        state = rsdp_state(model)
+    except ValueError:
+        raise ValueError(f"torch_rsdp.plan.{caller}: this module was passed neither to "
+                         f"torch_rsdp.plan.apply() nor to torch_rsdp.rsdp.shard()") from None
+    whole = Unit("", Strategy("rotate"), model,
+                 params=dict(model.named_parameters(remove_duplicate=False)))
+    return state.group, units_by_key(model, {"": whole})
 
 
 @torch.no_grad()
@@ -33,12 +56,12 @@ def full_state_dict(model: nn.Module, rank0_only: bool = True) -> Dict[str, torc
     ``rank0_only=False``, on every rank. Collective.
 
     Args:
-        model: a model passed to :func:`torch_rsdp.plan.apply`.
+        model: a model passed to :func:`torch_rsdp.plan.apply` or
+            :func:`torch_rsdp.rsdp.shard`.
         rank0_only: assemble the whole tensors on group rank 0 only.
     """
-    st = plan_state(model)
-    keep = not rank0_only or dist.get_rank(st.group) == 0
-    units = units_by_key(model, plan_state(model).units)
+    group, units = _owners(model, "full_state_dict")
+    keep = not rank0_only or dist.get_rank(group) == 0
     scratch: Dict[str, object] = {}
     out: Dict[str, torch.Tensor] = {}
     with raw_state_dict():  # this rank's own parts, whatever a checkpoint could describe
@@ -61,11 +84,12 @@ def load_full_state_dict(model: nn.Module, full: Dict[str, torch.Tensor], strict
     part. Returns ``load_state_dict``'s result.
 
     Args:
-        model: a model passed to :func:`torch_rsdp.plan.apply`.
+        model: a model passed to :func:`torch_rsdp.plan.apply` or
+            :func:`torch_rsdp.rsdp.shard`.
         full: the unwrapped model's state dict (e.g. from :func:`full_state_dict`).
         strict: as ``nn.Module.load_state_dict``'s.
     """
-    units = units_by_key(model, plan_state(model).units)
+    _, units = _owners(model, "load_full_state_dict")
     with raw_state_dict():
         current = model.state_dict()
     local = {}

@@ -1,7 +1,7 @@
 """The error-feedback residuals of a compressed plan, as checkpointable state.
 
 What quantising a unit's gradients lost last step is added to its next step's
-(:mod:`._compression`), so a run resumed without it differs from the run that never stopped.
+(:mod:`._plan_compression`), so a run resumed without it differs from the run that never stopped.
 The residuals belong to one layout: this rank's place in this plan, world and node shape,
 and the gradient buckets. So every key carries a digest of that layout and this rank::
 

@@ -20,7 +20,7 @@ from torch.distributed.tensor import DTensor
 
 from .._compression import set_compression
 from .._topology import topology
-from ._compression import key
+from ._plan_compression import key
 
 __all__ = ["Meshes", "node_ranks", "device_type_of"]
 
@@ -41,7 +41,7 @@ def node_ranks(group: Optional[dist.ProcessGroup]) -> List[List[int]]:
 
 class Meshes:
     """Lazily built meshes of one ``group`` on ``device_type``, exact or, for a compression
-    setting (:mod:`._compression`), over groups of the same ranks that compress."""
+    setting (:mod:`._plan_compression`), over groups of the same ranks that compress."""
 
     def __init__(self, group: Optional[dist.ProcessGroup], device_type: str = "cpu"):
         self.group = group if group is not None else dist.group.WORLD

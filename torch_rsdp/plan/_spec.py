@@ -36,7 +36,7 @@ _WITH_K = re.compile(r"^(\w+):(-?\d+)$")
 
 
 #: What a strategy's ``+`` suffix may ask to send across nodes quantised (the gradients'
-#: format; weights travel int8): :mod:`._compression`.
+#: format; weights travel int8): :mod:`._plan_compression`.
 COMPRESSIONS = ("int8", "int4")
 
 

@@ -11,8 +11,10 @@ way home (:func:`torch_rsdp.ring_shift_reduce`).
     print(rsdp.rsdp_state(model).report())   # what stayed whole, and why
 
 The public API is ``__all__``: :func:`shard`, the state it attaches (:func:`rsdp_state`,
-:class:`RSDPState`, :class:`LeftWhole`), :func:`can_rotate`, and whole-tensor state dicts
-(:func:`full_state_dict`, :func:`load_full_state_dict`). Mixed precision is FSDP2's
+:class:`RSDPState`, :class:`LeftWhole`), :func:`can_rotate` and :func:`load_pretrained`.
+Whole-tensor state dicts are :func:`torch_rsdp.plan.full_state_dict` /
+``load_full_state_dict``, which take a model ``shard`` made as they take a planned one (a
+``rotate`` unit over the whole model). Mixed precision is FSDP2's
 ``torch.distributed.fsdp.MixedPrecisionPolicy``. Everything else is private and may change;
 it lives by role, bottom to top (``tests/project/test_import_rules.py`` checks the floors):
 
@@ -28,7 +30,7 @@ it lives by role, bottom to top (``tests/project/test_import_rules.py`` checks t
 
 May import: torch, the backend's modules (``torch_rsdp._ring``, ``_topology``,
 ``_compression``: the ring order is node-aware and quantised hops need error feedback),
-``torch_rsdp._C`` (the layers' native ring schedules, csrc/rsdp), and the neutral modules
+``torch_rsdp._C`` (the layers' native ring schedules, csrc/rotation), and the neutral modules
 ``torch_rsdp._utils``, ``_dtensor_params``, ``_grad_sync``, ``_checkpoint_hooks``,
 ``_materialize``; never
 ``torch_rsdp.plan`` (which builds on this package, through ``__all__`` only).
@@ -37,7 +39,6 @@ from ._coverage import LeftWhole, can_rotate
 from ._shard import shard
 from ._state import RSDPState, rsdp_state
 from ._pretrained import load_pretrained
-from ._state_dict import full_state_dict, load_full_state_dict
 
 __all__ = [
     "shard",
@@ -45,7 +46,5 @@ __all__ = [
     "RSDPState",
     "LeftWhole",
     "can_rotate",
-    "full_state_dict",
-    "load_full_state_dict",
     "load_pretrained",
 ]

@@ -5,27 +5,25 @@
   each piece once and reshards on load (:mod:`torch_rsdp._checkpoint_hooks`);
   ``model.load_state_dict(sd)`` takes DTensors, whole tensors or this rank's shards and
   copies them in place (the parameters keep viewing the flat storage).
-* Full: :func:`full_state_dict` gathers every sharded parameter (one module at a time) into the
-  unwrapped model's state dict on group rank 0 (or every rank); it loads into the unwrapped
-  model. :func:`load_full_state_dict` takes such a dict (present on every rank) and keeps each
-  rank's slices.
+* Full: :class:`FullTensors` gathers every sharded parameter (one module at a time) into the
+  unwrapped model's tensor on group rank 0 (or every rank), and :func:`local_shard_of` cuts a
+  whole tensor to this rank's slices; :class:`~._state.RSDPState` offers both, and
+  ``torch_rsdp.plan.full_state_dict`` / ``load_full_state_dict`` (for a model ``shard`` made
+  as for a planned one) loop over a state dict with them.
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.profiler import record_function
 
-from .._checkpoint_hooks import raw_state_dict
-from .._dtensor_params import like_param, local as local_tensor
 from .._utils import group_rank0
 from ._layers.shard_state import ShardState
 
-__all__ = ["full_state_dict", "load_full_state_dict", "local_shard_of", "sharded_owner",
-           "FullTensors", "shard_dim"]
+__all__ = ["local_shard_of", "sharded_owner", "FullTensors", "shard_dim"]
 
 
 def sharded_owner(model: nn.Module, key: str) -> Optional[Tuple[ShardState, str]]:
@@ -72,8 +70,8 @@ def shard_dim(model: nn.Module, key: str) -> Optional[Tuple[int, Tuple[int, ...]
     if lay is None:
         raise ValueError(f"torch_rsdp.rsdp: {key!r} is sharded in a layout a checkpoint cannot "
                          f"describe as one torch.chunk piece per rank (shapes per rank "
-                         f"{st.layout.shapes[name]}); save it with full_state_dict, or shard "
-                         f"that module another way")
+                         f"{st.layout.shapes[name]}); save it with "
+                         f"torch_rsdp.plan.full_state_dict, or shard that module another way")
     return lay
 
 
@@ -121,26 +119,6 @@ class FullTensors:
                                   for j in range(st.ring.world)])
 
 
-@torch.no_grad()
-def full_state_dict(model: nn.Module, rank0_only: bool = True) -> Dict[str, torch.Tensor]:
-    """The unwrapped model's state dict, assembled on group rank 0 (``{}`` on the others) or,
-    with ``rank0_only=False``, on every rank. Collective."""
-    ring = getattr(getattr(model, "_rsdp_root", None), "ring", None)
-    keep = ring is None or not rank0_only or ring.rank == 0
-    gather = FullTensors(model, rank0_only)
-    out: Dict[str, torch.Tensor] = {}
-    with raw_state_dict():  # the local shards themselves
-        local = model.state_dict()
-    for key, value in local.items():
-        if gather.owns(key):
-            full = gather.full(key)
-            if keep:
-                out[key] = full
-        elif keep:
-            out[key] = local_tensor(value).detach().clone()  # a replica's local tensor is whole
-    return out
-
-
 def _gather_flat(st: ShardState, rank0_only: bool):
     """Every rank's flat storage of ``st`` (on rank 0 only when ``rank0_only``)."""
     ring, flat = st.ring, st.local_flat()
@@ -155,15 +133,3 @@ def _gather_flat(st: ShardState, rank0_only: bool):
         parts = [torch.empty_like(flat) for _ in range(ring.world)]
         dist.all_gather(parts, flat, group=ring.group)
         return parts
-
-
-@torch.no_grad()
-def load_full_state_dict(model: nn.Module, full: Dict[str, torch.Tensor], strict: bool = True):
-    """Loads an unwrapped model's state dict (present on every rank); each rank keeps its
-    slices. Returns ``load_state_dict``'s result."""
-    with raw_state_dict():
-        current = model.state_dict()
-    parts = {k: like_param(current[k], local_shard_of(model, k, v), repr(k))
-             if k in current else v for k, v in full.items()}
-    with raw_state_dict():
-        return model.load_state_dict(parts, strict=strict)

@@ -27,7 +27,7 @@ from .._cost_terms import Links, UnitProfile
 from .._mesh import Meshes, device_type_of
 from .._spec import Plan, block_patterns, parse_strategy, resolve
 from .._strategies import is_splittable
-from .._units import build_units
+from .._ownership import build_units
 from .cluster import Cluster
 from .cost import DEFAULT_STRATEGIES, applicable, unit_choices, with_compression
 from .explain import Prediction, UnitPrediction, explain
@@ -153,7 +153,7 @@ def auto(model: nn.Module, example_inputs, *, memory_budget, group=None,
             done with ``topology`` (there is nothing to measure on).
         verify_steps: timed steps per candidate (over two rounds, plus a warm-up step each).
         allow_compression: also consider, per unit, sending its cross-node traffic quantised
-            (``full_shard+int8``, ``no_shard+int4``, ...: :mod:`torch_rsdp.plan._compression`),
+            (``full_shard+int8``, ``no_shard+int4``, ...: :mod:`torch_rsdp.plan._plan_compression`),
             priced from the links' fits and the quantisation kernels' speed, residuals
             counted as memory; ``explain()`` says where it was chosen and what it saves.
             Only with more than one node; off by default, as it changes the numbers.

@@ -62,7 +62,7 @@ added from its fit). For a :class:`~torch_rsdp.plan.Cluster` it is modelled: pla
   gradients) and an all-reduce of what stays replicated and trains;
 * split:k: 2k all-gathers of Pl / k, k reduce-scatters of Gl / k, and an all-reduce of the rest.
 
-Compression (``full_shard+int8`` and the like, :mod:`.._compression`; candidates only with
+Compression (``full_shard+int8`` and the like, :mod:`.._plan_compression`; candidates only with
 ``plan.auto(allow_compression=True)`` and more than one node) changes only what crosses
 nodes: each handler lists those collectives (``cross_node``: the rail's share ``P / L`` of
 every all-gather of weights, reduce-scatter or all-reduce of gradients) and
@@ -78,7 +78,7 @@ from __future__ import annotations
 from typing import List
 
 from ..._grad_sync import DEFAULT_BUCKET_BYTES
-from .._compression import WIRE_RATIO, parse
+from .._plan_compression import WIRE_RATIO, parse
 from .._cost_terms import Links, UnitProfile, kernel_s_per_byte
 from .._spec import Strategy, parse_strategy
 from .profile import OPTIMIZER_STATE_FACTOR

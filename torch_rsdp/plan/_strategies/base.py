@@ -30,13 +30,13 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.distributed.fsdp import MixedPrecisionPolicy, OffloadPolicy
 
-from .._compression import for_unit
+from .._plan_compression import for_unit
 from .._cost_terms import Cost, Links, UnitProfile
 from .._mesh import Meshes
 from .._mixed_precision import cast_replicated
 from .._registry import families, handler_for, kinds, register
 from .._spec import Strategy
-from .._units import Unit
+from .._ownership import Unit
 
 # Cost is defined in ..cost_terms (the planner reads it too); the registry is ..registry
 # (spec checks names against it); both stay importable from here.
@@ -53,7 +53,7 @@ class ApplyContext:
     mp: Optional[MixedPrecisionPolicy]
     #: Parameters whose optimizer state ``make_optimizer`` shards (ZeRO-1); handlers add to it.
     optim_sharded: List[nn.Parameter]
-    #: ``plan.apply(compression=)`` parsed (:func:`~torch_rsdp.plan._compression.parse`), or
+    #: ``plan.apply(compression=)`` parsed (:func:`~torch_rsdp.plan._plan_compression.parse`), or
     #: None: the setting of the compressible units without a ``+`` suffix of their own.
     compression: Optional[dict] = None
     #: ``plan.apply(offload_policy=)``: FSDP2's ``CPUOffloadPolicy`` or None.
@@ -80,7 +80,7 @@ class StrategyHandler(abc.ABC):
     takes_k: ClassVar[bool] = False
     fsdp: ClassVar[bool] = False
     #: Whether ``<kind>+int8`` / ``+int4`` may compress the strategy's cross-node
-    #: collectives (:mod:`.._compression`); if not, ``exact_why`` says why.
+    #: collectives (:mod:`.._plan_compression`); if not, ``exact_why`` says why.
     compressible: ClassVar[bool] = False
     exact_why: ClassVar[str] = "it sends nothing across nodes that a collective could compress"
 

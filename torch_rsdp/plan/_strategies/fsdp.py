@@ -17,7 +17,7 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from ..._compression import FeedbackReduceScatter
-from .._units import Unit, qualified_params
+from .._ownership import Unit, qualified_params
 from .base import ApplyContext, Cost, StrategyHandler, fsdp_kwargs, register
 
 __all__ = ["FullShard", "ShardGradOp", "HybridShard"]

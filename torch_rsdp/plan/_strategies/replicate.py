@@ -11,7 +11,7 @@ from typing import List
 
 import torch.nn as nn
 
-from .._units import Unit
+from .._ownership import Unit
 from .base import ApplyContext, Cost, StrategyHandler, cast_unit, register
 
 __all__ = ["NoShard", "ShardOptim"]

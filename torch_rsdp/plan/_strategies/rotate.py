@@ -21,7 +21,7 @@ from typing import List
 import torch.nn as nn
 
 from ...rsdp import rsdp_state, shard
-from .._units import Unit, qualified_params
+from .._ownership import Unit, qualified_params
 from .base import ApplyContext, Cost, StrategyHandler, cast_unit, register
 
 __all__ = ["Rotate"]

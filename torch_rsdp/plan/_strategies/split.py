@@ -12,7 +12,7 @@ from typing import Dict, List
 
 import torch.nn as nn
 
-from .._units import Unit
+from .._ownership import Unit
 from .base import ApplyContext, Cost, StrategyHandler, cast_unit, register
 from .split_linear import (full_weight, in_features, is_split, is_splittable, local_rows_of,
                            set_sync_grads, split_linear)

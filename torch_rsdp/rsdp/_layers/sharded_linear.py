@@ -59,7 +59,7 @@ def _geometry(mod):
 
 # [Note: native schedules]
 # On one node, for CPU tensors of one dtype, a layer's whole forward or backward ring schedule
-# runs in C++ (csrc/rsdp/linear_schedule.cpp: the same hops and matmuls as the Python
+# runs in C++ (csrc/rotation/linear_schedule.cpp: the same hops and matmuls as the Python
 # schedules below, with the hops as ring steps on this thread): in Python each hop cost as
 # much interpreter and dispatch time as a small layer's matmul. The buffers are still made by
 # alloc_buffer (MemoryTracker sees them). Elsewhere (across nodes: compressed hops and their
@@ -107,7 +107,7 @@ WHOLE_SMALL = True
 
 
 def _whole(world: int, tokens: int, fin: int, fout: int) -> bool:
-    """[Note: whole small layers] (csrc/rsdp/linear_schedule.cpp)
+    """[Note: whole small layers] (csrc/rotation/linear_schedule.cpp)
     A product computed shard by shard reads all of the layer's input (forward, weight
     gradient) or output gradient (input gradient) once per shard, and the matmul library packs
     it again each time: for a layer smaller than its activations that costs more than the

@@ -108,7 +108,7 @@ class Ring:
         #: native schedules included)
         self.hops = 0
         self._remote = {d: False for d in (1, -1)}
-        #: every rank on one node: the layers' native schedules (csrc/rsdp) can run
+        #: every rank on one node: the layers' native schedules (csrc/rotation) can run
         self.one_node = True
         if self.world > 1:
             nodes = topology(group)["nodes"]

@@ -177,7 +177,7 @@ class _UnitFn(torch.autograd.Function):
                 return
             set_rng_state(rng, dev)  # every shard draws the same dropout masks
             if keep:  # record this shard's graph; its weights are saved as references
-                refs.watch({0: buf})
+                refs.save_by_reference({0: buf})
                 weights = _views(st, buf, j, leaves=True)
                 with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(
                         refs.pack, refs.unpack):

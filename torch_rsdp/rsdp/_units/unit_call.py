@@ -156,7 +156,7 @@ class WeightRefs:
         self.fwd: Dict[int, object] = {}  # storage of a buffer in hand during forward -> key
         self.bwd: Dict[object, torch.Tensor] = {}  # key -> the buffer in hand during backward
 
-    def watch(self, buffers: Dict[object, torch.Tensor]) -> None:
+    def save_by_reference(self, buffers: Dict[object, torch.Tensor]) -> None:
         """Forward: tensors living in these buffers (key -> buffer) are saved by reference."""
         self.fwd = {t.untyped_storage().data_ptr(): k for k, t in buffers.items()}
 

@@ -8,7 +8,7 @@ more than per-layer rotation does there: ``rsdp-units`` measured 1.02-1.04x FSDP
 where activations dominate against per-layer rotation's 1.12-1.14x
 (``benchmarks/bench_rsdp_fsdp2.py --settings act --world-sizes 2``). Per-layer rotation at two
 ranks runs each layer's forward and backward as one native ring schedule
-(``csrc/rsdp/linear_schedule.cpp``) whose hop overlaps the matmul on the shard in hand, where a
+(``csrc/rotation/linear_schedule.cpp``) whose hop overlaps the matmul on the shard in hand, where a
 whole unit first waits for its gather, then computes, then waits for its reduction, and runs
 through the recorded-call machinery of :mod:`.unit_call`.
 

@@ -128,7 +128,7 @@ def call_whole(ctx, unit, call: Call, ins, whole: Dict[str, torch.Tensor], buffe
     ctx.refs = ctx.leaves_in = ctx.graph = None
     if keep:  # record the graph; its weights are saved as references into ``buffers``
         ctx.refs = WeightRefs()
-        ctx.refs.watch(buffers)
+        ctx.refs.save_by_reference(buffers)
         ctx.leaves_in = [t.detach().requires_grad_(t.requires_grad) for t in ins]
         leaves_w = {n: w.detach().requires_grad_() for n, w in whole.items()}
         with torch.enable_grad(), torch.autograd.graph.saved_tensors_hooks(

@@ -1,4 +1,4 @@
-#include "rsdp/linear_schedule.h"
+#include "rotation/linear_schedule.h"
 
 #include <optional>
 #include <utility>

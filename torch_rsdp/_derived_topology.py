@@ -1,4 +1,4 @@
-"""Where a process group's ranks live, for a group on any backend.
+"""The topology derived for a group on any backend: where its ranks live, without the rsdp backend.
 
 The rsdp backend learns its topology when a group starts (``csrc/core/topology.h``). A group
 on gloo, NCCL or MPI has none, yet RSDP's ring and the hybrid strategies need it on every

@@ -1,4 +1,4 @@
-"""Units: the modules where a plan's key takes effect, and the parameters each one owns.
+"""Ownership: the units (modules where a plan's key takes effect) and the parameters each owns.
 
 A parameter belongs to the unit of the module that holds it. A parameter held by modules of
 different units (tied weights) belongs to the unit of their closest common ancestor, so exactly
@@ -26,7 +26,7 @@ class Unit:
     params: Dict[str, nn.Parameter] = field(default_factory=dict)  # qualified name -> param
     left_whole: Dict[str, str] = field(default_factory=dict)       # name -> why (split/rotate)
     numel: int = 0                  # elements of the owned parameters in the unwrapped model
-    #: What the unit's traffic across nodes is compressed to (:mod:`._compression`), or None.
+    #: What the unit's traffic across nodes is compressed to (:mod:`._plan_compression`), or None.
     compression: Optional[dict] = None
     #: The error feedback keeping the residual of the unit's compressed gradients, if any
     #: (a :class:`torch_rsdp._compression.FeedbackReduceScatter` for FSDP units).
