@@ -42,7 +42,7 @@ split:k            as rotate with Pl, Gl                 A                     T
 =================  ====================================  ====================  ===============
 
 These coefficients were fitted to torch's MemTracker on this backend: a Llama's layers under
-each strategy, the rest replicated, one AdamW step on 4 ranks (benchmarks/bench_plans.py checks
+each strategy, the rest replicated, one AdamW step on 4 ranks (``python -m benchmarks plans`` checks
 them on every plan it runs). FSDP2 units are measured under a common FSDP2 root, as
 :func:`~torch_rsdp.plan.apply` builds them. With gradient accumulation (``accumulation > 1``),
 FSDP2 units and split layers also keep their unsharded gradient (``P``, ``Pl``) between
