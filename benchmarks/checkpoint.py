@@ -1,12 +1,6 @@
-"""Checkpoint cost: torch.distributed.checkpoint over planned models against a gathered save.
-
-A 13 M-parameter Llama (AdamW state initialised by one step) under each plan of --plans at
---nproc ranks: sharded save (`get_state_dict` + `dcp.save`) and the bytes each rank wrote;
-gathered save (full state dict on rank 0 + `torch.save`); the time `dcp.async_save` blocks
-training, with DCP's default stager and `plan.CopyOnceStager`, on a group of its own (DCP plans
-the save with collectives from its background thread, which must not interleave with the
-training group's); sharded and gathered loads. Times are the slowest rank's, medians of
---repeats. See docs/benchmarks.md, checkpoint.
+"""Checkpoint cost under each plan: torch.distributed.checkpoint's sharded save and load and
+async_save (DCP's stager and plan.CopyOnceStager) against a gathered torch.save, and the bytes
+each rank writes. See docs/benchmarks.md, checkpoint.
 """
 from __future__ import annotations
 
@@ -18,7 +12,7 @@ import statistics
 import tempfile
 import time
 
-from .common import RESULTS, free_port, write_result
+from .common import RESULTS, md_table, run_ranks, slowest, verdicts, write_result
 
 
 def _model():
@@ -31,33 +25,21 @@ def _model():
     return LlamaForCausalLM(cfg)
 
 
-def _slowest(dt: float) -> float:
-    import torch
-    import torch.distributed as dist
-    t = torch.tensor([dt], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
 def _timed(fn) -> float:
     import torch.distributed as dist
     dist.barrier()
     t0 = time.perf_counter()
     fn()
-    return _slowest(time.perf_counter() - t0)
+    return slowest([time.perf_counter() - t0])[0]
 
 
-def worker(rank, world, args, root, port, queue):
+def worker(rank, world, args, root):
     import torch
     import torch.distributed as dist
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_state_dict,
                                                          set_state_dict)
-    import torch_rsdp  # noqa: F401  (registers the backend)
     import torch_rsdp.plan as plan
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    dist.init_process_group("rsdp", rank=rank, world_size=world)
     # async_save plans over collectives from its background thread: a group of its own
     ckpt_group = dist.new_group()
     rows = []
@@ -132,9 +114,7 @@ def worker(rank, world, args, root, port, queue):
             res[k + "_s"] = statistics.median(v)
         rows.append(res)
         del model, opt
-    if rank == 0:
-        queue.put(rows)
-    dist.destroy_process_group()
+    return rows
 
 
 def main(argv=None) -> int:
@@ -147,44 +127,34 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
     args.plans = [s.strip() for s in args.plans.split(",") if s.strip()]
-    import torch.multiprocessing as mp
     root = tempfile.mkdtemp(prefix="rsdp-ckpt-", dir=args.dir)
-    ctx = mp.get_context("spawn")
-    queue = ctx.SimpleQueue()
     try:
-        mp.start_processes(worker, args=(args.nproc, args, root, free_port(), queue),
-                           nprocs=args.nproc, start_method="spawn")
-        rows = queue.get()
+        rows = run_ranks(worker, args.nproc, args, root, threads=1)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    lines = ["| plan | ranks | sharded save s | gathered save s | ratio | async blocks s | "
-             "ratio to sync | async, CopyOnceStager, blocks s | ratio to sync | "
-             "sharded load s | gathered load s | max bytes/rank | share |",
-             "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"]
-    checks = []
+    body, checks = [], []
     for r in rows:
-        W, total = r["world"], sum(r["bytes_per_rank"])
-        share = max(r["bytes_per_rank"]) / total
-        save_ratio = r["sharded_save_s"] / r["gathered_save_s"]
-        async_ratio = r["async_block_s"] / r["sharded_save_s"]
-        once_ratio = r["async_once_block_s"] / r["sharded_save_s"]
-        lines.append(f"| {r['plan']} | {W} | {r['sharded_save_s']:.3f} | "
-                     f"{r['gathered_save_s']:.3f} | {save_ratio:.2f}x | {r['async_block_s']:.3f}"
-                     f" | {async_ratio:.2f}x | {r['async_once_block_s']:.3f} | "
-                     f"{once_ratio:.2f}x | {r['sharded_load_s']:.3f} | "
-                     f"{r['gathered_load_s']:.3f} | {max(r['bytes_per_rank']):,} | "
-                     f"{share:.3f} |")
-        checks += [(f"{r['plan']}: each rank writes <= 1/W + 5% ({1 / W + 0.05:.3f})",
-                    share <= 1 / W + 0.05, f"{share:.3f}"),
-                   (f"{r['plan']}: sharded save <= 0.5x gathered", save_ratio <= 0.5,
-                    f"{save_ratio:.2f}x"),
-                   (f"{r['plan']}: async_save blocks <= 0.2x sync", async_ratio <= 0.2,
-                    f"{async_ratio:.2f}x"),
-                   (f"{r['plan']}: async_save with CopyOnceStager blocks <= 0.2x sync",
-                    once_ratio <= 0.2, f"{once_ratio:.2f}x")]
-    text = "\n".join(lines + [""] + [f"{'PASS' if ok else 'MISS'}  {c}: {v}"
-                                     for c, ok, v in checks])
+        W, share = r["world"], max(r["bytes_per_rank"]) / sum(r["bytes_per_rank"])
+        save, asyn, once = (r[k] / d for k, d in (
+            ("sharded_save_s", r["gathered_save_s"]), ("async_block_s", r["sharded_save_s"]),
+            ("async_once_block_s", r["sharded_save_s"])))
+        body.append([r["plan"], W, *(f"{r[k + '_s']:.3f}" for k in (
+            "sharded_save", "gathered_save")), f"{save:.2f}x", f"{r['async_block_s']:.3f}",
+            f"{asyn:.2f}x", f"{r['async_once_block_s']:.3f}", f"{once:.2f}x",
+            f"{r['sharded_load_s']:.3f}", f"{r['gathered_load_s']:.3f}",
+            f"{max(r['bytes_per_rank']):,}", f"{share:.3f}"])
+        checks += [dict(check=f"{r['plan']}: each rank writes <= 1/W + 5% ({1 / W + 0.05:.3f})",
+                        ok=share <= 1 / W + 0.05, detail=f"{share:.3f}"),
+                   dict(check=f"{r['plan']}: sharded save <= 0.5x gathered", ok=save <= 0.5,
+                        detail=f"{save:.2f}x"),
+                   dict(check=f"{r['plan']}: async_save blocks <= 0.2x sync", ok=asyn <= 0.2,
+                        detail=f"{asyn:.2f}x"),
+                   dict(check=f"{r['plan']}: async_save with CopyOnceStager blocks <= 0.2x "
+                              f"sync", ok=once <= 0.2, detail=f"{once:.2f}x")]
+    text = md_table(["plan", "ranks", "sharded save s", "gathered save s", "ratio",
+                     "async blocks s", "ratio to sync", "async, CopyOnceStager, blocks s",
+                     "ratio to sync", "sharded load s", "gathered load s", "max bytes/rank",
+                     "share"], body) + "\n\n" + verdicts(checks)
     print(text)
-    write_result(args.out, "checkpoint", {"rows": rows, "checks": [
-        {"check": c, "ok": ok, "value": v} for c, ok, v in checks]}, text, argv)
+    write_result(args.out, "checkpoint", {"rows": rows, "checks": checks}, text, argv)
     return 0

@@ -219,6 +219,74 @@ def write_result(out_dir: str, name: str, data, markdown: str | None = None,
 
 
 
+# --------------------------------------------------------------------------- ranks
+#
+# The training-style suites spawn their ranks with torch.multiprocessing, one process group,
+# and measure every model they compare in the same processes, taking turns step by step, so
+# that a slow spell of the machine touches each alike.
+
+
+def _rank_main(rank, fn, world, port, path, backend, threads, args):
+    import torch
+    import torch.distributed as dist
+    if "RSDP_SPIN_US" not in os.environ and world > (os.cpu_count() or 1):
+        # more ranks than cores: a waiting rank must not spin (the peer it waits for may need
+        # the core)
+        os.environ["RSDP_SPIN_US"] = "0"
+    import torch_rsdp  # noqa: F401  (registers "rsdp")
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    out = fn(rank, world, *args)
+    if rank == 0:
+        with open(path, "w") as f:
+            json.dump(out, f)
+    dist.destroy_process_group()
+
+
+def run_ranks(fn, world: int, *args, backend: str = "rsdp", threads: int | None = None):
+    """fn(rank, world, *args) on `world` spawned ranks of one process group on `backend`
+    (`threads` torch threads each, default cores // world); returns what rank 0's returned
+    (through JSON)."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "rank0.json")
+        mp.spawn(_rank_main, args=(fn, world, free_port(), path, backend, threads, args),
+                 nprocs=world)
+        with open(path) as f:
+            return json.load(f)
+
+
+def slowest(values) -> list[float]:
+    """Per element, the largest value over the ranks of the default group."""
+    import torch
+    import torch.distributed as dist
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def take_turns(names: list, n_steps: int, step, first: int = 0) -> dict:
+    """step(name, i) for i in first..first+n_steps-1 and every name, the order rotating by one
+    each step, each after a barrier; {name: the slowest rank's time of each step}."""
+    import torch.distributed as dist
+    times = {v: [] for v in names}
+    for s in range(n_steps):
+        k = s % len(names)
+        for v in names[k:] + names[:k]:
+            dist.barrier()
+            t0 = time.perf_counter()
+            step(v, first + s)
+            times[v].append(time.perf_counter() - t0)
+    return {v: slowest(t) for v, t in times.items()}
+
+
+def verdicts(checks: list[dict]) -> str:
+    """- PASS: check (detail), one line each."""
+    return "\n".join(f"- {'PASS' if c['ok'] else 'MISS'}: {c['check']} ({c['detail']})"
+                     for c in checks)
+
+
 # --------------------------------------------------------------------------- CPU probe
 #
 # A vCPU may share its host core with another hardware thread for seconds at a time, unseen by

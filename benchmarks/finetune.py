@@ -1,26 +1,17 @@
-"""LoRA fine-tuning of a pretrained Llama, RSDP against FSDP2: memory beyond the shards, tokens/s.
-
-As a user would: the parent writes a `save_pretrained` checkpoint of the shape (random weights);
-every rank builds the model on meta, wraps it with peft (r = 16 on all seven projections),
-shards it (`rsdp`: every projection on its own; `rsdp-units`: `tp_plan="auto"`; `fsdp2`:
-`fully_shard` per decoder layer and the root), materialises it and loads its slices with
-`rsdp.load_pretrained`. The models live in the same processes and take turns step by step,
-each without and with gradient checkpointing (`+ckpt`, sharing the model). Per run (rank 0,
-2 ranks): resident share, what a step allocates beyond it (MemTracker), load peak, median step
-time, tokens/s, bytes sent, first loss (equal across strategies: same checkpoint and tokens).
-Shapes: `1b` (Llama-3.2-1B's), `small`, `tiny` (the test's). See docs/benchmarks.md.
+"""LoRA fine-tuning of a pretrained Llama as a user would (built on meta, sharded, loaded from a
+save_pretrained checkpoint), RSDP and RSDP units against FSDP2, each without and with gradient
+checkpointing, taking turns in the same 2 ranks: resident share, what a step allocates beyond
+it, load peak, step time, bytes sent, first loss. See docs/benchmarks.md, finetune.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import tempfile
-import time
 
 from . import training_models as tm
-from .common import RESULTS, write_result
+from .common import RESULTS, run_ranks, take_turns, write_result
 
 SHAPES = {
     "1b": dict(hidden=2048, layers=16, heads=32, kv=8, ffn=8192, vocab=128256, tied=True),
@@ -88,8 +79,9 @@ def build(kind, shape, seq, path, mesh, dtype):
     return model, load_peak
 
 
-def worker(rank, world, port, a, path, out_path):
+def worker(rank, world, a, path):
     import statistics
+    import warnings
 
     import torch
     import torch.distributed as dist
@@ -97,13 +89,8 @@ def worker(rank, world, port, a, path, out_path):
     import torch_rsdp
     import transformers as tf
     tf.logging.set_verbosity_error()
-    import warnings
     warnings.filterwarnings("ignore", message=".*DTensor random operators.*")
     warnings.filterwarnings("ignore", category=FutureWarning)
-    tm.tune_for_oversubscription(world)
-    torch.set_num_threads(tm.default_threads(world))
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("rsdp", rank=rank, world_size=world)
     mesh = init_device_mesh("cpu", (world,))
     models, res = {}, {"runs": {}}
     for kind in KINDS:
@@ -115,6 +102,7 @@ def worker(rank, world, port, a, path, out_path):
     g = torch.Generator().manual_seed(1000 + rank)
     vocab = SHAPES[a.shape]["vocab"]
     batches = [torch.randint(0, vocab, (1, a.seq), generator=g) for _ in range(a.steps + 2)]
+    losses, sent = {r: [] for r in RUNS}, {r: [] for r in RUNS}
 
     def step(run, i):
         kind = run.split("+")[0]
@@ -130,26 +118,16 @@ def worker(rank, world, port, a, path, out_path):
         else:
             disable()
         model.train()
-        ids = batches[i]
-        loss = model(input_ids=ids, labels=ids).loss
+        torch_rsdp.reset_comm_stats()
+        loss = model(input_ids=batches[i], labels=batches[i]).loss
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.item()
+        losses[run].append(loss.item())
+        sent[run].append(torch_rsdp.comm_stats()["intra_node_bytes"])
 
-    times = {r: [] for r in RUNS}
-    losses = {r: [] for r in RUNS}
-    sent = {r: [] for r in RUNS}
-    for i in range(a.steps + 1):  # step 0: the warm-up, untimed; runs take turns
-        for r in RUNS[i % len(RUNS):] + RUNS[:i % len(RUNS)]:
-            dist.barrier()
-            torch_rsdp.reset_comm_stats()
-            t = time.perf_counter()
-            losses[r].append(step(r, i))
-            dist.barrier()
-            if i:
-                times[r].append(time.perf_counter() - t)
-                sent[r].append(torch_rsdp.comm_stats()["intra_node_bytes"])
+    take_turns(list(RUNS), 1, step)  # the warm-up
+    times = take_turns(list(RUNS), a.steps, step, 1)
     for r in RUNS:  # one more step each under MemTracker: the peak beyond the resident share
         dist.barrier()
         kind = r.split("+")[0]
@@ -157,11 +135,8 @@ def worker(rank, world, port, a, path, out_path):
         # a model's first step (its plain run's, which goes first) starts from the checkpoint
         res["runs"][r] = dict(res["runs"].get(kind, {}), beyond=beyond,
                               step_s=statistics.median(times[r]), loss_first=losses[kind][0],
-                              sent=statistics.median(sent[r]))
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(res, f)
-    dist.destroy_process_group()
+                              sent=statistics.median(sent[r][1:a.steps + 1]))
+    return res
 
 
 def render(shape, n_params, a, res) -> str:
@@ -199,7 +174,6 @@ def main(argv=None) -> int:
     bad = [s for s in shapes if s not in SHAPES]
     if bad or a.steps < 1 or a.seq < 2:
         ap.error(f"unknown shape(s) {bad}" if bad else "--steps >= 1 and --seq >= 2")
-    import torch.multiprocessing as mp
     report = []
     results = {}
     for shape in shapes:
@@ -207,11 +181,7 @@ def main(argv=None) -> int:
         tmp = tempfile.mkdtemp(prefix="bench_finetune_")
         try:
             n = write_checkpoint(shape, a.seq, os.path.join(tmp, "ckpt"), a.dtype)
-            out_path = os.path.join(tmp, "res.json")
-            mp.spawn(worker, args=(2, tm.free_port(), a, os.path.join(tmp, "ckpt"), out_path),
-                     nprocs=2)
-            with open(out_path) as f:
-                results[shape] = dict(json.load(f), params=n)
+            results[shape] = dict(run_ranks(worker, 2, a, os.path.join(tmp, "ckpt")), params=n)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         report.append(render(shape, n, a, results[shape]))

@@ -13,39 +13,17 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import sys
-import tempfile
 import time
 
 from . import rsdp_fsdp2 as bench
-from . import training_models as tm
-from .common import RESULTS, write_result
+from .common import RESULTS, run_ranks, write_result
+
+_LINES = []  # what rank 0 printed: its worker returns them for the result file
 
 
-class _Tee:
-    """Rank 0's printed figures, also into a file the launcher turns into the result."""
-
-    def __init__(self, path):
-        self.out, self.file = sys.stdout, open(path, "a", buffering=1)
-
-    def write(self, s):
-        self.file.write(s)
-        return self.out.write(s)
-
-    def flush(self):
-        self.out.flush()
-
-
-def _init(rank, world, port, threads, log=None):
-    if rank == 0 and log:
-        sys.stdout = _Tee(log)
-    import torch
-    import torch.distributed as dist
-    tm.tune_for_oversubscription(world)
-    import torch_rsdp  # noqa: F401  (registers "rsdp")
-    torch.set_num_threads(threads or tm.default_threads(world))
-    dist.init_process_group("rsdp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
+def _say(text, **_):
+    print(text, flush=True)
+    _LINES.append(text)
 
 
 def _step_fn(model, opt, cfg, rank):
@@ -60,10 +38,9 @@ def _step_fn(model, opt, cfg, rank):
     return step
 
 
-def _steps_worker(rank, world, port, a):
+def _steps_worker(rank, world, a):
     import torch
     import torch.distributed as dist
-    _init(rank, world, port, a.threads, a.log)
     cfg = bench.SETTINGS["act"]
     variants = a.variants.split(",")
     steps, rings = {}, {}
@@ -95,20 +72,19 @@ def _steps_worker(rank, world, port, a):
             dist.all_reduce(t)
             wall_s = t[0].item() / world
             if rank == 0:
-                print(f"round {rnd + 1} {v:14s} wall {wall_s * 1e3:7.1f} ms/step  "
+                _say(f"round {rnd + 1} {v:14s} wall {wall_s * 1e3:7.1f} ms/step  "
                       f"cpu {t[1].item() * 1e3:7.1f} ms/step "
                       f"({t[1].item() / (min(world, cores) * wall_s):.2f} of the cores)  "
                       f"switches {t[2].item():5.0f} voluntary {t[3].item():5.0f} involuntary  "
                       f"sys {t[4].item() * 1e3:5.1f} ms  ring hops {hops:.0f}/step",
                       flush=True)
-    dist.destroy_process_group()
+    return _LINES
 
 
-def _hops_worker(rank, world, port, a):
+def _hops_worker(rank, world, a):
     import torch
     import torch.distributed as dist
     from torch_rsdp._ring import rsdp_backend
-    _init(rank, world, port, 1, a.log)
     be = rsdp_backend()
     x, w = torch.randn(256, 256), torch.randn(256, 256)
     for n in (int(s) for s in a.numel.split(",")):
@@ -139,17 +115,15 @@ def _hops_worker(rank, world, port, a):
                 dist.barrier()
                 us[mode] = (time.perf_counter() - t0) / a.iters * 1e6
             if rank == 0:
-                print(f"round {rnd + 1}, shard {n * 4 / 1024:.0f} KiB: matmul alone "
+                _say(f"round {rnd + 1}, shard {n * 4 / 1024:.0f} KiB: matmul alone "
                       f"{us['none']:.0f} us per iteration; added: "
                       + ", ".join(f"{m} {us[m] - us['none']:+.0f} us" for m in us if m != "none"),
                       flush=True)
-    dist.destroy_process_group()
+    return _LINES
 
 
-def _single_worker(rank, world, port, a):
+def _single_worker(rank, world, a):
     import torch
-    import torch.distributed as dist
-    _init(rank, 1, port, 1, a.log)
     cfg = bench.SETTINGS["act"]
     models = {"unsharded": bench.build_model(cfg)}
     for v in ("rsdp", "fsdp2"):
@@ -172,15 +146,14 @@ def _single_worker(rank, world, port, a):
             opts[k].step()
             ts.append(time.perf_counter() - t0)
         opts[k].zero_grad(set_to_none=True)
-        print(f"{k:10s} step {best[k] * 1e3:6.1f} ms (best round)  AdamW step alone "
+        _say(f"{k:10s} step {best[k] * 1e3:6.1f} ms (best round)  AdamW step alone "
               f"{min(ts) * 1e3:5.1f} ms", flush=True)
-    dist.destroy_process_group()
+    return _LINES
 
 
-def _phases_worker(rank, world, port, a):
+def _phases_worker(rank, world, a):
     import torch
     import torch.distributed as dist
-    _init(rank, world, port, a.threads, a.log)
     cfg = bench.SETTINGS["act"]
     variants = a.variants.split(",")
     models = {v: bench.wrap(bench.build_model(cfg), v) for v in variants}
@@ -209,10 +182,10 @@ def _phases_worker(rank, world, port, a):
         dist.all_reduce(t, op=dist.ReduceOp.MAX)  # the slowest rank's, step by step
         med = t.median(dim=0).values * 1e3
         if rank == 0:
-            print(f"{v:14s} forward {med[0]:6.1f}  backward {med[1]:6.1f}  optimizer "
+            _say(f"{v:14s} forward {med[0]:6.1f}  backward {med[1]:6.1f}  optimizer "
                   f"{med[2]:5.1f}  step {med[3]:6.1f} ms (medians of the slowest rank's)",
                   flush=True)
-    dist.destroy_process_group()
+    return _LINES
 
 
 def main(argv=None) -> int:
@@ -232,14 +205,11 @@ def main(argv=None) -> int:
     for v in a.variants.split(","):
         if v not in bench.VARIANTS:
             raise SystemExit(f"unknown variant {v!r}; choose from {list(bench.VARIANTS)}")
-    import torch.multiprocessing as mp
     fn = {"steps": _steps_worker, "hops": _hops_worker, "single": _single_worker,
           "phases": _phases_worker}[a.what]
     world = 1 if a.what == "single" else a.world_size
-    with tempfile.TemporaryDirectory() as tmp:
-        a.log = os.path.join(tmp, "rank0.txt")
-        mp.spawn(fn, args=(world, tm.free_port(), a), nprocs=world)
-        lines = open(a.log).read().splitlines() if os.path.exists(a.log) else []
+    threads = 1 if a.what in ("hops", "single") else a.threads
+    lines = run_ranks(fn, world, a, threads=threads)
     write_result(a.out, f"ring_costs_{a.what}", lines, "```\n" + "\n".join(lines) + "\n```",
                  argv)
     return 0

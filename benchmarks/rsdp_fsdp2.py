@@ -1,21 +1,11 @@
-"""RSDP against FSDP2 on a Hugging Face Llama, every variant in the same processes.
-
-Settings: `act` (activations dominate: 4.2 M parameters, 4 x 64 tokens per rank) and `weights`
-(18.7 M parameters, a 32,000-token untied head, 1 x 32 tokens). One launch per setting and world
-size builds every --variants model from the same weights and trains them on the same batches,
-taking turns step by step (each round starting with the next), so a slow spell touches each
-alike. Per variant: median step time (slowest rank), throughput over FSDP2's, step-time spread
-(max / median) and its ratio to FSDP2's, the same under --load N competing busy loops, and
-peak memory per rank (MemTracker, without its per-module split, whose hooks raise inside
-rotation units' backward) split into parameters, gradients with optimizer state and the rest.
-Final losses agree. --backend rsdp,gloo runs every variant over each backend (the others as
-`new_group(backend=...)`). --quick (the CI guard): act, 2 ranks, rsdp and fsdp2, plus a 4 MiB
-all-reduce over rsdp and gloo. See docs/benchmarks.md, rsdp-fsdp2.
+"""RSDP variants against FSDP2 on a Hugging Face Llama, every variant in the same processes,
+taking turns step by step: step time, its spread, the same under --load N busy loops, peak
+memory (MemTracker) and final losses. --quick is the CI guard. See docs/benchmarks.md,
+rsdp-fsdp2.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -23,7 +13,7 @@ import sys
 import time
 
 from . import training_models as tm
-from .common import RESULTS, write_result
+from .common import RESULTS, run_ranks, slowest, take_turns, write_result
 
 SETTINGS = {
     "act": dict(vocab=2048, hidden=256, ffn=768, layers=4, heads=8, kv=4, seq=64, batch=4),
@@ -90,114 +80,63 @@ def wrap(model, variant, group=None, backend=None):
     return model
 
 
-def _worker(rank, world, port, cfg, runs, a, out_path):
+def _worker(rank, world, cfg, runs, a):
     """``runs``: (key, variant, backend) triples; the first backend is the default group's."""
     import torch
     import torch.distributed as dist
-    tm.tune_for_oversubscription(world)
-    import torch_rsdp  # noqa: F401  (registers "rsdp")
-    torch.set_num_threads(a.threads or tm.default_threads(world))
-    backends = a.backends
-    dist.init_process_group(backends[0], init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=world)
-    groups = {backends[0]: None}
-    for b in backends[1:]:
+    groups = {a.backends[0]: None}
+    for b in a.backends[1:]:
         groups[b] = dist.new_group(backend=b)
     check = a.backend is not None  # --backend given: check each variant's group
-    models = {k: wrap(build_model(cfg), v, groups[b], b if check else None)
-              for k, v, b in runs}
+    models = {k: wrap(build_model(cfg), v, groups[b], b if check else None) for k, v, b in runs}
     kind = {k: v for k, v, _ in runs}
     variants = [k for k, _, _ in runs]
     opts = {v: torch.optim.AdamW(m.parameters(), lr=1e-4) for v, m in models.items()}
     losses = {v: [] for v in variants}
 
-    def batch(i):
-        g = torch.Generator().manual_seed(1000 * i + rank)
-        return torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
-
     def step(v, i):
         use_variant(kind[v])
-        ids = batch(i)
+        g = torch.Generator().manual_seed(1000 * i + rank)
+        ids = torch.randint(0, cfg["vocab"], (cfg["batch"], cfg["seq"]), generator=g)
         loss = models[v](input_ids=ids, labels=ids).loss
         loss.backward()
         opts[v].step()
         opts[v].zero_grad(set_to_none=True)
         losses[v].append(loss.item())
 
-    def phase(n_steps, first):
-        times = {v: [] for v in variants}
-        for s in range(n_steps):
-            k = s % len(variants)
-            for v in variants[k:] + variants[:k]:
-                dist.barrier()
-                t0 = time.perf_counter()
-                step(v, first + s)
-                times[v].append(time.perf_counter() - t0)
-        out = {}
-        for v in variants:  # the slowest rank's time per step
-            t = torch.tensor(times[v], dtype=torch.float64)
-            dist.all_reduce(t, op=dist.ReduceOp.MAX)
-            out[v] = t.tolist()
-        return out
-
     res = {"quiet": None, "loaded": None, "memory": {}, "allreduce": None}
-    phase(a.warmup, 0)
-    res["quiet"] = phase(a.steps, a.warmup)
+    take_turns(variants, a.warmup, step)
+    res["quiet"] = take_turns(variants, a.steps, step, a.warmup)
     if a.load:
         dist.barrier()
-        busy = []
-        if rank == 0:
-            busy = [subprocess.Popen([sys.executable, "-c", _BUSY.format(secs=3600)])
-                    for _ in range(a.load)]
+        busy = [subprocess.Popen([sys.executable, "-c", _BUSY.format(secs=3600)])
+                for _ in range(a.load if rank == 0 else 0)]
         dist.barrier()
         try:
-            res["loaded"] = phase(a.steps, a.warmup + a.steps)
+            res["loaded"] = take_turns(variants, a.steps, step, a.warmup + a.steps)
         finally:
             for p in busy:
                 p.kill()
                 p.wait()
     # the losses of the timed steps: every variant saw the same batches
     res["final_loss"] = {v: sum(losses[v][-3:]) / 3 for v in variants}
-    if not a.no_memory:
-        for v in variants:
-            res["memory"][v] = _memory(models[v], opts[v], lambda: step(v, 10_000), world)
-    if a.allreduce and backends[0] == "rsdp":
-        res["allreduce"] = _allreduce_ratio(world)
-    if rank == 0:
-        with open(out_path, "w") as f:
-            json.dump(res, f)
-    dist.destroy_process_group()
+    for v in variants if not a.no_memory else ():
+        dist.barrier()
+        # gradients that are views of a strategy's flat buffers (RSDP's) land in MemTracker's
+        # optimizer-state category: the two are reported together
+        peak = tm.memtracker_peak(lambda: step(v, 10_000), models[v], opts[v])
+        cats = [peak.get("Parameter", 0), peak.get("Gradient", 0) + peak.get("Optstate", 0)]
+        total = peak.get("Total", 0)
+        every = [None] * world
+        dist.all_gather_object(every, [total, *cats, total - sum(cats)])
+        top = max(every)
+        res["memory"][v] = dict(total=top[0], **dict(zip(MEM_CATS, top[1:])))
+    if a.allreduce and a.backends[0] == "rsdp":
+        res["allreduce"] = _allreduce_ratio()
+    return res
 
 
-def _memory(model, opt, run_step, world):
-    """Peak memory per rank over one step, max over ranks: torch's MemTracker (every tensor
-    torch allocates), split at the peak into parameters, gradients with optimizer state, and
-    the rest (activations, gathered or rotating weights, temporaries)."""
-    import torch
-    import torch.distributed as dist
-    from torch.distributed._tools.mem_tracker import MemTracker
-    mt = MemTracker()
-    mt._mod_tracker = tm.NoModuleTracking()
-    mt.track_external(model, opt)
-    dist.barrier()
-    with mt:
-        run_step()
-    snap = mt.get_tracker_snapshot("peak")
-    peak = max(snap.values(), key=lambda d: d.get("Total", 0)) if snap else {}
-    total = float(peak.get("Total", 0))
-    # gradients that are views of a strategy's flat buffers (RSDP's, DDP's buckets) land in
-    # MemTracker's optimizer-state category: the two are reported together
-    cats = [float(peak.get("Parameter", 0)),
-            float(peak.get("Gradient", 0)) + float(peak.get("Optstate", 0))]
-    vals = [total] + cats + [total - sum(cats)]
-    t = torch.tensor(vals, dtype=torch.float64)
-    gathered = [torch.zeros_like(t) for _ in range(world)]
-    dist.all_gather(gathered, t)
-    top = max(gathered, key=lambda x: x[0].item()).tolist()
-    return dict(total=top[0], **dict(zip(MEM_CATS, top[1:])))
-
-
-def _allreduce_ratio(world, nbytes=4 << 20, iters=10):
+def _allreduce_ratio(nbytes=4 << 20, iters=10):
     """Median all-reduce time over rsdp and gloo (both in this process group's processes)."""
     import torch
     import torch.distributed as dist
@@ -213,26 +152,9 @@ def _allreduce_ratio(world, nbytes=4 << 20, iters=10):
             t0 = time.perf_counter()
             dist.all_reduce(t, group=g)
             ts.append(time.perf_counter() - t0)
-        x = torch.tensor(ts, dtype=torch.float64)
-        dist.all_reduce(x, op=dist.ReduceOp.MAX)
-        out.setdefault(name, []).extend(x.tolist())
+        out.setdefault(name, []).extend(slowest(ts))
     dist.destroy_process_group(gloo)
     return {k: statistics.median(v) for k, v in out.items()}
-
-
-def run_one(setting, world, runs, a):
-    import tempfile
-
-    import torch.multiprocessing as mp
-    cfg = SETTINGS[setting]
-    fd, path = tempfile.mkstemp(suffix=".json")
-    os.close(fd)
-    try:
-        mp.spawn(_worker, args=(world, tm.free_port(), cfg, runs, a, path), nprocs=world)
-        with open(path) as f:
-            return json.load(f)
-    finally:
-        os.unlink(path)
 
 
 def summarise(setting, world, runs, raw, cfg, base_key="fsdp2"):
@@ -390,7 +312,8 @@ def main(argv=None) -> int:
     for setting in a.settings.split(","):
         for w in (int(x) for x in a.world_sizes.split(",")):
             t0 = time.time()
-            raw = run_one(setting, w, runs, a)
+            raw = run_ranks(_worker, w, SETTINGS[setting], runs, a, backend=a.backends[0],
+                            threads=a.threads)
             res = summarise(setting, w, runs, raw, SETTINGS[setting], base_key)
             res["wall_s"] = time.time() - t0
             results.append(res)

@@ -415,12 +415,11 @@ def resident_bytes(model: nn.Module) -> int:
     return n
 
 
-def peak_beyond(fn, *held) -> float:
-    """The peak of what ``fn()`` holds on top of ``held`` (modules, optimizers: their
-    parameters, buffers and state), by torch's ``MemTracker``: activations, gathered or
-    rotating weights, gradients and optimizer state made in it. ``held`` must name every tensor
-    that ``fn`` views (a model's parameters): MemTracker counts a view of a storage it does not
-    know as a new allocation of all of it."""
+def memtracker_peak(fn, *held) -> dict:
+    """torch's MemTracker over ``fn()``, its categories at the peak (Total, Parameter,
+    Gradient, Optstate, ...), without its per-module split (NoModuleTracking). ``held``
+    (modules, optimizers) must name every tensor ``fn`` views: MemTracker counts a view of a
+    storage it does not know as a new allocation of all of it."""
     from torch.distributed._tools.mem_tracker import MemTracker
     mt = MemTracker()
     mt._mod_tracker = NoModuleTracking()
@@ -429,7 +428,14 @@ def peak_beyond(fn, *held) -> float:
         fn()
     snap = mt.get_tracker_snapshot("peak")
     peak = max(snap.values(), key=lambda d: d.get("Total", 0)) if snap else {}
-    return float(peak.get("Total", 0) - peak.get("Parameter", 0) - peak.get("Buffer", 0))
+    return {k: float(v) for k, v in peak.items()}
+
+
+def peak_beyond(fn, *held) -> float:
+    """The peak of what ``fn()`` holds on top of ``held`` (their parameters, buffers and
+    state): activations, gathered or rotating weights, gradients, optimizer state."""
+    peak = memtracker_peak(fn, *held)
+    return peak.get("Total", 0) - peak.get("Parameter", 0) - peak.get("Buffer", 0)
 
 
 def proc_status_kib(field: str) -> int:
@@ -483,9 +489,3 @@ def load_average() -> str:
     except OSError:
         return "?"
 
-
-__all__ = ["Block", "TransformerLM", "lm_loss", "count_params", "STRATEGIES", "wrap",
-           "rsdp_import", "backend_import", "ParamMemoryTracker", "METHOD", "proc_status_kib",
-           "reset_peak_rss", "tune_for_oversubscription", "default_threads", "free_port",
-           "gather_floats", "median", "fmt_bytes", "md_table", "load_average", "NoModuleTracking",
-           "resident_bytes", "peak_beyond"]
