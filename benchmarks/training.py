@@ -1,13 +1,7 @@
-"""RSDP vs FSDP2 vs DDP on the seed's TransformerLM (`--small` for a small CPU machine).
-
-Every run is `strategy:backend` (`plain`: the unwrapped model in one process) in fresh ranks,
-the same model, seed and synthetic batches. Reported: tokens/s (median step time of the slowest
-rank), peak parameter-related memory per rank (training_models.ParamMemoryTracker, one extra
-step), peak RSS per rank and its growth, the last loss (equal across strategies). With more
-ranks than cores RSDP_SPIN_US=0 unless set. --device cuda: rank r on GPU r % count, memory
-from `torch.cuda.max_memory_allocated()` (what the caching allocator handed out) instead of RSS;
-NCCL runs are left out where ranks share a GPU. --single-gpu adds `plain`. A failing run is
-reported and the others go on; the exit code is 1 only if every run failed.
+"""RSDP, FSDP2 and DDP (and torch_rsdp.plan's strategies) training the same TransformerLM in
+fresh ranks, each run `strategy:backend`: tokens/s, parameter-related memory
+(training_models.ParamMemoryTracker), peak RSS or CUDA memory, last loss. A failing run is
+reported and the others go on. See docs/benchmarks.md, training.
 """
 from __future__ import annotations
 
@@ -191,9 +185,7 @@ def _worker(rank, args, strategy, backend, port, out_dir):
     W = 1 if single else args.world_size
     rows = args.world_size * args.batch // W
     dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
-    batch_dev = dev if cuda else None
-    rss_reset = tm.reset_peak_rss()
-    rss_base = tm.proc_status_kib("VmRSS") * 1024
+    mine = {"rss_reset": tm.reset_peak_rss(), "rss_base": tm.proc_status_kib("VmRSS") * 1024}
     torch.manual_seed(args.seed)
     model = tm.TransformerLM(args.vocab, args.d_model, args.ffn, args.heads, args.layers,
                              args.seq)
@@ -203,11 +195,10 @@ def _worker(rank, args, strategy, backend, port, out_dir):
     t0 = time.perf_counter()
     if not single:
         model = tm.wrap(model, strategy, dev)
-    wrap_s = time.perf_counter() - t0
-    cuda_wrap = cuda_peak = float("nan")
+    mine["wrap_s"] = time.perf_counter() - t0
     if cuda:
         torch.cuda.synchronize()
-        cuda_wrap = torch.cuda.memory_allocated()
+        mine["cuda_wrap"] = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()  # the peak of training, not of building/sharding
     opt = tm.make_optimizer(model, args.lr)
     times, losses = [], []
@@ -215,53 +206,49 @@ def _worker(rank, args, strategy, backend, port, out_dir):
         if cuda:
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        losses.append(train_step(model, opt, step, rank, args, rows, batch_dev))
+        losses.append(train_step(model, opt, step, rank, args, rows, dev if cuda else None))
         if cuda:
             torch.cuda.synchronize()
         if step >= args.warmup:
             times.append(time.perf_counter() - t0)
     if cuda:
-        cuda_peak = torch.cuda.max_memory_allocated()
-    mem_peak, mem_bd, mem_samples = float("nan"), dict.fromkeys(tm.ParamMemoryTracker.CATS, 0), 0
+        mine["cuda_peak"] = torch.cuda.max_memory_allocated()
+    mine.update(mem=float("nan"), bd=dict.fromkeys(tm.ParamMemoryTracker.CATS, 0), samples=0)
     if not args.no_memory:
         if not single:
             dist.barrier()
         tracker = tm.ParamMemoryTracker(model, opt)
         with tracker:
-            train_step(model, opt, args.warmup + args.steps, rank, args, rows, batch_dev)
-        mem_peak, mem_bd, mem_samples = tracker.peak, tracker.peak_breakdown, tracker.samples
-    rss_peak = tm.proc_status_kib("VmHWM") * 1024
-    mine = [tm.median(times), max(times), mem_peak,
-            *(mem_bd[c] for c in tm.ParamMemoryTracker.CATS),
-            rss_peak, rss_base, losses[-1], wrap_s, mem_samples, cuda_peak, cuda_wrap]
-    if single:
-        every = [mine]
-    else:  # NCCL moves CUDA tensors only
-        every = tm.gather_floats(mine, device=dev if backend == "nccl" else None)
+            train_step(model, opt, args.warmup + args.steps, rank, args, rows,
+                       dev if cuda else None)
+        mine.update(mem=tracker.peak, bd=tracker.peak_breakdown, samples=tracker.samples)
+    mine.update(step=tm.median(times), rss_peak=tm.proc_status_kib("VmHWM") * 1024,
+                loss=losses[-1])
+    every = [mine] * W
+    if not single:
+        dist.all_gather_object(every, mine)
     if rank == 0:
-        col = lambda i: [r[i] for r in every]  # noqa: E731
-        step_s = max(col(0))
-        peak_rank = max(range(W), key=lambda r: every[r][2])
+        col = lambda k: [r[k] for r in every]  # noqa: E731
+        step_s, peak = max(col("step")), max(every, key=lambda r: r["mem"])
         tokens = args.world_size * args.batch * args.seq  # the global batch, for every run
         res = {
             "strategy": strategy, "backend": backend, "world_size": W, "params": n_params,
             "tokens_per_step": tokens, "timed_steps": len(times),
-            "step_s_median_per_rank": col(0), "step_s": step_s,
-            "tokens_per_s": tokens / step_s,
-            "mem_peak_bytes": every[peak_rank][2],
-            "mem_breakdown_bytes": dict(zip(tm.ParamMemoryTracker.CATS, every[peak_rank][3:7])),
-            "mem_peak_bytes_per_rank": col(2),
-            "rss_peak_bytes": max(col(7)), "rss_peak_bytes_per_rank": col(7),
-            "rss_base_bytes": max(col(8)),
-            "rss_growth_bytes": max(a - b for a, b in zip(col(7), col(8))),
-            "rss_peak_reset": rss_reset,
-            "final_loss": sum(col(9)) / W, "losses_rank0": losses, "wrap_s": max(col(10)),
-            "mem_samples": int(every[0][11]), "threads_per_rank": args.threads,
+            "step_s_median_per_rank": col("step"), "step_s": step_s,
+            "tokens_per_s": tokens / step_s, "mem_peak_bytes": peak["mem"],
+            "mem_breakdown_bytes": peak["bd"], "mem_peak_bytes_per_rank": col("mem"),
+            "rss_peak_bytes": max(col("rss_peak")), "rss_peak_bytes_per_rank": col("rss_peak"),
+            "rss_base_bytes": max(col("rss_base")),
+            "rss_growth_bytes": max(r["rss_peak"] - r["rss_base"] for r in every),
+            "rss_peak_reset": mine["rss_reset"], "final_loss": sum(col("loss")) / W,
+            "losses_rank0": losses, "wrap_s": max(col("wrap_s")),
+            "mem_samples": every[0]["samples"], "threads_per_rank": args.threads,
         }
         if cuda:
             res.update(device="cuda", gpu=torch.cuda.get_device_name(dev),
-                       cuda_peak_bytes=max(col(12)), cuda_peak_bytes_per_rank=col(12),
-                       cuda_after_wrap_bytes=max(col(13)))
+                       cuda_peak_bytes=max(col("cuda_peak")),
+                       cuda_peak_bytes_per_rank=col("cuda_peak"),
+                       cuda_after_wrap_bytes=max(col("cuda_wrap")))
         with open(os.path.join(out_dir, "result.json"), "w") as f:
             json.dump(res, f)
     if not single:
@@ -275,15 +262,16 @@ def _worker(rank, args, strategy, backend, port, out_dir):
 def run_one(args, strategy, backend) -> dict:
     single = strategy == PLAIN
     label = PLAIN if single else f"{strategy}:{backend}"
-    why = None if single else tm.backend_import(backend)
-    if why is None and strategy == "rsdp":
-        _, why = tm.rsdp_import()
-        why = None if why is None else f"rsdp: not available: {why}"
-        if why is None and args.device == "cuda":
+    why = None
+    if "rsdp" in (strategy, backend):
+        try:
             import torch_rsdp
-            available = getattr(torch_rsdp, "cuda_available", None)
-            if available is None or not available():
+            if args.device == "cuda" and not torch_rsdp.cuda_available():
                 why = "rsdp: not available: torch_rsdp was built without CUDA"
+        except Exception as exc:  # noqa: BLE001
+            why = f"rsdp: not available: {type(exc).__name__}: {exc}"
+    elif backend not in ("gloo", "nccl", "mpi", NO_BACKEND):
+        why = f"unknown backend {backend!r}"
     if why is None and backend == "nccl" and ranks_share_gpu(args):
         why = (f"NCCL refuses several ranks on one GPU ({args.world_size} ranks on "
                f"{gpus_used(args)} GPU(s)); use the rsdp backend")
