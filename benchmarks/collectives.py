@@ -1,15 +1,8 @@
-#!/usr/bin/env python3
-"""nccl-tests-style benchmark of torch.distributed collectives on CPU (or CUDA) tensors.
-
-For every backend of --backends (the last is the baseline) --world-size ranks sweep op x dtype x
-size (doubling from --min-bytes to --max-bytes). Per point: one exact check (small-integer
-inputs), warm-up, then timed iterations, each a barrier of the group under test and `reps`
-back-to-back ops; the slowest rank's time per iteration, the median over iterations (with
---rounds R the backends alternate R times and the samples are pooled). "bytes", algbw and busbw
-follow nccl-tests. --device cuda times with CUDA events and, where ranks share a GPU, compares
-with the GPU's device-to-device copy bandwidth. --peers mpi,oneccl measures Open MPI and oneCCL
-at the same points (common.py, "peers"), and rsdp on one rank ("rsdp@1", the cost of a call).
-Outputs: NAME.md / .json (common.write_result), busbw_<op>.png. See docs/benchmarks.md.
+"""nccl-tests-style sweep of torch.distributed collectives (op x dtype x size) on CPU or CUDA
+tensors: each backend of --backends against the last, each point checked exact, then timed
+(the slowest rank's time per iteration, the median); "bytes", algbw and busbw follow
+nccl-tests. --peers measures Open MPI and oneCCL at the same points (common.py, "peers").
+See docs/benchmarks.md, collectives.
 """
 
 from __future__ import annotations
@@ -19,12 +12,10 @@ import datetime
 import importlib
 import importlib.util
 import json
-import math
 import os
 import sys
 import tempfile
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
@@ -52,27 +43,21 @@ all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_
 reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 # Iteration scaling: a point of `nbytes` runs clamp(ITER_BYTES / nbytes, --min-iters, --iters)
-# timed iterations and clamp(WARMUP_BYTES / nbytes, 1, --warmup) warm-up iterations, so small
-# messages get many iterations and the 64 MiB points a handful. Each timed iteration is one
-# barrier followed by clamp(REPS_BYTES / nbytes, 1, --reps) back-to-back ops: the ranks leave a
-# barrier up to one message latency apart, and that skew would otherwise be counted in every
-# small-message time (on the 2-core machine it doubled rsdp's 1 KiB allreduce time).
+# timed iterations and clamp(WARMUP_BYTES / nbytes, 1, --warmup) warm-up ops; each timed
+# iteration is one barrier and clamp(REPS_BYTES / nbytes, 1, --reps) back-to-back ops, since
+# the ranks leave a barrier up to one message latency apart and that skew would otherwise be
+# counted in every small message's time.
 ITER_BYTES = 256 << 20
 WARMUP_BYTES = 64 << 20
 REPS_BYTES = 1 << 20
-# After those warm-up ops, each point keeps warming up for about this long (an op count all
-# ranks agree on, from the slowest rank's warm-up time): five ops of a small message take
-# microseconds, too little to outlast what the previous points left behind (freed 64 MiB
-# buffers, another library's threads winding down), which made the first sizes of an op run
-# 1.5x slow in some rounds and not in others.
+# Then each point keeps warming up for about this long (an op count the ranks agree on): a few
+# small ops do not outlast what the previous points left behind (freed buffers, another
+# library's threads winding down).
 WARMUP_SECONDS = 0.02
 WARMUP_MAX_OPS = 5000
-# With more ranks than cores the ranks cannot be pinned, and the ranks the side group's
-# reductions put to sleep between points are now and then woken on one core: three ranks on
-# one core and one on the other, for 50-150 ms until the kernel's load balancer spreads them
-# again (a 2-core guest, 4 ranks, 64 KiB all-reduce in 70 ms windows: 33-36 us stacked, 17-18
-# once spread). A point timed inside that stretch measured the scheduler, not the library, so
-# oversubscribed runs warm each point up for longer. The peers (common.py) get the same.
+# With more ranks than cores, ranks woken between points may be stacked on one core until the
+# kernel's load balancer spreads them again, for up to a few hundred ms: oversubscribed runs
+# (and the peers, common.py) warm each point up for this long instead.
 SETTLE_SECONDS = 0.25
 
 
@@ -126,10 +111,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5,
                    help="warm-up iterations for small messages (scaled down for large ones)")
     p.add_argument("--warmup-seconds", type=float, default=None,
-                   help=f"after the warm-up iterations, each point keeps warming up for about "
-                        f"this long (default {WARMUP_SECONDS} s, {SETTLE_SECONDS} s when ranks "
-                        f"outnumber the cores: the kernel takes that long to spread ranks it "
-                        f"woke on one core); the peers use the same")
+                   help=f"then warm each point up for about this long (default "
+                        f"{WARMUP_SECONDS} s, {SETTLE_SECONDS} s with more ranks than cores)")
     p.add_argument("--rounds", type=positive_int, default=1,
                    help="repeat the whole sweep, alternating backends (A B A B ...); the "
                         "iteration times of all rounds are pooled before taking the median. "
@@ -139,11 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=positive_int, default=300,
                    help="process-group timeout in seconds")
     p.add_argument("--bind", action=argparse.BooleanOptionalAction, default=True,
-                   help="pin rank r to core r, and the MPI peer's ranks likewise (--bind-to "
-                        "core), as OSU and nccl-tests runs do, when there are enough cores. Unpinned ranks that "
-                        "sleep between points (in the side group) are now and then woken on "
-                        "one core and stay stacked for a whole point, which doubles or "
-                        "triples a small op's time, at random")
+                   help="pin rank r to core r, and the peers' ranks likewise, as OSU and "
+                        "nccl-tests runs do, when there are enough cores (unpinned ranks may "
+                        "be stacked on one core for a whole point)")
     p.add_argument("--peers", type=csv_list(common.PEERS), default=None,
                    help="also measure these libraries outside torch.distributed at the same "
                         "points (mpi: Open MPI via mpirun + mpi4py; oneccl: Intel oneCCL, "
@@ -751,35 +732,48 @@ class Report:
     # ------------------------------------------------------------------ markdown
 
     def markdown(self) -> str:
-        if self.cuda:
-            return self._markdown_cuda()
-        info, cfg = self.info, self.config
+        info, cfg, cuda = self.info, self.config, self.cuda
         vs = (f"{', '.join(self.candidates)} vs {self.baseline} (baseline)"
               if self.candidates else f"{self.baseline} only")
+        where = (f"GPU: {info['gpu_name']} x{info['gpu_count']}, {info['ranks_per_gpu']} rank(s) "
+                 f"per GPU, CUDA {info['torch_cuda_version']}; device-to-device copy "
+                 f"{fmt_num(self.copy)} GB/s counting bytes read + written "
+                 f"({fmt_num(info['d2d_copy_gbps_bytes_copied'])} GB/s of bytes copied). Host: "
+                 if cuda else "Machine: ")
+        ratios = (f"`busbw×` = busbw / {self.baseline} busbw (higher is better); "
+                  f"`lat×` = time / {self.baseline} time (lower is better)")
         out = [
-            f"# Collective benchmark: {vs}, {self.n} ranks, CPU tensors",
+            f"# Collective benchmark: {vs}, {self.n} ranks, {'CUDA' if cuda else 'CPU'} tensors",
             "",
-            f"Machine: {info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}, "
-            f"single-core memcpy {self.memcpy:.2f} GB/s. "
+            f"{where}{info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}"
+            + ("" if cuda else f", single-core memcpy {self.memcpy:.2f} GB/s") + ". "
             f"Sizes {fmt_bytes(cfg['min_bytes'])}..{fmt_bytes(cfg['max_bytes'])}, "
             f"up to {cfg['iters']} timed iterations (at least {cfg['min_iters']}) of up to "
-            f"{cfg['reps']} back-to-back ops (1 from 1 MiB), "
-            f"{cfg['threads']} thread(s) per rank; run took {info.get('elapsed_s', '?')} s.",
-            "",
-            "time = per-op time in µs: median over iterations of the slowest rank's "
-            "iteration time / ops per iteration; "
-            "algbw = bytes / time, busbw = algbw × factor, in GB/s (1e9 B/s); "
-            f"`busbw×` = busbw / {self.baseline} busbw (higher is better); "
-            f"`lat×` = time / {self.baseline} time (lower is better). "
-            "`WRONG` marks a point whose result did not match.",
-        ]
-        out += self._peers_header()
+            f"{cfg['reps']} back-to-back ops (1 from 1 MiB)"
+            + ("; " if cuda else f", {cfg['threads']} thread(s) per rank; ")
+            + f"run took {info.get('elapsed_s', '?')} s."]
+        if cuda and info.get("baseline_note"):
+            out += ["", f"Note: {info['baseline_note']}."]
+        if cuda:
+            out += ["", "time = per-op GPU time in µs (CUDA events on each rank's current stream "
+                    "from right after a barrier to after the last op of the iteration): median "
+                    "over iterations of the slowest rank's iteration time / ops per iteration; "
+                    "algbw = bytes / time, busbw = algbw × factor, in GB/s (1e9 B/s); "
+                    "`busbw/copy` = busbw / the device-to-device copy bandwidth above"
+                    + (f"; {ratios}" if self.candidates else "")
+                    + ". `WRONG` marks a point whose result did not match."]
+        else:
+            out += ["", "time = per-op time in µs: median over iterations of the slowest rank's "
+                    "iteration time / ops per iteration; algbw = bytes / time, busbw = algbw × "
+                    f"factor, in GB/s (1e9 B/s); {ratios}. `WRONG` marks a point whose result "
+                    "did not match."]
+            out += self._peers_header()
         if not self.rows:
             out += ["", "**No results: the run failed before the first point was measured.**"]
             return "\n".join(out) + "\n"
         for op, dtype in self._ops_dtypes():
             out += ["", self._section(op, dtype)]
-        out += ["", self.targets_markdown()]
+        out += ["", self.limit_markdown() if cuda else self.targets_markdown()]
         return "\n".join(out) + "\n"
 
     def _peers_header(self) -> list[str]:
@@ -803,45 +797,6 @@ class Report:
             world1 = ""  # said once
         out += [f"\nNote: {n}." for n in info.get("peer_notes", [])]
         return out
-
-    def _markdown_cuda(self) -> str:
-        info, cfg = self.info, self.config
-        vs = (f"{', '.join(self.candidates)} vs {self.baseline} (baseline)"
-              if self.candidates else f"{self.baseline} only")
-        out = [
-            f"# Collective benchmark: {vs}, {self.n} ranks, CUDA tensors",
-            "",
-            f"GPU: {info['gpu_name']} x{info['gpu_count']}, {info['ranks_per_gpu']} rank(s) per "
-            f"GPU, CUDA {info['torch_cuda_version']}; device-to-device copy "
-            f"{fmt_num(self.copy)} GB/s counting bytes read + written "
-            f"({fmt_num(info['d2d_copy_gbps_bytes_copied'])} GB/s of bytes copied). "
-            f"Host: {info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}. "
-            f"Sizes {fmt_bytes(cfg['min_bytes'])}..{fmt_bytes(cfg['max_bytes'])}, "
-            f"up to {cfg['iters']} timed iterations (at least {cfg['min_iters']}) of up to "
-            f"{cfg['reps']} back-to-back ops (1 from 1 MiB); run took "
-            f"{info.get('elapsed_s', '?')} s.",
-        ]
-        if info.get("baseline_note"):
-            out += ["", f"Note: {info['baseline_note']}."]
-        out += [
-            "",
-            "time = per-op GPU time in µs (CUDA events on each rank's current stream from "
-            "right after a barrier to after the last op of the iteration): median over "
-            "iterations of the slowest rank's iteration time / ops per iteration; "
-            "algbw = bytes / time, busbw = algbw × factor, in GB/s (1e9 B/s); "
-            "`busbw/copy` = busbw / the device-to-device copy bandwidth above"
-            + (f"; `busbw×` = busbw / {self.baseline} busbw (higher is better); "
-               f"`lat×` = time / {self.baseline} time (lower is better)"
-               if self.candidates else "")
-            + ". `WRONG` marks a point whose result did not match.",
-        ]
-        if not self.rows:
-            out += ["", "**No results: the run failed before the first point was measured.**"]
-            return "\n".join(out) + "\n"
-        for op, dtype in self._ops_dtypes():
-            out += ["", self._section(op, dtype)]
-        out += ["", self.limit_markdown()]
-        return "\n".join(out) + "\n"
 
     def physical_limit(self) -> list[dict]:
         """CUDA: per backend, op and dtype, the best busbw and its fraction of the copy

@@ -1,13 +1,7 @@
-"""Collectives across emulated nodes: rsdp (as it chooses, hierarchical, flat ring, compressed)
-against gloo and Open MPI behind a rate-limited link, with link efficiency.
-
-Nodes are network namespaces (torch_rsdp.testing.netns, root) with a `tc` rate per node link,
-or the loopback with RSDP_NODE_ID (--loopback, or without namespaces). Variants: `auto`,
-`hier`, `ring`, `hier-int8` / `hier-int4` (quantised inter-node stages), `gloo`, `mpi` (Open
-MPI on the same nodes, common.run_across_nodes), `oneccl` (left out with the reason), `nolink`
-(auto on the loopback: the CPU floor). Per point the slowest rank's median time; link
-efficiency = the bytes the algorithm must send per node link and direction
-(torch_rsdp/testing/traffic.py) / time / link rate. See docs/benchmarks.md, multinode.
+"""Collectives across emulated nodes behind a rate-limited link: rsdp (as it chooses,
+hierarchical, flat ring, compressed) against gloo and Open MPI, with link efficiency (the bytes
+the algorithm must send per node link, torch_rsdp/testing/traffic.py, / time / link rate).
+See docs/benchmarks.md, multinode.
 
 Only the standard library is imported at the top: worker processes import this file before
 they move into their node's namespace, and torch must not start threads before that.
@@ -75,10 +69,7 @@ def tolerance(variant: str, op: str) -> float:
     comp = COMPRESSION.get(variant)
     if comp is None:
         return 0.0
-    levels = {"int8": 126, "int4": 6}
-    key = {"all_gather": "all_gather", "reduce_scatter": "reduce_scatter",
-           "all_reduce": "all_reduce"}[op]
-    t = 1 / (2 * levels[comp[key]])
+    t = 1 / (2 * {"int8": 126, "int4": 6}[comp[op]])
     return (t + 1 / (2 * 126) if op == "all_reduce" else t) * 1.01
 TARGET_MIN_BYTES = 16 << 20  # the speed-up and compression targets
 TARGET_EFFICIENCY_MIN_BYTES = 1 << 20
@@ -131,76 +122,30 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- worker side
 
 
-def _pattern(count, offset):
-    import torch
-
-    return (torch.arange(count, dtype=torch.int32) % 7 + offset).to(torch.float32)
-
-
 def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads):
     """One variant on every rank: returns rank 0's rows (other ranks return None)."""
     import torch
     import torch.distributed as dist
 
+    from .collectives import Collective  # imports torch: only once in the node's namespace
     torch.set_num_threads(threads)
     if variant in COMPRESSION:
         import torch_rsdp
         torch_rsdp.set_compression(**COMPRESSION[variant], block=BLOCK)
-    tol = {op: tolerance(variant, op) for op in ops}
     side = dist.new_group(backend="gloo")  # barriers and timing reductions
     W, r = ctx.world_size, ctx.rank
     rows = []
     for op in ops:
         for size in sizes:
             n = count_of(size, W)
-            blk = n // W
             ctx.set_progress(f"{variant} {op} {size}")
-            if op == "all_reduce":
-                src = _pattern(n, r + 1)
-                buf = src.clone()
-
-                def run():
-                    dist.all_reduce(buf)
-
-                def reset():
-                    buf.copy_(src)
-
-                def expected():
-                    return W * (torch.arange(n) % 7).float() + W * (W + 1) // 2
-                result = buf
-            elif op == "all_gather":
-                inp = _pattern(blk, 8 * r + 1)
-                out = torch.zeros(n)
-
-                def run():
-                    dist.all_gather_into_tensor(out, inp)
-
-                def reset():
-                    pass
-
-                def expected():
-                    return torch.cat([_pattern(blk, 8 * q + 1) for q in range(W)])
-                result = out
-            else:
-                inp = _pattern(n, r + 1)
-                out = torch.zeros(blk)
-
-                def run():
-                    dist.reduce_scatter_tensor(out, inp)
-
-                def reset():
-                    pass
-
-                def expected():
-                    j = torch.arange(r * blk, (r + 1) * blk)
-                    return W * (j % 7).float() + W * (W + 1) // 2
-                result = out
+            coll = Collective(common.PEER_OP[op], torch.float32, n, r, W)
             err = ""
             try:
-                run()
-                want = expected()
-                ok = (bool(torch.equal(result, want)) if not tol[op] else
-                      bool(((result - want).abs() <= tol[op] * want.abs().max()).all()))
+                coll.prepare()
+                coll.run()
+                got, want = coll.result(), coll.expected()
+                ok = bool(((got - want).abs() <= tolerance(variant, op) * want.abs().max()).all())
             except Exception as e:  # noqa: BLE001 - every rank raises alike; reported below
                 ok, err = False, f"{type(e).__name__}: {str(e)[:300]}"
             flags = torch.tensor([0.0 if ok else 1.0, 1.0 if err else 0.0])
@@ -212,14 +157,14 @@ def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads):
                 rows.append(row)
                 continue
             for _ in range(warmup):
-                reset()
-                run()
+                coll.prepare()
+                coll.run()
             times = torch.empty(iters, dtype=torch.float64)
             for it in range(iters):
-                reset()
+                coll.prepare()
                 dist.barrier(group=side)
                 t0 = time.perf_counter()
-                run()
+                coll.run()
                 times[it] = time.perf_counter() - t0
             gathered = torch.empty(W * iters, dtype=torch.float64)
             dist.all_gather_into_tensor(gathered, times, group=side)
