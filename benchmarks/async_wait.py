@@ -14,9 +14,8 @@ import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from .common import RESULTS, fmt_bytes, free_port, md_table, write_result
+from .common import RESULTS, fmt_bytes, md_table, run_ranks, write_result
 
 SIZES = (8, 64 << 10, 1 << 20)
 KINDS = ("blocking", "async", "future", "overlap", "mm")
@@ -36,13 +35,7 @@ def timed(fn, calls: int) -> float:
     return statistics.median(batches)
 
 
-def rank_main(rank: int, backend: str, n: int, port: int, pin: bool, queue) -> None:
-    import torch_rsdp  # noqa: F401  (registers "rsdp")
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    torch.set_num_threads(1)
-    if pin:
-        os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
-    dist.init_process_group(backend, rank=rank, world_size=n)
+def rank_main(rank: int, n: int) -> list:
     a = torch.randn(64, 64)
     rows = []
     for nbytes in SIZES:
@@ -60,9 +53,7 @@ def rank_main(rank: int, backend: str, n: int, port: int, pin: bool, queue) -> N
                "overlap": overlap,
                "mm": lambda: torch.mm(a, a)}
         rows.append((nbytes, {k: timed(fns[k], calls) for k in KINDS}))
-    if rank == 0:
-        queue.put(rows)
-    dist.destroy_process_group()
+    return rows
 
 
 def main(argv=None) -> int:
@@ -74,17 +65,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     cores = len(os.sched_getaffinity(0))
     pins = {"yes": [True], "no": [False], "both": [False, True]}[args.pin]
-    ctx = mp.get_context("spawn")
     table = []
     for n in (int(x) for x in args.world_sizes.split(",")):
         for pin in pins:
             if pin and n > cores:
                 continue
             for backend in args.backends.split(","):
-                queue = ctx.SimpleQueue()
-                mp.start_processes(rank_main, args=(backend, n, free_port(), pin, queue),
-                                   nprocs=n, start_method="spawn")
-                for nbytes, r in queue.get():
+                for nbytes, r in run_ranks(rank_main, n, backend=backend, threads=1, pin=pin):
                     table.append(dict(backend=backend, ranks=n, pinned=pin, bytes=nbytes, **r))
                     print(f"# {backend} {n} ranks pinned={pin} {fmt_bytes(nbytes)}: "
                           f"async / blocking {r['async'] / r['blocking']:.2f}", flush=True)

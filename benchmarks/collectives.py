@@ -13,6 +13,7 @@ import importlib
 import importlib.util
 import json
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -26,14 +27,8 @@ from .common import (KiB, MiB, csv_list, fmt_bytes, fmt_num, free_port, md_table
                      positive_int)
 
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall")
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-    "int32": torch.int32,
-    "int64": torch.int64,
-}
+DTYPES = {n: getattr(torch, n) for n in ("float32", "bfloat16", "float16", "float64", "int32",
+                                         "int64")}
 BUILTIN_BACKENDS = {"gloo", "nccl", "mpi", "ucc", "xccl"}
 DEFAULT_BACKENDS = "rsdp,gloo"
 DEFAULT_BACKENDS_CUDA = "rsdp,nccl"
@@ -192,12 +187,8 @@ def import_backend(name: str) -> None:
 
 def backend_labels(backends: list[str]) -> list[str]:
     """Unique row labels: 'gloo,gloo' -> ['gloo', 'gloo#2']."""
-    seen: dict[str, int] = {}
-    labels = []
-    for name in backends:
-        seen[name] = seen.get(name, 0) + 1
-        labels.append(name if seen[name] == 1 else f"{name}#{seen[name]}")
-    return labels
+    return [f"{b}#{backends[:i].count(b) + 1}" if b in backends[:i] else b
+            for i, b in enumerate(backends)]
 
 
 def size_list(lo: int, hi: int) -> list[int]:
@@ -612,13 +603,11 @@ def worker(rank: int, args, port: int, raw_path: str) -> None:
 # "algbw_gbps", "busbw_gbps", "correct", ...}. Report adds the ratios to the baseline (the last
 # backend label), renders the markdown report, evaluates the targets and draws one PNG per op.
 
-BUSBW_FACTOR_TEXT = {
-    "allreduce": "2(n-1)/n",
-    "allgather": "(n-1)/n",
-    "reduce_scatter": "(n-1)/n",
-    "alltoall": "(n-1)/n",
-    "broadcast": "1",
-}
+# busbw = algbw x this factor (nccl-tests), as text and as a function of the world size
+BUSBW_FACTOR = {"allreduce": ("2(n-1)/n", lambda n: 2 * (n - 1) / n),
+                "allgather": ("(n-1)/n", lambda n: (n - 1) / n),
+                "reduce_scatter": ("(n-1)/n", lambda n: (n - 1) / n),
+                "alltoall": ("(n-1)/n", lambda n: (n - 1) / n), "broadcast": ("1", lambda n: 1.0)}
 
 # Targets, stated for 2 ranks (docs/benchmarks.md).
 BUSBW_SPEEDUP = 5.0            # busbw >= 5x baseline ...
@@ -636,19 +625,9 @@ PEER_RANGE = (8, 64 * KiB)
 PEER_OPS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
 
 
-def busbw_factor(op: str, n: int) -> float:
-    if op == "allreduce":
-        return 2 * (n - 1) / n
-    if op in ("allgather", "reduce_scatter", "alltoall"):
-        return (n - 1) / n
-    if op == "broadcast":
-        return 1.0
-    raise ValueError(op)
-
-
 def bandwidths(op: str, nbytes: int, seconds: float, n: int) -> dict:
     algbw = nbytes / seconds / 1e9 if seconds > 0 else float("inf")
-    return {"algbw_gbps": algbw, "busbw_gbps": algbw * busbw_factor(op, n)}
+    return {"algbw_gbps": algbw, "busbw_gbps": algbw * BUSBW_FACTOR[op][1](n)}
 
 
 def aggregate(raw: list[dict]) -> list[dict]:
@@ -672,11 +651,8 @@ def aggregate(raw: list[dict]) -> list[dict]:
     rows = list(merged.values())
     for m in rows:
         if m["samples_us"] and not m.get("error"):
-            samples = sorted(m["samples_us"])
-            mid = len(samples) // 2
-            med = samples[mid] if len(samples) % 2 else (samples[mid - 1] + samples[mid]) / 2
-            m["time_us"] = med
-            m["time_us_min"] = samples[0]
+            med = m["time_us"] = statistics.median(m["samples_us"])
+            m["time_us_min"] = min(m["samples_us"])
             m.update(bandwidths(m["op"], m["bytes"], med * 1e-6, m["world_size"]))
     return rows
 
@@ -726,8 +702,7 @@ class Report:
         return [r for r in self.rows if not self._ok(r)]
 
     def _ops_dtypes(self):
-        ops = [op for op in self.config["ops"]]
-        return [(op, dt) for op in ops for dt in self.config["dtypes"]]
+        return [(op, dt) for op in self.config["ops"] for dt in self.config["dtypes"]]
 
     # ------------------------------------------------------------------ markdown
 
@@ -868,8 +843,8 @@ class Report:
         errors = {r["backend"]: r["error"] for r in self.rows
                   if r["op"] == op and r["dtype"] == dtype and r.get("error")
                   and r["backend"] in shown}
-        title = (f"## {op}, {dtype}  (busbw factor {BUSBW_FACTOR_TEXT[op]} = "
-                 f"{busbw_factor(op, self.n):.2f})")
+        title = (f"## {op}, {dtype}  (busbw factor {BUSBW_FACTOR[op][0]} = "
+                 f"{BUSBW_FACTOR[op][1](self.n):.2f})")
         if not body:
             return f"{title}\n\n(no data)"
         notes = "".join(f"\n\n{lb}: {msg}" for lb, msg in errors.items())

@@ -1,24 +1,19 @@
-"""FSDP2 over rsdp with and without communication memory, measured in one run.
-
-FSDP2 allocates each all-gather output and reduce-scatter input with torch.empty unless
-`set_allocate_memory_from_process_group_for_comm(True)` makes it ask the process group: rsdp
-then hands out memory its peers read in place, one copy instead of two. The same model trains
-both ways in the same processes, alternating every few steps so both see the same machine:
-median step time of each, their ratio, and the collectives that took the one-copy path.
+"""FSDP2 over rsdp with its collective buffers from torch.empty or from the process group
+(`set_allocate_memory_from_process_group_for_comm`: memory the peers read in place, one copy
+instead of two), the same model both ways in the same processes, alternating: median step
+time, ratio, one-copy collectives. See docs/benchmarks.md, comm-memory.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import time
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-from .common import RESULTS, free_port, md_table, write_result
+from .common import RESULTS, md_table, run_ranks, slowest, write_result
 
 VARIANTS = {"torch.empty": False, "communication memory": True}
 
@@ -37,15 +32,9 @@ def build(args, from_pg: bool):
     return model, torch.optim.SGD(model.parameters(), lr=1e-3)
 
 
-def worker(rank: int, args, port: int, out) -> None:
+def worker(rank: int, world: int, args) -> dict:
     import torch_rsdp
 
-    cores = sorted(os.sched_getaffinity(0))
-    if args.ranks <= len(cores):
-        os.sched_setaffinity(0, {cores[rank]})
-    torch.set_num_threads(1)
-    dist.init_process_group("rsdp", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=args.ranks)
     runs = {name: build(args, from_pg) for name, from_pg in VARIANTS.items()}
     times = {name: [] for name in VARIANTS}
     one_copy = {name: 0 for name in VARIANTS}
@@ -63,14 +52,8 @@ def worker(rank: int, args, port: int, out) -> None:
                     times[name].append(time.perf_counter() - t0)
             one_copy[name] += torch_rsdp.comm_stats()["one_copy_ops"] - before
     # The slowest rank's step is the step.
-    res = {}
-    for name in VARIANTS:
-        t = torch.tensor(times[name], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        res[name] = dict(step_ms=statistics.median(t.tolist()) * 1e3, one_copy_ops=one_copy[name])
-    if rank == 0:
-        out.put(res)
-    dist.destroy_process_group()
+    return {name: dict(step_ms=statistics.median(slowest(times[name])) * 1e3,
+                       one_copy_ops=one_copy[name]) for name in VARIANTS}
 
 
 def main(argv=None) -> int:
@@ -83,15 +66,7 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=6, help="alternations of the two variants")
     p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
-    port = free_port()
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    procs = [ctx.Process(target=worker, args=(r, args, port, q)) for r in range(args.ranks)]
-    for pr in procs:
-        pr.start()
-    res = q.get(timeout=1800)
-    for pr in procs:
-        pr.join()
+    res = run_ranks(worker, args.ranks, args, threads=1, pin=True)
     base = res["torch.empty"]["step_ms"]
     params = args.layers * (args.width * args.width + args.width)
     print(f"# FSDP2 over rsdp, {args.ranks} ranks, {args.layers} x Linear({args.width}, "

@@ -156,6 +156,20 @@ def memory_bytes() -> int:
     return 0
 
 
+def proc_status_kib(field: str) -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    if field == "VmHWM":
+        import resource
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return 0
+
+
 def git_commit() -> str:
     """The checkout's commit, with "+dirty" when tracked files differ from it."""
     try:
@@ -226,15 +240,28 @@ def write_result(out_dir: str, name: str, data, markdown: str | None = None,
 # that a slow spell of the machine touches each alike.
 
 
-def _rank_main(rank, fn, world, port, path, backend, threads, args):
+def tune_for_oversubscription(local_world: int) -> str:
+    """With more ranks on this machine than cores, waiting rsdp ranks must not spin (the peer
+    they wait for may need the core): sets RSDP_SPIN_US=0 unless the user set it. Call before
+    init_process_group. Returns the setting in effect, for the report."""
+    if "RSDP_SPIN_US" not in os.environ and local_world > (os.cpu_count() or 1):
+        os.environ["RSDP_SPIN_US"] = "0"
+    return f"RSDP_SPIN_US={os.environ.get('RSDP_SPIN_US', 'default')}"
+
+
+def default_threads(local_world: int) -> int:
+    return max(1, (os.cpu_count() or 1) // max(1, local_world))
+
+
+def _rank_main(rank, fn, world, port, path, backend, threads, pin, args):
     import torch
     import torch.distributed as dist
-    if "RSDP_SPIN_US" not in os.environ and world > (os.cpu_count() or 1):
-        # more ranks than cores: a waiting rank must not spin (the peer it waits for may need
-        # the core)
-        os.environ["RSDP_SPIN_US"] = "0"
+    cores = sorted(os.sched_getaffinity(0))
+    if pin and world <= len(cores):
+        os.sched_setaffinity(0, {cores[rank]})
+    tune_for_oversubscription(world)
     import torch_rsdp  # noqa: F401  (registers "rsdp")
-    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(threads or default_threads(world))
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     out = fn(rank, world, *args)
@@ -244,14 +271,15 @@ def _rank_main(rank, fn, world, port, path, backend, threads, args):
     dist.destroy_process_group()
 
 
-def run_ranks(fn, world: int, *args, backend: str = "rsdp", threads: int | None = None):
+def run_ranks(fn, world: int, *args, backend: str = "rsdp", threads: int | None = None,
+              pin: bool = False):
     """fn(rank, world, *args) on `world` spawned ranks of one process group on `backend`
-    (`threads` torch threads each, default cores // world); returns what rank 0's returned
-    (through JSON)."""
+    (`threads` torch threads each, default cores // world; with `pin`, rank r on core r where
+    there are enough); returns what rank 0's returned (through JSON)."""
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rank0.json")
-        mp.spawn(_rank_main, args=(fn, world, free_port(), path, backend, threads, args),
+        mp.spawn(_rank_main, args=(fn, world, free_port(), path, backend, threads, pin, args),
                  nprocs=world)
         with open(path) as f:
             return json.load(f)
@@ -279,6 +307,18 @@ def take_turns(names: list, n_steps: int, step, first: int = 0) -> dict:
             step(v, first + s)
             times[v].append(time.perf_counter() - t0)
     return {v: slowest(t) for v, t in times.items()}
+
+
+def on_two_nodes(rate: str, info: dict, fn):
+    """fn(nodes) on 2 emulated nodes (network namespaces) whose links `tc` limits to `rate`,
+    or fn(None) on the loopback where namespaces are not available; info["link"] says which."""
+    from torch_rsdp.testing import netns
+    if not netns.namespaces_available():
+        info["link"] = "loopback with RSDP_NODE_ID (no namespaces: no link emulated)"
+        return fn(None)
+    with netns.EmulatedNodes(2, rate=rate) as nodes:
+        info["link"] = f"network namespaces, node links limited to {rate} (tc)"
+        return fn(nodes)
 
 
 def verdicts(checks: list[dict]) -> str:
@@ -381,19 +421,22 @@ ONECCL_SOURCE = os.path.join(HERE, "oneccl_peer.cpp")
 ONECCL_BUILD = os.path.join(ROOT, "build", "oneccl")
 
 
-def mpirun_command(n: int, plan: str, out: str, bind: bool = False) -> list[str]:
-    """mpirun for n ranks on this machine. --allow-run-as-root is Open MPI's documented switch
-    for root (the usual user in a container); --oversubscribe lets n exceed the core count;
-    --bind-to core pins one rank per core as collectives --bind pins the torch ranks
-    (only while there are enough cores, there as here), else --bind-to none; btl self,vader
-    is loopback plus shared memory, the transports of a single-node job."""
-    cmd = ["mpirun"]
-    if os.geteuid() == 0:
-        cmd.append("--allow-run-as-root")
+def mpirun_command(n: int, plan: str, out: str, bind: bool = False, hosts: list[str] = (),
+                   mca: dict | None = None) -> list[str]:
+    """mpirun for n ranks of mpi_rank.py, on this machine or on `hosts` ("name:slots").
+    --allow-run-as-root is Open MPI's documented switch for root (the usual user in a
+    container); --oversubscribe lets n exceed the core count; --bind-to core pins one rank per
+    core as collectives --bind pins the torch ranks (only while there are enough cores, there
+    as here); btl self,vader is loopback plus shared memory, the transports of a single-node
+    job."""
+    cmd = ["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
     binding = "core" if bind and n <= len(os.sched_getaffinity(0)) else "none"
-    cmd += ["--oversubscribe", "-np", str(n), "--bind-to", binding, "--mca", "btl", "self,vader",
-            sys.executable, os.path.join(HERE, "mpi_rank.py"), "--plan", plan, "--out", out]
-    return cmd
+    cmd += ["--oversubscribe", "-np", str(n), "--bind-to", binding]
+    if hosts:
+        cmd += ["-H", ",".join(hosts), "--map-by", "slot"]
+    for key, value in (mca or {"btl": "self,vader"}).items():
+        cmd += ["--mca", key, value]
+    return cmd + [sys.executable, os.path.join(HERE, "mpi_rank.py"), "--plan", plan, "--out", out]
 
 
 def unavailable(peer: str) -> str | None:
@@ -768,32 +811,20 @@ def run_across_nodes(peer: str, nodes, node_of: list[int], points: list[dict], t
         ) -> tuple[list[dict], str | None, str]:
     """(rows, error or None, the command shown in the report) of one peer's run."""
     with tempfile.TemporaryDirectory() as tmp:
-        raw, error, shown = run_mpi_across_nodes(nodes, node_of, points, timeout, tmp)
-    return multinode_rows(peer, raw), error, shown
-
-
-def run_mpi_across_nodes(nodes, node_of, points, timeout, tmp):
-    plan_path, out = os.path.join(tmp, "plan.json"), os.path.join(tmp, "result.json")
-    with open(plan_path, "w") as f:
-        json.dump({"world_size": len(node_of), "rounds": 1, "points": points}, f)
-    per_node = [node_of.count(i) for i in range(max(node_of) + 1)]
-    hosts = ",".join(f"{nodes.netns_name(i)}:{n}" for i, n in enumerate(per_node))
-    subnet = nodes.store_addr.rsplit(".", 1)[0] + ".0/24"
-    opts = {"plm_rsh_agent": " ".join(NETNS_COMMAND), "plm_rsh_no_tree_spawn": "1",
+        plan_path, out = os.path.join(tmp, "plan.json"), os.path.join(tmp, "result.json")
+        with open(plan_path, "w") as f:
+            json.dump({"world_size": len(node_of), "rounds": 1, "points": points}, f)
+        hosts = [f"{nodes.netns_name(i)}:{node_of.count(i)}" for i in range(max(node_of) + 1)]
+        subnet = nodes.store_addr.rsplit(".", 1)[0] + ".0/24"
+        cmd = mpirun_command(len(node_of), plan_path, out, hosts=hosts, mca={
+            "plm_rsh_agent": " ".join(NETNS_COMMAND), "plm_rsh_no_tree_spawn": "1",
             "oob_tcp_if_include": subnet, "btl_tcp_if_include": subnet,
-            "btl": "self,vader,tcp", "mpi_yield_when_idle": "1"}
-    cmd = ["mpirun"] + (["--allow-run-as-root"] if os.geteuid() == 0 else [])
-    cmd += ["--oversubscribe", "-np", str(len(node_of)), "-H", hosts, "--bind-to", "none",
-            "--map-by", "slot"]
-    for key, value in opts.items():
-        cmd += ["--mca", key, value]
-    cmd += [sys.executable, os.path.join(HERE, "mpi_rank.py"), "--plan", plan_path,
-            "--out", out]
-    shown = " ".join(cmd[:cmd.index(sys.executable)])
-    print(f"# mpi: {shown} python benchmarks/mpi_rank.py ...", flush=True)
-    error = run_mpirun(cmd, timeout, capture=True)
-    raw = json.load(open(out)).get("rows", []) if os.path.exists(out) else []
-    return raw, error, shown
+            "btl": "self,vader,tcp", "mpi_yield_when_idle": "1"})
+        shown = " ".join(cmd[:cmd.index(sys.executable)])
+        print(f"# mpi: {shown} python benchmarks/mpi_rank.py ...", flush=True)
+        error = run_mpirun(cmd, timeout, capture=True)
+        raw = json.load(open(out)).get("rows", []) if os.path.exists(out) else []
+    return multinode_rows(peer, raw), error, shown
 
 
 # --------------------------------------------------------------------------- plots

@@ -15,7 +15,7 @@ import os
 import shutil
 import time
 
-from .common import RESULTS, write_result
+from .common import RESULTS, on_two_nodes, write_result
 
 SETTINGS = {"1x2": [0, 0], "1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
 # Rounds by default: ranks sharing this machine's cores drift by tens of % over minutes, so
@@ -50,9 +50,9 @@ def _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory):
     its peak bytes over one more step (MemTracker), else 0."""
     import torch
     import torch.distributed as dist
-    from torch.distributed._tools.mem_tracker import MemTracker
 
     import torch_rsdp.plan as plan
+    from . import training_models as tm
     W, r = ctx.world_size, ctx.rank
     model = plan.apply(_model(cfg), spec)
     opt = plan.make_optimizer(model, torch.optim.AdamW, lr=1e-4)
@@ -76,12 +76,10 @@ def _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory):
     dist.barrier()
     if not memory:
         return times, 0
-    mt = MemTracker()
     # error-feedback residuals (compressed plans) are held all along, made before this step
-    mt.track_external(model, opt, *plan.feedback_state_dict(model).values())
-    with mt:
-        step(warmup + steps)
-    return times, max(v.get("Total", 0) for v in mt.get_tracker_snapshot("peak").values())
+    peak = tm.memtracker_peak(lambda: step(warmup + steps), model, opt,
+                              *plan.feedback_state_dict(model).values())
+    return times, peak.get("Total", 0)
 
 
 def _measure_all(ctx, cfg, specs, rounds, steps, warmup, seq, batch):
@@ -424,13 +422,8 @@ def main(argv=None) -> int:
             if one_node in settings:
                 results.append(run(one_node, args, None, None))
         if "2x2" in settings:
-            if netns.namespaces_available():
-                with netns.EmulatedNodes(2, rate=args.rate) as nodes:
-                    info["link"] = f"network namespaces, node links limited to {args.rate} (tc)"
-                    results.append(run("2x2", args, nodes, nodes.rate_bps / 8))
-            else:
-                info["link"] = "loopback with RSDP_NODE_ID (no link emulated)"
-                results.append(run("2x2", args, None, None))
+            results.append(on_two_nodes(args.rate, info, lambda nodes: run(
+                "2x2", args, nodes, nodes and nodes.rate_bps / 8)))
     finally:
         shutil.rmtree(args.cache, ignore_errors=True)
     info["elapsed_s"] = round(time.perf_counter() - t0, 1)

@@ -23,7 +23,7 @@ import sys
 import tempfile
 import time
 
-from .common import RESULTS, MiB, write_result
+from .common import RESULTS, MiB, md_table, proc_status_kib, write_result
 
 # The backend's own description of each group's segment (csrc/transport/shm/shm_comm.cpp).
 SHM_LINE = re.compile(r"group '([^']*)' size (\d+), shared memory (\d+) bytes \(staging 2x(\d+),"
@@ -34,14 +34,6 @@ EP_LINE = re.compile(r"ucx: group '([^']*)': collective endpoint to "
 
 # ---------------------------------------------------------------------------------------------
 # What a process holds (Linux /proc)
-
-def _status_kib(field: str) -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
 
 def fd_kinds() -> dict:
     """Open fds of this process by kind (socket, pidfd, eventfd, epoll, shm, other)."""
@@ -82,8 +74,8 @@ def shm_mappings() -> dict:
 def snapshot() -> dict:
     kinds = fd_kinds()
     return {"threads": len(os.listdir("/proc/self/task")), "fds": sum(kinds.values()),
-            "fd_kinds": kinds, "rss_kib": _status_kib("VmRSS"),
-            "rss_shmem_kib": _status_kib("RssShmem"), "shm": shm_mappings()}
+            "fd_kinds": kinds, "rss_kib": proc_status_kib("VmRSS"),
+            "rss_shmem_kib": proc_status_kib("RssShmem"), "shm": shm_mappings()}
 
 
 def delta(after: dict, before: dict) -> dict:
@@ -141,7 +133,7 @@ def _time_allreduce(dist, torch, numel: int, reps: int, iters: int, warmup: int)
 
 
 def worker(rank: int, cfg: dict, port: int, workdir: str) -> None:
-    W, L = cfg["world_size"], cfg["per_node"]
+    W = cfg["world_size"]
     os.environ.update(cfg["env"][rank])
     # The backend's set-up lines (RSDP_DEBUG) and UCX's log (stdout) go to this rank's file.
     err = os.open(os.path.join(workdir, f"rank{rank}.err"), os.O_WRONLY | os.O_CREAT, 0o600)
@@ -403,8 +395,7 @@ def table_row(row: dict) -> list:
 
 
 def markdown(rows: list, meta: dict) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(table_row(r)) + " |" for r in rows]
+    lines = [md_table(COLUMNS, [table_row(r) for r in rows], "l" * len(COLUMNS))]
     lines += ["", "set-up: init_process_group + first barrier, max over ranks; shm/node: the "
               "node's segment reserved up front (staging, p2p rings; the pool is virtual); "
               "RSS: added per rank by the set-up; threads, fds, sockets: added per rank, "

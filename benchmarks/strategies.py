@@ -13,7 +13,7 @@ import json
 import os
 import time
 
-from .common import RESULTS, write_result
+from .common import RESULTS, on_two_nodes, write_result
 
 ALONE = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate",
          "split:2"]
@@ -292,15 +292,10 @@ def main(argv=None) -> int:
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
     rows = []
     t0 = time.perf_counter()
-    if "2x2" in settings and netns.namespaces_available():
-        with netns.EmulatedNodes(2, rate=args.rate) as nodes:
-            info["link"] = f"network namespaces, node links limited to {args.rate} (tc)"
-            rows += [run("2x2", s, args, nodes) for s in plans]
-    elif "2x2" in settings:
-        info["link"] = "loopback with RSDP_NODE_ID (no namespaces: no link emulated)"
-        rows += [run("2x2", s, args, None) for s in plans]
-    else:
-        info["link"] = "-"
+    info["link"] = "-"
+    if "2x2" in settings:
+        rows += on_two_nodes(args.rate, info, lambda nodes: [run("2x2", s, args, nodes)
+                                                            for s in plans])
     if "1x4" in settings:
         rows = [run("1x4", s, args, None) for s in plans] + rows
     info["elapsed_s"] = round(time.perf_counter() - t0, 1)

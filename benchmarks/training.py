@@ -74,12 +74,9 @@ def parse_args(argv=None):
     p.add_argument("--name", default=None, help="file name stem (default small / seed / custom)")
     args = p.parse_args(argv)
     base = SMALL_CONFIG if args.small else SEED_CONFIG
-    custom = False
+    custom = any(getattr(args, k) not in (None, base[k]) for k in SEED_CONFIG)
     for k in SEED_CONFIG:
-        if getattr(args, k) is None:
-            setattr(args, k, base[k])
-        elif getattr(args, k) != base[k]:
-            custom = True
+        setattr(args, k, base[k] if getattr(args, k) is None else getattr(args, k))
     args.name = args.name or ("custom" if custom else ("small" if args.small else "seed"))
     args.threads = args.threads or tm.default_threads(args.world_size)
     if args.single_gpu:
@@ -101,18 +98,11 @@ def parse_args(argv=None):
     elif args.runs is None:
         args.runs = DEFAULT_RUNS
     runs = []
-    for item in args.runs.split(","):
-        item = item.strip()
-        if not item:
-            continue
+    for item in filter(None, (t.strip() for t in args.runs.split(","))):
         strategy, _, backend = item.partition(":")
-        if strategy == PLAIN:
-            runs.append((PLAIN, NO_BACKEND))
-            continue
-        backend = backend or "rsdp"
-        if strategy not in tm.STRATEGIES:
+        if strategy not in (PLAIN, *tm.STRATEGIES):
             p.error(f"unknown strategy {strategy!r} in --runs")
-        runs.append((strategy, backend))
+        runs.append((PLAIN, NO_BACKEND) if strategy == PLAIN else (strategy, backend or "rsdp"))
     for spec in args.plan:
         try:
             tm.load_plan(spec)

@@ -1,15 +1,7 @@
-"""Shared pieces of the training benchmark and the chess fine-tuning example.
-
-* :class:`TransformerLM` -- the RTP/RSDP seed's benchmark model: token + position embedding,
-  ``layers`` pre-norm decoder blocks (causal multi-head self-attention with separate q/k/v/o
-  ``nn.Linear`` projections, then a two-layer feed-forward; LayerNorm before each), a final
-  LayerNorm and an output projection. Only ``nn.Linear`` / ``nn.Embedding`` / ``nn.LayerNorm``,
-  so RSDP can shard every large weight.
-* :func:`wrap` -- applies one strategy: ``rsdp`` (``torch_rsdp.rsdp.shard``), ``fsdp2``
-  (``fully_shard`` on every block, then on the root, over ``init_device_mesh("cpu", (W,))``) or
-  ``ddp`` (``DistributedDataParallel``, ``gradient_as_bucket_view=True``).
-* :class:`ParamMemoryTracker` -- measures peak *parameter-related* memory (see its docstring).
-* process helpers: spawning ranks, peak RSS, thread counts, markdown tables.
+"""What the training-style suites and the examples share: the seed's TransformerLM (only
+Linear, Embedding and LayerNorm, so RSDP can shard every large weight), `wrap` (one strategy:
+rsdp, fsdp2 per block and root, ddp, or a torch_rsdp.plan), the memory measurements
+(ParamMemoryTracker, MemTracker's peak) and process helpers.
 """
 from __future__ import annotations
 
@@ -24,7 +16,9 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from .common import fmt_bytes, free_port, md_table, median  # noqa: F401  (the examples use them)
+# the examples reach these through this module
+from .common import (default_threads, fmt_bytes, free_port, md_table, median,  # noqa: F401
+                     proc_status_kib, tune_for_oversubscription)
 
 STRATEGIES = ("rsdp", "fsdp2", "ddp")
 
@@ -438,20 +432,6 @@ def peak_beyond(fn, *held) -> float:
     return peak.get("Total", 0) - peak.get("Parameter", 0) - peak.get("Buffer", 0)
 
 
-def proc_status_kib(field: str) -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    if field == "VmHWM":
-        import resource
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return 0
-
-
 def reset_peak_rss() -> bool:
     """Resets VmHWM to the current RSS (Linux: write 5 to clear_refs)."""
     try:
@@ -460,19 +440,6 @@ def reset_peak_rss() -> bool:
         return True
     except OSError:
         return False
-
-
-def tune_for_oversubscription(local_world: int) -> str:
-    """With more ranks on this machine than cores, waiting rsdp ranks must not spin (the peer
-    they wait for may need the core): sets RSDP_SPIN_US=0 unless the user set it. Call before
-    init_process_group. Returns the setting in effect, for the report."""
-    if "RSDP_SPIN_US" not in os.environ and local_world > (os.cpu_count() or 1):
-        os.environ["RSDP_SPIN_US"] = "0"
-    return f"RSDP_SPIN_US={os.environ.get('RSDP_SPIN_US', 'default')}"
-
-
-def default_threads(local_world: int) -> int:
-    return max(1, (os.cpu_count() or 1) // max(1, local_world))
 
 
 def gather_floats(values, device=None) -> list:
