@@ -29,6 +29,7 @@ BackendRSDP::BackendRSDP(const c10::intrusive_ptr<c10d::Store>& store, int rank,
     Group g = join_group(*boot_, rank, size, std::move(global_ranks), std::move(group_name),
                          timeout, opts_);
     comm_ = std::make_unique<GroupComm>(g, *boot_, opts_);
+    setup_store_requests_ = boot_->requests();
     ring_order_ = comm_->topo.node_major_order();
     queue_ = std::make_shared<OpQueue>();
   });
@@ -37,6 +38,10 @@ BackendRSDP::BackendRSDP(const c10::intrusive_ptr<c10d::Store>& store, int rank,
 BackendRSDP::~BackendRSDP() { shutdown(); }
 
 const Topology& BackendRSDP::topology() const { return comm_->topo; }
+
+int64_t BackendRSDP::ucx_endpoints() const {
+  return comm_ && comm_->net ? comm_->net->endpoints() : 0;
+}
 
 const Adaptation& BackendRSDP::adaptation() const { return comm_->shm->adaptation(); }
 

@@ -101,6 +101,12 @@ class BackendRSDP : public c10d::Backend {
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
   // Bytes of the pool handed out and not yet freed (0 without a pool).
   size_t pool_bytes_in_use() const;
+  // Store requests this rank made to set the group up (core/bootstrap.h):
+  // O(1) outside group rank 0, whatever the group's size.
+  int64_t setup_store_requests() const { return setup_store_requests_; }
+  // UCX endpoints this rank holds now, collective and point-to-point (made
+  // when a peer is first reached; 0 on one node).
+  int64_t ucx_endpoints() const;
 
   // As gloo's: the count starts at 0 when the group is made, and torch's call
   // at group creation has nothing to reset.
@@ -246,6 +252,7 @@ class BackendRSDP : public c10d::Backend {
   Compression compression_;  // as last set from the caller's side
   std::vector<int> ring_order_;  // group ranks, node-adjacent
   std::unique_ptr<StoreBootstrap> boot_;  // kept: device comms rendezvous lazily
+  int64_t setup_store_requests_ = 0;
   std::unique_ptr<GroupComm> comm_;
   // The CUDA side (stream, completion flag, watchdog), made by the first CUDA
   // op. shared_ptr: the type is complete only in CUDA builds.

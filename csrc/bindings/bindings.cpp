@@ -171,6 +171,7 @@ PYBIND11_MODULE(_C, m) {
             handoff["stores"] = adapt.streaming() ? "streaming" : "cached";
             d["handoff"] = handoff;
             d["allreduce_oneshot_bytes"] = b.allreduce_oneshot_bytes();
+            d["setup_store_requests"] = b.setup_store_requests();
             return d;
           },
           "Where the group's ranks live: nodes, local rank/size, rail, leaders.")
@@ -184,6 +185,7 @@ PYBIND11_MODULE(_C, m) {
             d["intra_node_messages"] = t.intra_msgs.load();
             d["inter_node_messages"] = t.inter_msgs.load();
             d["one_copy_ops"] = t.one_copy_ops.load();
+            d["ucx_endpoints"] = b.ucx_endpoints();
             return d;
           },
           "Payload bytes/messages this rank sent inside its node and to other nodes.")

@@ -1,8 +1,11 @@
 // Who is in a process group, and the handshake that establishes it.
 //
 // join_group() is the first thing a new group does: every rank publishes its
-// pid and node identity through the store and waits (with the group's timeout)
-// for all the others. A rank that never shows up is named in the error.
+// pid and node identity through the store; group rank 0 waits (with the
+// group's timeout) for all of them and posts them as one peer table, which
+// the others read: O(1) store requests per rank, O(size) on rank 0. A rank
+// that never shows up is named in rank 0's error, which the others raise too;
+// a rank 0 that never posts is named by the others at their timeout.
 #pragma once
 
 #include <chrono>

@@ -6,6 +6,8 @@
 #include <climits>
 #include <cstdio>
 #include <cstring>
+#include <set>
+#include <unordered_map>
 
 namespace rsdp {
 namespace records {
@@ -190,6 +192,124 @@ std::string decode_peer(std::string_view value, const From& from, Peer& out) {
   if (!err.empty()) return malformed(what, from, value, err);
   out.pid = static_cast<int>(p);
   out.node = std::string(body);
+  return "";
+}
+
+// ---- peers: the peer table -----------------------------------------------------
+
+std::string encode_peer_table(const std::vector<Peer>& peers) {
+  std::vector<const std::string*> nodes;
+  std::unordered_map<std::string, size_t> index;
+  std::string ranks;
+  for (size_t r = 0; r < peers.size(); ++r) {
+    auto it = index.emplace(peers[r].node, nodes.size()).first;
+    if (it->second == nodes.size()) nodes.push_back(&peers[r].node);
+    ranks += cat(r ? "," : "", std::to_string(peers[r].pid), ".", num(it->second));
+  }
+  std::string out = cat(envelope("peers", 0), num(peers.size()), "|", num(nodes.size()), "|");
+  for (const std::string* n : nodes) out += cat(num(n->size()), "|", *n, "|");
+  return out + ranks;
+}
+
+std::string encode_peer_table_failure(bool timeout, std::string_view text) {
+  std::string t(text.substr(0, kMaxTableTextBytes));
+  for (char& c : t)
+    if (static_cast<unsigned char>(c) < 0x20 || static_cast<unsigned char>(c) >= 0x7f) c = '?';
+  if (t.empty()) t = "?";
+  return cat(envelope("peers", 0), "fail|", timeout ? "timeout|" : "error|", t);
+}
+
+std::string decode_peer_table(std::string_view value, const From& from, int size,
+                              PeerTable& out) {
+  const char* what = "peer table";
+  if (size < 1 || size > kMaxTableRanks)
+    return malformed(what, from, value, cat("this rank expects a group of ",
+                                            std::to_string(size), " ranks"));
+  // Every node id once at most, and a pid and an index per rank.
+  const size_t max_bytes = 64 + kMaxTableTextBytes +
+                           static_cast<size_t>(size) * (kMaxNodeIdBytes + 8 + 8 + 20);
+  std::string_view body;
+  std::string err = open_envelope(value, "peers", what, from, max_bytes, body);
+  if (!err.empty()) return err;
+  bool bar = false;
+  std::string_view rest = body;
+  const std::string_view first = take_field(rest, bar);
+  if (first == "fail") {
+    const std::string_view kind = bar ? take_field(rest, bar) : std::string_view();
+    if (kind != "timeout" && kind != "error")
+      return malformed(what, from, value, "its failure is neither 'timeout|' nor 'error|'");
+    if (!bar || rest.empty() || rest.size() > kMaxTableTextBytes || !printable_ascii(rest))
+      return malformed(what, from, value,
+                       cat("its failure text is not 1 to ", num(kMaxTableTextBytes),
+                           " bytes of printable ASCII"));
+    out = PeerTable{false, kind == "timeout", std::string(rest), {}};
+    return "";
+  }
+  unsigned long long n = 0, m = 0;
+  if (!parse_uint(first, kMaxTableRanks, n) || static_cast<long long>(n) != size)
+    return malformed(what, from, value,
+                     cat("it lists '", excerpt(first), "' ranks, this group has ",
+                         std::to_string(size)));
+  if (!bar) return malformed(what, from, value, "it ends after the number of ranks");
+  const std::string_view nm = take_field(rest, bar);
+  if (!parse_uint(nm, n, m) || m == 0)
+    return malformed(what, from, value,
+                     cat("its number of nodes '", excerpt(nm), "' is not 1 to ", num(n)));
+  if (!bar) return malformed(what, from, value, "it ends after the number of nodes");
+  std::vector<std::string_view> nodes;
+  std::set<std::string_view> seen;
+  for (unsigned long long i = 0; i < m; ++i) {
+    const std::string_view len = take_field(rest, bar);
+    unsigned long long l = 0;
+    if (!parse_uint(len, kMaxNodeIdBytes, l) || l == 0)
+      return malformed(what, from, value,
+                       cat("the length '", excerpt(len), "' of node id ", num(i),
+                           " is not 1 to ", num(kMaxNodeIdBytes)));
+    if (!bar || rest.size() < l + 1 || rest[l] != '|')
+      return malformed(what, from, value,
+                       cat("node id ", num(i), " is not ", num(l), " bytes followed by '|' "
+                           "(truncated?)"));
+    const std::string_view node = rest.substr(0, l);
+    rest = rest.substr(l + 1);
+    err = check_node_id(node);
+    if (!err.empty()) return malformed(what, from, value, cat("node id ", num(i), ": ", err));
+    if (!seen.insert(node).second)
+      return malformed(what, from, value, cat("node id ", num(i), " '", excerpt(node),
+                                              "' is listed twice"));
+    nodes.push_back(node);
+  }
+  std::vector<Peer> peers(n);
+  size_t used = 0;  // nodes named so far: the next new one must be nodes[used]
+  for (unsigned long long r = 0; r < n; ++r) {
+    const size_t comma = rest.find(',');
+    const bool more = comma != std::string_view::npos;
+    const std::string_view entry = rest.substr(0, comma);
+    rest = more ? rest.substr(comma + 1) : std::string_view();
+    if (more != (r + 1 < n))
+      return malformed(what, from, value,
+                       more ? "it has more rank entries than ranks"
+                            : cat("it has ", num(r + 1), " rank entries for ", num(n),
+                                  " ranks (truncated?)"));
+    const size_t dot = entry.find('.');
+    unsigned long long pid = 0, idx = 0;
+    if (dot == std::string_view::npos || !parse_uint(entry.substr(0, dot), kMaxPid, pid) ||
+        pid == 0 || !parse_uint(entry.substr(dot + 1), m - 1, idx))
+      return malformed(what, from, value,
+                       cat("the entry of group rank ", num(r), " '", excerpt(entry),
+                           "' is not <pid 1 to ", num(kMaxPid), ">.<node index below ", num(m),
+                           ">"));
+    if (idx > used)
+      return malformed(what, from, value,
+                       cat("group rank ", num(r), " names node ", num(idx), " before node ",
+                           num(used), " was named (nodes go in the order of their first rank)"));
+    if (idx == used) ++used;
+    peers[r].pid = static_cast<int>(pid);
+    peers[r].node = std::string(nodes[idx]);
+  }
+  if (used != m)
+    return malformed(what, from, value, cat("it lists ", num(m), " nodes but its ranks use ",
+                                            num(used)));
+  out = PeerTable{true, false, {}, std::move(peers)};
   return "";
 }
 

@@ -10,6 +10,10 @@
 // Text records (one line, fields separated by '|'):
 //
 //   peer     rsdp1|peer|<rank>|<pid>|<node id>              core/group.cpp
+//   peers    rsdp1|peers|0|<size>|<m>|<len>|<node id>|... (m node ids, each after
+//            its length)|<pid>.<node index>,... (size entries, by group rank)
+//            or rsdp1|peers|0|fail|timeout|<text>  or  ...|fail|error|<text>
+//                                                           core/group.cpp (rank 0)
 //   shm      rsdp1|shm|0|/rsdp-<16 hex>                     transport/shm
 //   emu      rsdp1|emu|<rank>|/rsdp-<16 hex>                transport/emu
 //   ucx      rsdp1|ucx|<rank>|<n>|<2n hex>|<m>|<2m hex>     transport/ucx (collective,
@@ -40,6 +44,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace rsdp {
 namespace records {
@@ -70,6 +75,30 @@ constexpr size_t kMaxNodeIdBytes = 1024;
 std::string check_node_id(std::string_view node);
 std::string encode_peer(int rank, int pid, std::string_view node);
 std::string decode_peer(std::string_view value, const From& from, Peer& out);
+
+// ---- peers: the group's peer table, posted by group rank 0 -------------------
+// Rank 0 reads every rank's peer record and posts them as one value, so that
+// every other rank reads one key instead of all of them (O(1) store requests
+// per rank at set-up; docs/scale.md). Each node id is written once, the ranks
+// name it by index; node ids come in the order of their first rank, each is
+// used, none twice (so that a table has exactly one encoding). When rank 0
+// cannot build the table (a rank never came, a record was malformed) it posts
+// its error instead, which the others raise as rank 0's.
+constexpr int kMaxTableRanks = 1 << 20;  // UCX tags carry 20 bits of rank
+constexpr size_t kMaxTableTextBytes = 4096;
+struct PeerTable {
+  bool ok = true;
+  bool timeout = false;     // rank 0's error was a timeout (a rank never came)
+  std::string text;         // rank 0's error, when !ok
+  std::vector<Peer> peers;  // by group rank, when ok
+};
+// `peers` must be valid (check_node_id, pids 1..kMaxPid), 1 to kMaxTableRanks.
+std::string encode_peer_table(const std::vector<Peer>& peers);
+// `text` is cut to kMaxTableTextBytes and made printable (non-printable bytes: '?').
+std::string encode_peer_table_failure(bool timeout, std::string_view text);
+// `size`: the group size the reader expects (the table must have as many).
+std::string decode_peer_table(std::string_view value, const From& from, int size,
+                              PeerTable& out);
 
 // ---- shared-memory segment names (shm: the group's, emu: one per rank) -----
 // What ShmSegment::random_name() makes: "/rsdp-" and 16 lower-case hex digits.

@@ -6,7 +6,8 @@ process group. Before each case it writes malformed records under the keys a rea
 (csrc/core/store_records.h: the peer record, the shared-memory segment name, UCX worker
 addresses), taking the place of the real rank's only peer; a name may point at a segment it made
 of the wrong size or with a header never finished. The real rank (rank 0 of the launch) then calls
-``init_process_group("rsdp")`` for a world of 2 and must raise at once (not crash, not wait for
+``init_process_group("rsdp")`` for a world of 2 (for the UCX address records, then its first
+collective: endpoints are made on first use) and must raise at once (not crash, not wait for
 its timeout) with an error naming the peer's rank and what was malformed; afterwards its threads,
 file descriptors and /dev/shm entries are what they were before the first case.
 
@@ -88,6 +89,15 @@ STORE_CASES = {
                          r"not a torch_rsdp record"),
     "peer-another-version": (0, {"peer/1": "rsdp2|peer|1|4242|n"}, r"another version"),
     "peer-copied": (0, {"peer/1": "rsdp1|peer|0|4242|n"}, r"written by group rank 0"),
+    "peer-table-truncated": (1, {"peer/0": ("peer", REAL_NODE),
+                                 "peers": f"rsdp1|peers|0|2|1|{len(REAL_NODE)}|{REAL_NODE}|7.0"},
+                             r"malformed peer table.*1 rank entries for 2"),
+    "peer-table-other-node-count": (1, {"peer/0": ("peer", REAL_NODE),
+                                        "peers": "rsdp1|peers|0|2|3|1|a|1.0,2.0"},
+                                    r"malformed peer table.*number of nodes '3'"),
+    "peer-table-copied": (1, {"peer/0": ("peer", REAL_NODE),
+                              "peers": f"rsdp1|peers|0|2|1|{len(REAL_NODE)}|{REAL_NODE}|7.0,8.0"},
+                          r"peer table that rank 0 posted.*stale or copied"),
     "shm-name-missing": (1, {"peer/0": ("peer", REAL_NODE),
                              "shm/name": "rsdp1|shm|0|/rsdp-" + "0" * 15 + "1"},
                          r"shm_open.*No such file"),
@@ -128,6 +138,17 @@ STORE_CASES = {
 }
 
 
+def _table(real_record: str) -> str:
+    """The peer table a group rank 0 on REAL_NODE posts: itself, then the real rank 1."""
+    pid1 = real_record.split("|")[3]
+    return (f"rsdp1|peers|0|2|1|{len(REAL_NODE)}|{REAL_NODE}|{os.getpid()}.0,{pid1}.0")
+
+
+for _name, (_real_rank, _records, _words) in STORE_CASES.items():
+    if _real_rank == 1 and "peers" not in _records:  # the hostile is group rank 0: it posts the peer table as well
+        _records["peers"] = ("table",)
+
+
 def _hostile(ctx, cases):
     """Rank 1 of the launch: writes each case's records, then removes what it made."""
     st = ctx.store
@@ -147,6 +168,12 @@ def _hostile(ctx, cases):
                 first = bytes.fromhex(theirs[4])[:1]
                 rng = random.Random(7)  # garbage UCX refuses (checked)
                 value = _ucx(hostile, first + rng.randbytes(199), first + rng.randbytes(99))
+            elif isinstance(value, tuple) and value[0] == "table":
+                if not ready:
+                    st.set(f"hostile/{i}/ready", "1")
+                    ready = True
+                gs.wait(["rsdp/2/0/peer/1"])
+                value = _table(gs.get("rsdp/2/0/peer/1").decode())
             elif isinstance(value, tuple) and value[0] == "peer":
                 value = _peer(hostile, value[1])
             elif isinstance(value, tuple) and value[0] == "segment":
@@ -179,16 +206,23 @@ def _real(ctx, cases):
         st.set(f"hostile/{i}/go", f"{group_name}|{seg_bytes}")
         st.get(f"hostile/{i}/ready")
         t0 = time.monotonic()
+        left_initialized = False
         try:
             dist.init_process_group(
                 "rsdp", store=dist.PrefixStore(f"/hostile{i}/", st), rank=real, world_size=2,
                 timeout=datetime.timedelta(seconds=PG_TIMEOUT))
+            left_initialized = True
+            if name.startswith("ucx-"):
+                # UCX endpoints are made on first use: the first collective reads the
+                # peer's address record.
+                left_initialized = False
+                dist.all_reduce(torch.ones(4))
             o = {"raised": False}
         except Exception as e:  # noqa: BLE001
             o = {"raised": True, "type": type(e).__name__, "msg": str(e)[:3000],
                  "runtime": isinstance(e, RuntimeError)}
         o["elapsed"] = time.monotonic() - t0
-        o["initialized"] = dist.is_initialized()
+        o["initialized"] = left_initialized
         if dist.is_initialized():
             dist.destroy_process_group()
         m = re.search(r"expected (\d+)", o.get("msg", ""))

@@ -1,7 +1,8 @@
 // libFuzzer target of csrc/core/store_records.cpp: every record another
 // process leaves for a rank (store values, the shared-memory segment header).
 //
-// Input: the first byte picks the record kind (modulo the number of kinds),
+// Input: the first byte picks the record kind (modulo the number of kinds: 9
+// is the peer table of a group of 3),
 // the rest is the value as the store would return it. Besides "no crash, no
 // out-of-bounds read" (ASan, UBSan), each decode must be exact: a value it
 // accepts re-encodes to the same bytes, and a refusal is a sentence that names
@@ -50,7 +51,7 @@ void expect(const char* kind, const std::string& err, std::string_view value, co
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
   const std::string_view v(reinterpret_cast<const char*>(data) + 1, size - 1);
-  switch (data[0] % 9) {
+  switch (data[0] % 10) {
     case 0: {
       Peer p;
       const std::string err = decode_peer(v, kFrom, p);
@@ -107,6 +108,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       expect("ipc", err, v, kFrom, err.empty() ? encode_ipc(r) : "");
       FUZZ_CHECK(!err.empty() || strnlen(r.bus_id, sizeof(r.bus_id)) < sizeof(r.bus_id),
                  "a bus id without its NUL was accepted");
+      break;
+    }
+    case 9: {
+      // The peer table of a group of 3 (the size the reader expects).
+      PeerTable t;
+      const From from{"rsdp/3/0/peers", 0, "rank 0"};
+      const std::string err = decode_peer_table(v, from, 3, t);
+      expect("peers", err, v, from,
+             !err.empty() ? ""
+             : t.ok       ? encode_peer_table(t.peers)
+                          : encode_peer_table_failure(t.timeout, t.text));
+      FUZZ_CHECK(!err.empty() || !t.ok || t.peers.size() == 3,
+                 "a peer table of another size was accepted");
+      for (const Peer& p : t.peers)
+        FUZZ_CHECK(p.pid > 0 && p.pid <= kMaxPid && check_node_id(p.node).empty(),
+                   "a peer table entry outside the ranges was accepted");
       break;
     }
     case 8: {

@@ -6,6 +6,7 @@
 //   ./a.out      last line "N passed, M failed"; exit code != 0 on failure
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "check.h"
 #include "core/store_records.h"
@@ -137,6 +138,39 @@ void nccl_gpu_verdict() {
           "longer than any verdict record");
 }
 
+void peer_table() {
+  const From t{"rsdp/4/0/peers", 0, "rank 0"};
+  PeerTable out;
+  // Node ids once each, in the order of their first rank; one may hold '|'.
+  std::vector<Peer> peers{{11, "host-a/1"}, {12, "host-a/1"}, {13, "b|x"}, {14, "host-a/1"}};
+  std::string v = encode_peer_table(peers);
+  CHECK(v == "rsdp1|peers|0|4|2|8|host-a/1|3|b|x|11.0,12.0,13.1,14.0", "%s", v.c_str());
+  CHECK(decode_peer_table(v, t, 4, out).empty() && out.ok && out.peers.size() == 4 &&
+            out.peers[2].pid == 13 && out.peers[2].node == "b|x" && out.peers[3].node == "host-a/1",
+        "round trip");
+  REFUSED(decode_peer_table(v, t, 5, out), t, "this group has 5");
+  REFUSED(decode_peer_table(v.substr(0, v.size() - 5), t, 4, out), t, "3 rank entries for 4");
+  REFUSED(decode_peer_table(v + ",15.0", t, 4, out), t, "more rank entries");
+  REFUSED(decode_peer_table("rsdp1|peers|0|2|2|1|a|1|a|1.0,2.1", t, 2, out), t, "listed twice");
+  REFUSED(decode_peer_table("rsdp1|peers|0|2|2|1|a|1|b|1.1,2.0", t, 2, out), t,
+          "names node 1 before node 0");
+  REFUSED(decode_peer_table("rsdp1|peers|0|2|2|1|a|1|b|1.0,2.0", t, 2, out), t,
+          "lists 2 nodes but its ranks use 1");
+  REFUSED(decode_peer_table("rsdp1|peers|0|2|1|9|a|1.0,2.0", t, 2, out), t, "truncated");
+  REFUSED(decode_peer_table("rsdp1|peers|0|2|1|1|a|0.0,2.0", t, 2, out), t, "group rank 0");
+  REFUSED(decode_peer_table("rsdp1|peers|1|2|1|1|a|1.0,2.0", t, 2, out), t, "group rank 1");
+  // Rank 0's failure, which the others raise as its.
+  v = encode_peer_table_failure(true, "timed out for rank 3\n");
+  CHECK(decode_peer_table(v, t, 4, out).empty() && !out.ok && out.timeout &&
+            out.text == "timed out for rank 3?",
+        "%s", v.c_str());
+  CHECK(decode_peer_table(encode_peer_table_failure(false, "x"), t, 4, out).empty() &&
+            !out.ok && !out.timeout,
+        "error");
+  REFUSED(decode_peer_table("rsdp1|peers|0|fail|maybe|x", t, 4, out), t, "neither 'timeout|'");
+  REFUSED(decode_peer_table("rsdp1|peers|0|fail|error|", t, 4, out), t, "failure text");
+}
+
 IpcRecord good_ipc() {
   IpcRecord r;
   std::memset(&r, 0, sizeof(r));
@@ -211,6 +245,7 @@ int main() {
   names();
   ucx();
   nccl_gpu_verdict();
+  peer_table();
   ipc();
   segment_header();
   std::printf("%d passed, %d failed\n", g_pass, g_fail);

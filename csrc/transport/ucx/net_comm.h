@@ -8,7 +8,9 @@
 //    then wait() for all of them;
 //  * the point-to-point worker, driven by its own progress thread (started
 //    by the first send/recv) for torch.distributed send/recv/recv-any-source.
-// Worker addresses are exchanged through the c10d store at construction.
+// Each rank publishes its worker addresses through the store at construction
+// and reads a peer's when it first sends to or receives from it: endpoints
+// are made on first use, so a rank holds one per peer it actually reaches.
 //
 // Every collective message carries the sender's OpDesc and step; a receiver
 // whose own descriptor differs raises a mismatch naming both sides, never
@@ -43,6 +45,8 @@ class NetComm {
   // group rank r's node index (for traffic accounting and error messages).
   // `notice`: this node's (ShmComm::notice()), which must outlive this
   // object; null: the members of this node are not told of a failure here.
+  // `store` must outlive this object too (peers' addresses are read from it
+  // when they are first reached).
   NetComm(const Group& group, std::vector<int> node_of, Bootstrap& store, const Options& opts,
           Traffic* traffic, Notice* notice = nullptr);
   ~NetComm();
@@ -92,6 +96,9 @@ class NetComm {
   // that runs collectives: tells the other nodes if this rank reported it,
   // and leaves the collectives broken. Does nothing while no failure is posted.
   void spread();
+
+  // UCX endpoints this rank holds now, collective and point-to-point (any thread).
+  int endpoints() const;
 
   struct Impl;
 

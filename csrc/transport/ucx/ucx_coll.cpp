@@ -111,9 +111,10 @@ void ep_error(void* arg, ucp_ep_h, ucs_status_t s) {
 
 }  // namespace
 
-UcxCollectives::UcxCollectives(const Group& group, UcxWorker& worker, std::vector<int> node_of,
-                               const Options& opts, Traffic* traffic, Notice* notice)
-    : group_(group), worker_(worker), node_of_(std::move(node_of)), opts_(opts),
+UcxCollectives::UcxCollectives(const Group& group, UcxWorker& worker, UcxAddressBook& book,
+                               std::vector<int> node_of, const Options& opts, Traffic* traffic,
+                               Notice* notice)
+    : group_(group), worker_(worker), book_(book), node_of_(std::move(node_of)), opts_(opts),
       traffic_(traffic), notice_(notice) {
   for (int r = 0; r < group_.size; ++r) peers_.push_back(std::unique_ptr<Peer>(new Peer{this}));
   listen();
@@ -142,13 +143,48 @@ UcxCollectives::~UcxCollectives() {
 }
 
 void UcxCollectives::connect(int peer, const std::string& address) {
-  peers_[peer]->ep = worker_.connect(address, ep_error, peers_[peer].get());
+  try {
+    peers_[peer]->ep = worker_.connect(address, ep_error, peers_[peer].get());
+  } catch (const Error& e) {
+    RSDP_FAIL(e.kind(), e.what(), " (connecting the nodes of group '", group_.name,
+              "': UCX refused the collective address that ", group_.who(peer), " published)");
+  }
+  ++endpoints_;
   if (opts_.debug)
     std::cerr << group_.me() << ": ucx: group '" << group_.name << "': collective endpoint to "
               << group_.who(peer) << " (node "
               << node_of_[peer]
               << (node_of_[peer] == node_of_[group_.rank] ? ", same node)" : ", other node)")
               << std::endl;
+}
+
+void UcxCollectives::reach(int peer) {
+  if (peers_[peer]->ep) return;
+  std::string err;
+  ErrorKind kind = ErrorKind::kPeer;
+  try {
+    // While a late peer publishes, the worker still progresses what this op
+    // posted already, and a failure notice or an abort ends the wait.
+    const UcxAddressBook::Pair a = book_.get(peer, deadline_, [&] {
+      worker_.progress();
+      check_notice();
+      if (aborted_.load()) {
+        std::string why;
+        {
+          std::lock_guard<std::mutex> g(abort_mu_);
+          why = abort_why_;
+        }
+        fail(ErrorKind::kPeer, why);
+      }
+    });
+    connect(peer, a.coll);
+    return;
+  } catch (const Error& e) {
+    if (!broken_.empty()) throw;  // fail() ran inside: already the group's error
+    kind = e.kind();
+    err = detail::cat(e.what(), " (", desc_.describe(), ")");
+  }
+  fail(kind, err);
 }
 
 void UcxCollectives::check_usable(const char* what) const {
@@ -179,6 +215,7 @@ UcxCollectives::Op& UcxCollectives::new_op(bool is_send, int peer, const void* b
              " is invalid (group size ", group_.size, "; never to itself through UCX)");
   RSDP_CHECK(step < (1u << ucx_wire::kStepBits), group_.me(), ": ", desc_.describe(), ": step ",
              step, " does not fit in the tag");
+  reach(peer);
   if (nops_ == pool_.size()) pool_.push_back(std::make_unique<Op>());
   Op& op = *pool_[nops_++];
   op.is_send = is_send;
@@ -474,9 +511,21 @@ void UcxCollectives::tell_others(const Failure& f) {
   m.len = static_cast<uint32_t>(std::min(text.size(), kNoticeTextBytes));
   std::memcpy(m.text, text.data(), m.len);
   // Members on this node read the node's notice; those on others get it here.
+  // A member this rank has no endpoint to yet gets one now, if its address
+  // is published already (no waiting) and while the bound lasts.
+  Deadline connecting(std::chrono::duration_cast<std::chrono::milliseconds>(kTellBound));
   std::vector<void*> sent;
   for (int r = 0; r < group_.size; ++r) {
-    if (r == group_.rank || node_of_[r] == node_of_[group_.rank] || !peers_[r]->ep) continue;
+    if (r == group_.rank || node_of_[r] == node_of_[group_.rank]) continue;
+    if (!peers_[r]->ep && !connecting.expired()) {
+      try {
+        UcxAddressBook::Pair a;
+        if (book_.try_get(r, a)) connect(r, a.coll);
+      } catch (const std::exception&) {
+        // Unreachable or malformed: the member still has its own deadline.
+      }
+    }
+    if (!peers_[r]->ep) continue;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_DATATYPE;
     p.datatype = ucp_dt_make_contig(1);
@@ -514,6 +563,7 @@ void UcxCollectives::release_requests() {
   std::vector<UcxWorker::Closing> eps;
   for (auto& p : peers_) eps.push_back({&p->ep, broken_.empty() && p->sent});
   worker_.close_endpoints(eps, std::chrono::milliseconds(2000));
+  endpoints_ = 0;
   Deadline dl(std::chrono::milliseconds(1000));
   for (;;) {
     bool pending = false;

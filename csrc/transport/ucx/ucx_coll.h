@@ -19,6 +19,19 @@
 // node and raises it; wait() polls its node's notice as well, for members of
 // this node that gave up. A peer whose endpoint fails gets a moment's grace
 // for its notice to arrive, which says why (it exited, or gave up).
+//
+// Endpoints are made on first use: the first isend or irecv of an op to or
+// from a peer reads its address (UcxAddressBook, waiting up to the op's
+// deadline for a late peer) and connects; a receive needs no endpoint to
+// match, but the endpoint makes the peer's death visible (its error
+// handler). A rank so holds endpoints to the peers its collectives actually
+// reach (a ring's two neighbours, a rail's, the leaders'), not to every rank.
+// The notice, though, must reach every member on another node, so a rank that
+// reports a failure connects to those it has no endpoint to yet, reading
+// only addresses already published and within a bound (tell_others): a
+// relay through connected peers would have to trust and forward every
+// peer's notices, while a few endpoints made once, on the way out, cost only
+// time the failure already took.
 #pragma once
 
 #include <atomic>
@@ -34,6 +47,7 @@
 #include "core/op_desc.h"
 #include "core/options.h"
 #include "core/traffic.h"
+#include "transport/ucx/ucx_address_book.h"
 #include "transport/ucx/ucx_worker.h"
 
 namespace rsdp {
@@ -42,14 +56,15 @@ class UcxCollectives {
  public:
   // `group`, `worker` and `notice` (null: none; this node's members are
   // then not told) must outlive this object.
-  UcxCollectives(const Group& group, UcxWorker& worker, std::vector<int> node_of,
-                 const Options& opts, Traffic* traffic, Notice* notice);
+  UcxCollectives(const Group& group, UcxWorker& worker, UcxAddressBook& book,
+                 std::vector<int> node_of, const Options& opts, Traffic* traffic,
+                 Notice* notice);
   ~UcxCollectives();  // gives back every request, closes the endpoints
   UcxCollectives(const UcxCollectives&) = delete;
   UcxCollectives& operator=(const UcxCollectives&) = delete;
 
-  // Endpoint to group rank `peer`'s collective worker.
-  void connect(int peer, const std::string& address);
+  // Endpoints open now (any thread).
+  int endpoints() const { return endpoints_.load(); }
 
   void begin(const OpDesc& desc, Deadline deadline);
   void isend(int peer, const void* buf, size_t bytes, uint32_t step);
@@ -69,6 +84,10 @@ class UcxCollectives {
 
  private:
   Op& new_op(bool is_send, int peer, const void* buf, size_t bytes, uint32_t step);
+  // Endpoint to group rank `peer`'s collective worker.
+  void connect(int peer, const std::string& address);
+  // Connects to `peer` if this rank has no endpoint to it yet (first use).
+  void reach(int peer);
   void post_send(Slot& s, int peer, const void* buf, size_t count, uint64_t tag,
                  ucp_datatype_t dt);
   void post_recv(Slot& s, void* buf, size_t bytes, uint64_t tag);
@@ -89,10 +108,12 @@ class UcxCollectives {
 
   const Group& group_;
   UcxWorker& worker_;
+  UcxAddressBook& book_;
   std::vector<int> node_of_;
   Options opts_;
   Traffic* traffic_;
   std::vector<std::unique_ptr<Peer>> peers_;
+  std::atomic<int> endpoints_{0};
 
   OpDesc desc_;
   Deadline deadline_;

@@ -1,6 +1,7 @@
 // See ucx_p2p.h. Everything below run() executes on the progress thread only.
 #include "transport/ucx/ucx_p2p.h"
 
+#include <algorithm>
 #include <iostream>
 
 #include "core/deadline.h"
@@ -72,11 +73,11 @@ std::exception_ptr make_err(ErrorKind kind, const std::string& msg) {
 
 }  // namespace
 
-UcxP2P::UcxP2P(const Group& group, UcxWorker& worker, std::vector<std::string> addresses,
+UcxP2P::UcxP2P(const Group& group, UcxWorker& worker, UcxAddressBook& book,
                std::vector<int> node_of, Traffic* traffic, bool debug, Notice* notice)
     : group_(group),
       worker_(worker),
-      addresses_(std::move(addresses)),
+      book_(book),
       node_of_(std::move(node_of)),
       traffic_(traffic),
       debug_(debug),
@@ -145,12 +146,17 @@ void UcxP2P::finish(Op& op, std::exception_ptr err, int src) {
 ucp_ep_h UcxP2P::endpoint(int p) {
   Peer& peer = *peers_[p];
   if (!peer.ep) {
+    UcxAddressBook::Pair a;
+    // post() made sure the address is known: this reads the book's copy.
+    RSDP_CHECK_KIND(ErrorKind::kPeer, book_.try_get(p, a), group_.me(), ": ", group_.who(p),
+                    " has not published its UCX address");
     try {
-      peer.ep = worker_.connect(addresses_[p], ep_error, &peer);
+      peer.ep = worker_.connect(a.p2p, ep_error, &peer);
     } catch (const Error& e) {
       RSDP_FAIL(e.kind(), e.what(), " (UCX refused the point-to-point address that ",
                 group_.who(p), " published)");
     }
+    ++endpoints_;
     if (debug_)
       std::cerr << group_.me() << ": ucx: group '" << group_.name << "': point-to-point endpoint to "
                 << group_.who(p)
@@ -205,6 +211,7 @@ void UcxP2P::run() {
       auto now = Clock::now();
       if (now - last_check >= std::chrono::milliseconds(20)) {
         check_deadlines();
+        retry_unaddressed();
         reap();
         last_check = now;
       }
@@ -224,6 +231,21 @@ void UcxP2P::post(std::unique_ptr<Op> op) {
                                                      " refused: ", peers_[o.peer]->broken)),
            -1);
     return;
+  }
+  if (o.peer >= 0 && !peers_[o.peer]->ep) {
+    // First use of this peer: its address, if published (else wait for it).
+    UcxAddressBook::Pair a;
+    bool known = false;
+    try {
+      known = book_.try_get(o.peer, a);
+    } catch (...) {
+      finish(o, std::current_exception(), -1);
+      return;
+    }
+    if (!known) {
+      unaddressed_.push_back(std::move(op));
+      return;
+    }
   }
   ucp_request_param_t p{};
   p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
@@ -310,6 +332,40 @@ void UcxP2P::reap() {
   }
 }
 
+void UcxP2P::retry_unaddressed() {
+  std::list<std::unique_ptr<Op>> waiting;
+  waiting.swap(unaddressed_);
+  std::vector<int> absent;  // peers found unpublished in this round: asked once
+  for (auto& op : waiting) {
+    Op& o = *op;
+    if (o.reported) continue;
+    UcxAddressBook::Pair a;
+    bool known = false;
+    if (std::find(absent.begin(), absent.end(), o.peer) == absent.end()) {
+      try {
+        known = book_.try_get(o.peer, a);
+      } catch (...) {
+        finish(o, std::current_exception(), -1);
+        continue;
+      }
+      if (!known) absent.push_back(o.peer);
+    }
+    if (known) {
+      post(std::move(op));
+    } else if (o.deadline.expired()) {
+      finish(o, make_err(ErrorKind::kTimeout,
+                         detail::cat(group_.me(), ": ", o.what(group_), ": ",
+                                     timed_out_waiting(o.deadline.budget().count()), " for ",
+                                     group_.who(o.peer), " to publish its UCX address in group '",
+                                     group_.name, "' (it never finished setting up the group, "
+                                     "or died before)")),
+             -1);
+    } else {
+      unaddressed_.push_back(std::move(op));
+    }
+  }
+}
+
 void UcxP2P::check_deadlines() {
   const Group& g = group_;
   for (auto& op : active_) {
@@ -336,6 +392,11 @@ void UcxP2P::check_deadlines() {
 void UcxP2P::fail_peer(int p, const std::string& why) {
   Peer& peer = *peers_[p];
   if (peer.broken.empty()) peer.broken = why;
+  for (auto& op : unaddressed_)
+    if (op->peer == p)
+      finish(*op, make_err(ErrorKind::kPeer, detail::cat(group_.me(), ": ", op->what(group_),
+                                                          " failed: ", why)),
+             -1);
   for (auto& op : active_) {
     Op& o = *op;
     if (o.peer != p || o.reported) continue;
@@ -352,11 +413,14 @@ void UcxP2P::fail_peer(int p, const std::string& why) {
     cp.flags = UCP_EP_CLOSE_FLAG_FORCE;
     ucs_status_ptr_t r = ucp_ep_close_nbx(peer.ep, &cp);
     peer.ep = nullptr;
+    --endpoints_;
     if (UCS_PTR_IS_PTR(r)) closing_.push_back(r);
   }
 }
 
 void UcxP2P::fail_all(const std::string& why, ErrorKind kind) {
+  for (auto& op : unaddressed_) finish(*op, make_err(kind, why), -1);
+  unaddressed_.clear();
   for (auto& op : active_) {
     Op& o = *op;
     if (o.reported) continue;
@@ -371,6 +435,7 @@ void UcxP2P::shutdown() {
   std::vector<UcxWorker::Closing> eps;
   for (auto& p : peers_) eps.push_back({&p->ep, p->sent && p->broken.empty()});
   worker_.close_endpoints(eps, std::chrono::milliseconds(1000));
+  endpoints_ = 0;
   Deadline dl(std::chrono::milliseconds(1000));
   while ((!active_.empty() || !closing_.empty()) && !dl.expired()) {
     if (!worker_.progress()) worker_.sleep(5);

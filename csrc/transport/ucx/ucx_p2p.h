@@ -12,8 +12,14 @@
 // torn stream in the shared-memory engine). UCX's peer error handling fails
 // the operations of a peer that died with kPeer. Once the node's notice holds
 // a failure (core/notice.h), what is pending and what comes later fails with it.
+//
+// Endpoints are made on first use, by the progress thread, from the address
+// the peer published (UcxAddressBook). An operation whose peer has not
+// published yet waits, without holding up the others, and is retried on the
+// progress thread's timer until its own deadline, which then names the peer.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <deque>
 #include <exception>
@@ -28,6 +34,7 @@
 #include "core/group.h"
 #include "core/notice.h"
 #include "core/traffic.h"
+#include "transport/ucx/ucx_address_book.h"
 #include "transport/ucx/ucx_worker.h"
 
 namespace rsdp {
@@ -36,10 +43,9 @@ class UcxP2P {
  public:
   using Done = std::function<void(std::exception_ptr, int src)>;
 
-  // `addresses[r]`: group rank r's p2p worker address. `worker` must outlive
-  // this object.
-  UcxP2P(const Group& group, UcxWorker& worker, std::vector<std::string> addresses,
-         std::vector<int> node_of, Traffic* traffic, bool debug, Notice* notice = nullptr);
+  // `worker` and `book` must outlive this object.
+  UcxP2P(const Group& group, UcxWorker& worker, UcxAddressBook& book, std::vector<int> node_of,
+         Traffic* traffic, bool debug, Notice* notice = nullptr);
   ~UcxP2P();  // fails what is pending, joins the thread, closes endpoints
 
   void send(const void* buf, size_t bytes, int dst, int tag, std::chrono::milliseconds timeout,
@@ -48,6 +54,8 @@ class UcxP2P {
             Done done);
   // Fails everything pending and everything submitted later with kPeer `why`.
   void abort(const std::string& why);
+  // Endpoints open now (any thread).
+  int endpoints() const { return endpoints_.load(); }
 
   struct Op;
   struct Peer;
@@ -56,6 +64,8 @@ class UcxP2P {
   void submit(std::unique_ptr<Op> op);
   void run();
   void post(std::unique_ptr<Op> op);
+  // Posts the operations whose peer has published its address since.
+  void retry_unaddressed();
   void reap();
   void check_deadlines();
   void fail_peer(int p, const std::string& why);
@@ -66,7 +76,7 @@ class UcxP2P {
 
   const Group& group_;
   UcxWorker& worker_;
-  std::vector<std::string> addresses_;
+  UcxAddressBook& book_;
   std::vector<int> node_of_;
   Traffic* traffic_;
   bool debug_;
@@ -84,6 +94,9 @@ class UcxP2P {
   // Posted operations, until UCX has released them; an operation already
   // reported (timed out, failed) stays here while UCX still owns its request.
   std::list<std::unique_ptr<Op>> active_;
+  // Operations waiting for their peer's address (not yet given to UCX).
+  std::list<std::unique_ptr<Op>> unaddressed_;
+  std::atomic<int> endpoints_{0};
   std::vector<ucs_status_ptr_t> closing_;  // endpoint closes in progress
   bool peer_failed_ = false;               // set by the error handler
   bool abort_handled_ = false;
