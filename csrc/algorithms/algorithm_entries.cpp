@@ -45,6 +45,9 @@ bool hier_applies(const Choice& c) {
   }
 }
 
+// The rails pair equal nodes; unlike kHier it runs at any size when forced.
+bool hier_rhd_applies(const Choice& c) { return c.topo.uniform(); }
+
 namespace {
 
 // The single-node rows run on the group's shared memory, or on the device
@@ -134,6 +137,13 @@ void run_rd(const CollArgs& a) {
   uint32_t step = 0;
   net::allreduce_recursive_doubling(*g.net, g.topo.node_major_order(), a.buf, a.count, a.dt,
                                     a.redop, g.size(), step);
+}
+
+void run_rhd(const CollArgs& a) {
+  GroupComm& g = a.g;
+  uint32_t step = 0;
+  net::allreduce_rhd(*g.net, g.topo.node_major_order(), a.buf, a.count, a.dt, a.redop, g.size(),
+                     step);
 }
 
 void run_tree(const CollArgs& a) {

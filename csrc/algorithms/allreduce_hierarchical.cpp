@@ -3,7 +3,9 @@
 // Per segment of L pieces (a piece is at most net::kPieceBytes):
 //   1. reduce-scatter inside the node (shared memory): local rank l ends
 //      with piece l summed over its node;
-//   2. allreduce of piece l on rail l (network ring over the M nodes);
+//   2. allreduce of piece l on rail l over the M nodes: a network ring, or
+//      recursive halving + doubling (kHierRhd, net_recursive_halving.cpp)
+//      where the ring's 2(M-1) rounds cost more than its bytes (select.cpp);
 //   3. all-gather inside the node (shared memory).
 // Each node's link carries 2(M-1)/M of the buffer per direction, split over
 // its L rails -- against 2(N-1)/N for a flat ring over all N = M*L ranks,
@@ -20,6 +22,7 @@
 #include <algorithm>
 #include <vector>
 
+#include "algorithms/algorithm_table.h"
 #include "algorithms/algorithms.h"
 #include "algorithms/hierarchical.h"
 #include "algorithms/net/net_algorithms.h"
@@ -36,13 +39,13 @@ struct Segment {
   std::vector<uint64_t> counts;
 };
 
-}  // namespace
-
-void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout,
-               uint32_t& step, QuantBits bits) {
+// The three stages, pipelined; net_stage(p, n) all-reduces this rank's piece
+// (n elements at p) on its rail.
+template <typename NetStageFn>
+void allreduce_rails(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout,
+                     NetStageFn net_stage) {
   const Topology& t = g.topo;
   const int l_size = t.local_size(), me = t.local_rank();
-  const std::vector<int> rail = t.rail(me);
   const RedOp node_op = op == RedOp::kAvg ? RedOp::kSum : op;
   const size_t es = dtype_size(dt);
   const size_t piece = pipeline_piece(count / l_size, es);
@@ -62,16 +65,6 @@ void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis
     }
     return s;
   };
-  // Compressed: int4 serves the reduction only; the sums travel back as int8.
-  const QuantBits bits_ag = bits == QuantBits::kInt4 ? QuantBits::kInt8 : bits;
-  auto net_stage = [&g, &rail, dt, op, &step, bits, bits_ag](void* p, uint64_t n) {
-    if (bits == QuantBits::kNone)
-      net::allreduce_ring(*g.net, rail, p, n, dt, op, g.size(), step);
-    else
-      net::allreduce_quantized(*g.net, rail, p, n, dt, op, g.size(), bits, bits_ag,
-                               g.compression.block, step);
-  };
-
   if (nseg == 1) {  // nothing to overlap with
     Segment s = segment(0);
     algo::reduce_scatter(*g.shm, s.ins.data(), s.outs[me], s.counts.data(), dt, node_op, timeout);
@@ -99,5 +92,35 @@ void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis
   algo::allgather(*g.shm, prev.outs[me], prev.outs.data(), prev.counts.data(), dt, timeout);
 }
 
+}  // namespace
+
+void allreduce(GroupComm& g, void* buf, size_t count, DType dt, RedOp op, Millis timeout,
+               uint32_t& step, QuantBits bits) {
+  const std::vector<int> rail = g.topo.rail(g.topo.local_rank());
+  // Compressed: int4 serves the reduction only; the sums travel back as int8.
+  const QuantBits bits_ag = bits == QuantBits::kInt4 ? QuantBits::kInt8 : bits;
+  allreduce_rails(g, buf, count, dt, op, timeout, [&](void* p, uint64_t n) {
+    if (bits == QuantBits::kNone)
+      net::allreduce_ring(*g.net, rail, p, n, dt, op, g.size(), step);
+    else
+      net::allreduce_quantized(*g.net, rail, p, n, dt, op, g.size(), bits, bits_ag,
+                               g.compression.block, step);
+  });
+}
+
 }  // namespace hier
+
+namespace coll {
+
+// kHierRhd (algorithms.def): the rails run recursive halving + doubling.
+void run_hier_rhd(const CollArgs& a) {
+  GroupComm& g = a.g;
+  const std::vector<int> rail = g.topo.rail(g.topo.local_rank());
+  uint32_t step = 0;
+  hier::allreduce_rails(g, a.buf, a.count, a.dt, a.redop, a.timeout, [&](void* p, uint64_t n) {
+    net::allreduce_rhd(*g.net, rail, p, n, a.dt, a.redop, g.size(), step);
+  });
+}
+
+}  // namespace coll
 }  // namespace rsdp

@@ -38,6 +38,10 @@ Algo automatic(const Choice& c) {
       // in log2(nodes) rounds; any node sizes work.
       if (c.bytes <= kOneshotBytes) return Algo::kLeaders;
       if (!topo.uniform()) return Algo::kRing;  // rails pair equal nodes only
+      // The rails: a ring, or rhd where its rounds cost less than the
+      // ring's ([Note: rails' all-reduce model], select.h).
+      if (net_allreduce_prefers_rhd(c.bytes, topo.num_nodes()))
+        return topo.local_size() > 1 ? Algo::kHierRhd : Algo::kRhd;
       return topo.local_size() > 1 ? Algo::kHier : Algo::kRing;
     case OpKind::kAllgather:
     case OpKind::kReduceScatter:

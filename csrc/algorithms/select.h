@@ -36,6 +36,51 @@ constexpr size_t kOneshotBytes = 32u << 10;
 constexpr size_t kNodeAllreduceOneshotBytes = 8u << 10;
 constexpr size_t kDeviceOneshotBytes = 256u << 10;
 
+// [Note: rails' all-reduce model]
+// The network all-reduce between M nodes (on each rail of the hierarchical
+// one, or over all ranks at one rank per node) is a ring or recursive
+// halving + doubling (rhd), chosen by an alpha-beta model of one node's link:
+// a message costs kNetMessageSeconds, a byte 1/kNetLinkBytesPerSecond, and a
+// node's B bytes (summed over its rails, which share the link) cross it as
+//   ring: 2(M-1) messages,            2(M-1)/M * B bytes per direction;
+//   rhd:  2 log2(P) (+2) messages,    2(P-1)/P * B (+2B) bytes, P the largest
+//         power of two <= M; the +2 and +2B fold the M-P extra nodes in.
+// So at M a power of two rhd wins at any size; otherwise rhd wins below a
+// size that grows with M (none at M = 3: the fold costs as many messages as
+// the ring saves). Only the product alpha*W matters: the crossover in bytes
+// is a multiple of it. Pipeline segments repeat both latency terms; the
+// model ignores them, which leans towards the ring.
+//   kNetMessageSeconds: one message across a data-centre network, end to end
+//     through the software stack (a few microseconds of wire and switch, the
+//     rest the transport's send and completion).
+//   kNetLinkBytesPerSecond: one node's network link, 100 Gbit/s.
+constexpr double kNetMessageSeconds = 10e-6;
+constexpr double kNetLinkBytesPerSecond = 100e9 / 8;
+
+constexpr int floor_pow2(int m) {
+  int p = 1;
+  while (p * 2 <= m) p *= 2;
+  return p;
+}
+constexpr int log2_exact(int p) { return p > 1 ? 1 + log2_exact(p / 2) : 0; }
+
+// Modelled seconds of the ring and of rhd for `bytes` per node across m nodes.
+constexpr double ring_allreduce_seconds(double bytes, int m) {
+  return 2.0 * (m - 1) * kNetMessageSeconds + 2.0 * (m - 1) / m * bytes / kNetLinkBytesPerSecond;
+}
+constexpr double rhd_allreduce_seconds(double bytes, int m) {
+  const int p = floor_pow2(m), fold = m > p ? 2 : 0;
+  return (2.0 * log2_exact(p) + fold) * kNetMessageSeconds +
+         (2.0 * (p - 1) / p + fold) * bytes / kNetLinkBytesPerSecond;
+}
+
+// Whether the network all-reduce of `bytes` per node across m nodes runs rhd
+// rather than the ring. At m <= 2 the two send the same messages: the ring.
+constexpr bool net_allreduce_prefers_rhd(size_t bytes, int m) {
+  return m > 2 && rhd_allreduce_seconds(static_cast<double>(bytes), m) <
+                      ring_allreduce_seconds(static_cast<double>(bytes), m);
+}
+
 // The one-shot bound of reduce for host or device buffers.
 constexpr size_t oneshot_bytes(bool device) {
   return device ? kDeviceOneshotBytes : kOneshotBytes;

@@ -233,6 +233,95 @@ def test_matrix(topo, setting, family, nodes, request):
 
 
 # --------------------------------------------------------------------------------------------
+# Recursive halving + doubling (rhd) on the rails and over all ranks, at 3, 4 and 5 nodes
+# --------------------------------------------------------------------------------------------
+
+# Ranks 0-4 on nodes 0-4, ranks 5-9 the second local rank of nodes 0-4: subgroups of the first
+# 3, 4, 5 nodes with one rank (flat rhd, K = 3, 4, 5) or two ranks per node (hier_rhd).
+RHD_NODE_OF = (0, 1, 2, 3, 4, 0, 1, 2, 3, 4)
+RHD_LARGE = (1 << 20) + 7  # float32 elements: more than net::kPieceBytes, uneven blocks
+
+
+def _rhd_input(members, r, n, dt, integral):
+    g = torch.Generator().manual_seed(1000 * r + n)
+    if integral:  # bfloat16: small integers, summed exactly
+        return torch.randint(-8, 9, (n,), generator=g).to(dt)
+    return torch.randn(n, generator=g, dtype=torch.float64).to(dt)
+
+
+def _rhd_worker(ctx):
+    import torch_rsdp  # noqa: F401  (registers the backend)
+
+    r, fails = ctx.rank, []
+    groups = []
+    for m in (3, 4, 5):
+        one = list(range(m))
+        two = one + [q + 5 for q in one]
+        for algo, members in (("rhd", one), ("hier_rhd", one), ("hier_rhd", two)):
+            os.environ["RSDP_ALGO_ALLREDUCE"] = algo  # read when the group is created
+            groups.append((algo, members, dist.new_group(ranks=members)))
+    os.environ.pop("RSDP_ALGO_ALLREDUCE")
+    for algo, members, g in groups:
+        if r not in members:
+            continue
+        K = len(members)
+        # The messages this rank sends across nodes prove the algorithm ran: 2 log2(P) on its
+        # rail of M nodes (P the largest power of two <= M), plus the fold's one to or from
+        # the first 2(M-P) nodes; a ring would send 2(M-1).
+        M, node = len({RHD_NODE_OF[q] for q in members}), RHD_NODE_OF[r]
+        P = 1 << (M.bit_length() - 1)
+        sent = (1 if node % 2 == 0 else 2 * P.bit_length() - 1) if node < 2 * (M - P) \
+            else 2 * (P.bit_length() - 1)
+        torch_rsdp.reset_comm_stats(g)
+        dist.all_reduce(torch.ones(1003), group=g)
+        got = torch_rsdp.comm_stats(g)["inter_node_messages"]
+        if got != sent:
+            fails.append(f"{algo} on {members}: {got} messages across nodes, expected {sent}")
+        for dt in (torch.float32, torch.bfloat16):
+            integral = dt == torch.bfloat16
+            counts = (0, 1, K - 1, K + 1, 1003) + ((RHD_LARGE,) if dt == torch.float32 else ())
+            for op in ("sum", "avg", "max"):
+                for n in counts:
+                    if n == RHD_LARGE and op != "sum":
+                        continue
+                    what = f"{algo} on {members} {dt} {op} n={n}"
+                    ins = [_rhd_input(members, q, n, dt, integral) for q in members]
+                    x = ins[members.index(r)].clone()
+                    dist.all_reduce(x, op=getattr(dist.ReduceOp, op.upper()), group=g)
+                    stack = torch.stack([t.double() for t in ins])
+                    want = {"sum": stack.sum(0), "avg": stack.sum(0) / K,
+                            "max": stack.max(0).values if n else stack.sum(0)}[op]
+                    if integral and op != "avg":
+                        ok = torch.equal(x.double(), want)
+                    else:
+                        tol = 2.0 ** -7 if integral else 1e-5
+                        ok = bool(torch.allclose(x.double(), want, rtol=tol, atol=tol * K))
+                    if not ok:
+                        err = (x.double() - want).abs().max().item()
+                        fails.append(f"{what}: wrong (max error {err})")
+                    # every member ends bit-identical
+                    every = [torch.empty_like(x) for _ in members]
+                    dist.all_gather(every, x, group=g)
+                    same = all(torch.equal(e.view(torch.int16 if integral else torch.int32),
+                                           x.view(torch.int16 if integral else torch.int32))
+                               for e in every)
+                    if not same:
+                        fails.append(f"{what}: members differ")
+    return fails
+
+
+def test_rhd_allreduce():
+    """RSDP_ALGO_ALLREDUCE=rhd (over all ranks) and =hier_rhd (on the rails) on 3, 4 and 5
+    emulated nodes (RSDP_NODE_ID loopback), one and two ranks per node: sum, avg and max of
+    float32 and bfloat16, counts 0, 1, below and above the member count, odd, and beyond
+    net::kPieceBytes; right within rounding and bit-identical on every member."""
+    res = launch(_rhd_worker, len(RHD_NODE_OF), node_of=RHD_NODE_OF, netns=None,
+                 deadline=DEADLINE, pg_timeout=PG_TIMEOUT)
+    fails = [f"rank {r}: {f}" for r in range(len(RHD_NODE_OF)) for f in res[r]]
+    assert not fails, "\n".join(fails[:30])
+
+
+# --------------------------------------------------------------------------------------------
 # A whole node dies
 # --------------------------------------------------------------------------------------------
 

@@ -41,6 +41,13 @@ void allreduce_ring(NetComm& c, const std::vector<int>& members, void* buf, size
 void allreduce_recursive_doubling(NetComm& c, const std::vector<int>& members, void* buf,
                                   size_t count, DType dt, RedOp op, int divisor, uint32_t& step);
 
+// Recursive halving then doubling (Rabenseifner's; net_recursive_halving.cpp):
+// 2 log2(K) rounds (+2 when K is not a power of two), sending 2(K-1)/K of the
+// buffer per rank like the ring; each block is reduced by one member (so
+// every member ends bit-identical). For mid-sized messages on many members.
+void allreduce_rhd(NetComm& c, const std::vector<int>& members, void* buf, size_t count,
+                   DType dt, RedOp op, int divisor, uint32_t& step);
+
 // Ring all-gather with per-member sizes: K-1 steps, each forwarding the
 // block received in the last one. outs[me] may alias in.
 void allgather_ring(NetComm& c, const std::vector<int>& members, const void* in,
