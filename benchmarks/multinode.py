@@ -23,6 +23,7 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter")
 VARIANTS = {  # (what runs, the traffic theory charged for its link bytes)
     "auto": ("rsdp", "hier"),  # what auto chooses at these sizes (select.cpp)
     "hier": ("rsdp", "hier"),
+    "hier_rhd": ("rsdp", "hier"),  # all_reduce only: recursive halving + doubling on the rails
     "ring": ("rsdp", "ring"),
     "gloo": ("gloo", "ring"),
     "mpi": ("mpi", "ring"),
@@ -33,7 +34,8 @@ VARIANTS = {  # (what runs, the traffic theory charged for its link bytes)
     "hier-int8": ("rsdp", "hier"),
     "hier-int4": ("rsdp", "hier"),
 }
-LABELS = {"auto": "rsdp auto", "hier": "rsdp hier", "ring": "rsdp ring", "gloo": "gloo",
+LABELS = {"auto": "rsdp auto", "hier": "rsdp hier", "hier_rhd": "rsdp hier_rhd",
+          "ring": "rsdp ring", "gloo": "gloo",
           "mpi": "Open MPI", "oneccl": "oneCCL", "nolink": "rsdp auto, no link",
           "hier-int8": "rsdp hier int8", "hier-int4": "rsdp hier int4"}
 COMPRESSION = {"hier-int8": dict(all_gather="int8", reduce_scatter="int8", all_reduce="int8"),
@@ -198,7 +200,9 @@ def run_variant(variant, args, node_of, nodes) -> tuple[list[dict], str, str | N
         PEER_COMMANDS[variant] = shown
         return rows, "network namespaces", error
     env = {"OMP_NUM_THREADS": str(args.threads)}
-    if backend == "rsdp" and variant not in ("auto", "nolink"):
+    if variant == "hier_rhd":
+        env["RSDP_ALGO_ALLREDUCE"] = "hier_rhd"
+    elif backend == "rsdp" and variant not in ("auto", "nolink"):
         env.update({f"RSDP_ALGO_{op}": algo for op in ("ALLREDUCE", "ALLGATHER",
                                                         "REDUCE_SCATTER")})
     try:
