@@ -1,8 +1,6 @@
-"""What an asynchronous op costs over a blocking one, rsdp and gloo in the same launch: per
-backend, world size and pinning, the median over 5 batches of back-to-back `blocking`,
-`async` (`.wait()`), `future` (`get_future().wait()`), `overlap` (a 64 x 64 matmul between
-issue and wait) and `mm` alone; async / blocking is the price of the hand-off ([Note: waiting
-runs the op] in csrc/backend/work_rsdp.cpp). See docs/benchmarks.md, async-wait.
+"""What waiting costs: blocking, async (`.wait()`), future and overlapped all-reduces against
+each other, rsdp and gloo, pinned or not ([Note: waiting runs the op] in
+csrc/backend/work_rsdp.cpp). See docs/benchmarks.md, async-wait.
 """
 
 from __future__ import annotations

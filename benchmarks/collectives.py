@@ -862,25 +862,22 @@ class Report:
         res = []
         ops_dtypes = self._ops_dtypes()
 
-        def entry(target, label, op, dtype, rows, key, better, need, fmt):
-            if not rows:
-                return dict(target=target, backend=label, op=op, dtype=dtype, value=None,
-                            at_bytes=None, measured="no sizes in range", need=need, result="n/a")
+        def entry(target, label, op, dtype, rows, key, better, need, fmt=None):
+            e = dict(target=target, backend=label, op=op, dtype=dtype, value=None,
+                     at_bytes=None, need=need)
             bad = [r for r in rows if not self._ok(r) or r.get(key) is None]
-            if bad:
-                return dict(target=target, backend=label, op=op, dtype=dtype, value=None,
-                            at_bytes=bad[0]["bytes"],
-                            measured=f"failed/missing at {fmt_bytes(bad[0]['bytes'])}",
-                            need=need, result="MISS")
-            worst = min(rows, key=lambda r: r[key]) if better == "high" else \
-                max(rows, key=lambda r: r[key])
+            if not rows or bad:
+                return dict(e, measured="no sizes in range", result="n/a") if not rows else \
+                    dict(e, at_bytes=bad[0]["bytes"], result="MISS",
+                         measured=f"failed/missing at {fmt_bytes(bad[0]['bytes'])}")
+            high = better == "high"
+            worst = (min if high else max)(rows, key=lambda r: r[key])
             v = worst[key]
-            ok = v >= need if better == "high" else v <= need
-            return dict(target=target, backend=label, op=op, dtype=dtype, value=v,
-                        at_bytes=worst["bytes"],
-                        measured=f"{'min' if better == 'high' else 'max'} {fmt(v)} "
-                                 f"at {fmt_bytes(worst['bytes'])}",
-                        need=need, result="PASS" if ok else "MISS")
+            shown = fmt(v) if fmt else f"{v:.3f}x" if v < 1 else f"{v:.2f}x"
+            return dict(e, value=v, at_bytes=worst["bytes"],
+                        measured=f"{'min' if high else 'max'} {shown} at "
+                                 f"{fmt_bytes(worst['bytes'])}",
+                        result="PASS" if (v >= need if high else v <= need) else "MISS")
 
         rng = f"{fmt_bytes(BUSBW_RANGE[0])}..{fmt_bytes(BUSBW_RANGE[1])}"
         for lb in self.candidates:
@@ -888,13 +885,13 @@ class Report:
                 if op in BUSBW_OPS:
                     res.append(entry(f"busbw >= {BUSBW_SPEEDUP:g}x {self.baseline}, {rng}",
                                      lb, op, dt, self._rows(lb, op, dt, *BUSBW_RANGE),
-                                     "busbw_ratio", "high", BUSBW_SPEEDUP, lambda v: f"{v:.3f}x" if v < 1 else f"{v:.2f}x"))
+                                     "busbw_ratio", "high", BUSBW_SPEEDUP))
         for lb in self.candidates:
             for op, dt in ops_dtypes:
                 res.append(entry(f"latency <= 1/{1 / LATENCY_RATIO:g} of {self.baseline}, "
                                  f"<= {fmt_bytes(LATENCY_MAX_BYTES)}",
                                  lb, op, dt, self._rows(lb, op, dt, 0, LATENCY_MAX_BYTES),
-                                 "latency_ratio", "low", LATENCY_RATIO, lambda v: f"{v:.3f}x" if v < 1 else f"{v:.2f}x"))
+                                 "latency_ratio", "low", LATENCY_RATIO))
         for ops, frac, lo in MEMCPY_TARGETS:
             for lb in (self.candidates or [self.baseline]):
                 for op, dt in ops_dtypes:
@@ -921,14 +918,9 @@ class Report:
             for r in sorted(self._rows("rsdp", op, dt, *PEER_RANGE), key=lambda r: r["bytes"]):
                 one = self._index.get((WORLD1, op, dt, r["bytes"]))
                 peer = self._index.get((PEER, op, dt, r["bytes"]))
-                pt = dict(op=op, dtype=dt, bytes=r["bytes"], rsdp_us=None, world1_us=None,
-                          diff_us=None, mpi_us=None, ratio=None)
-                if self._ok(r):
-                    pt["rsdp_us"] = r["time_us"]
-                if one is not None and self._ok(one):
-                    pt["world1_us"] = one["time_us"]
-                if peer is not None and self._ok(peer):
-                    pt["mpi_us"] = peer["time_us"]
+                us = lambda x: x["time_us"] if x is not None and self._ok(x) else None  # noqa: E731
+                pt = dict(op=op, dtype=dt, bytes=r["bytes"], rsdp_us=us(r), world1_us=us(one),
+                          diff_us=None, mpi_us=us(peer), ratio=None)
                 if pt["rsdp_us"] is not None and pt["world1_us"] is not None:
                     pt["diff_us"] = pt["rsdp_us"] - pt["world1_us"]
                     if pt["mpi_us"]:

@@ -1,13 +1,6 @@
 """The spread of collective times over launches, per launch mode: rsdp against its peers, or
-rsdp under several environments against each other (--variants, A/B).
-
-Each round probes the launch mode (a fresh 2-rank group's hand-off probe; the CPUs clear,
-contended or changed by common.probe), then runs the collectives suite once per variant of rsdp,
-each its own launch, the peers right after the last, the variants' order rotating by round.
-Per mode and size: every variant's and peer's median over launches (min-max, spread), each
-variant over the first (median of per-round ratios), the first over Open MPI, and the goals
-(from 64 KiB: the first variant at or below Open MPI launch by launch in every steady mode,
-its spread no wider). See docs/benchmarks.md, launches.
+rsdp under several environments against each other (--variants), each round one launch of the
+collectives suite per variant, the order rotating. See docs/benchmarks.md, launches.
 """
 
 from __future__ import annotations
@@ -22,7 +15,7 @@ import tempfile
 import time
 
 from . import common
-from .common import RESULTS, fmt_bytes, free_port, parse_sizes
+from .common import RESULTS, fmt_bytes, parse_sizes
 
 FROM_SIZE = 64 << 10  # the goals hold from 64 KiB (below it a call's fixed cost dominates)
 # Timed iterations per size in every launch: a launch's median of the collectives suite's own
@@ -51,30 +44,14 @@ def parse_variants(text: str) -> list[tuple[str, dict]]:
     return variants or [("rsdp", {})]
 
 
-def _probe_rank(rank: int, port: int, out: str) -> None:
-    import datetime
-
-    import torch.distributed as dist
-
+def _probe_rank(rank: int, world: int) -> dict:
     import torch_rsdp
-
-    store = dist.TCPStore("127.0.0.1", port, 2, is_master=rank == 0,
-                          timeout=datetime.timedelta(seconds=60))
-    dist.init_process_group("rsdp", store=store, rank=rank, world_size=2)
-    if rank == 0:
-        with open(out, "w") as f:
-            json.dump(torch_rsdp.topology().get("handoff", {}), f)
-    dist.destroy_process_group()
+    return torch_rsdp.topology().get("handoff", {})
 
 
 def probe_mode() -> dict:
     """The hand-off probe of a fresh 2-rank rsdp group on this machine, now."""
-    import torch.multiprocessing as mp
-
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "handoff.json")
-        mp.spawn(_probe_rank, args=(free_port(), out), nprocs=2, join=True)
-        return json.load(open(out))
+    return common.run_ranks(_probe_rank, 2, threads=1)
 
 
 def one_launch(args, out_dir: str, label: str = "rsdp", env: dict | None = None,

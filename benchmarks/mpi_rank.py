@@ -1,17 +1,13 @@
 #!/usr/bin/env python3
-"""The Open MPI side of the collectives suite's `--peers mpi` (and of the multinode suite's
-`mpi` variant): one rank of an mpirun job, started by its path (neither torch nor the
-benchmarks package is imported: the ranks are plain MPI processes).
+"""The Open MPI side of `collectives --peers mpi` and of multinode's `mpi` variant: one rank of
+an mpirun job, started by its path, plain MPI on numpy buffers (neither torch nor this package
+imported):
 
     mpirun ... python benchmarks/mpi_rank.py --plan PLAN.json --out RESULT.json
 
-The plan holds the points the torch side measured (op, dtype, element count, iterations, ops per
-iteration, warm-up ops), so sizes and counts match by construction. Per point, on numpy buffers:
-one exact check (the torch side's inputs), warm-up (then more for the plan's warmup_seconds),
-then per iteration an MPI barrier and `reps` back-to-back ops (Allreduce, Allgather,
-Reduce_scatter_block, Bcast, Alltoall), the times reduced with MAX onto rank 0. Rank 0 rewrites
-RESULT.json (library versions and rows in the collectives suite's raw format) after every op x
-dtype, so a crash keeps what was measured.
+The plan holds the torch side's points (op, dtype, count, iterations, ops per iteration,
+warm-up), each checked exact and timed as the torch side times it; rank 0 rewrites RESULT.json
+after every op x dtype, so a crash keeps what was measured.
 """
 
 from __future__ import annotations

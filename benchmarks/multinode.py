@@ -239,79 +239,48 @@ def annotate(rows: list[dict], args, rate_bps) -> None:
         r["bytes_ratio_vs_gloo"] = flat / r["link_bytes"] if r["link_bytes"] else None
         r["speedup_vs_gloo"] = (g / t if (t and g and r["variant"] not in ("gloo", "nolink"))
                                 else None)
+        r["speedup_share"] = (r["speedup_vs_gloo"] / r["bytes_ratio_vs_gloo"]
+                              if r["speedup_vs_gloo"] and r["bytes_ratio_vs_gloo"] else None)
         h = hier.get((r["op"], r["bytes"]))
         r["speedup_vs_hier"] = (h / t if (t and h and r["variant"] in COMPRESSION) else None)
 
 
 def targets(rows: list[dict]) -> list[dict]:
-    out = []
+    out, ran = [], {r["variant"] for r in rows}
 
-    def verdict(name, variant, op, key, need, min_bytes):
+    def verdict(name, variant, op, key, need, min_bytes, shown, gloo=False):
         pts = [r for r in rows if r["variant"] == variant and r["op"] == op
                and r["bytes"] >= min_bytes]
-        if not pts or (key == "speedup_vs_gloo" and not any(r["variant"] == "gloo" for r in rows)):
-            none = f"no {variant} sizes >= {fmt_bytes(min_bytes)}"
-            return out.append(dict(target=name, op=op, result="n/a",
-                                   measured=none if not pts else "gloo not run"))
+        if not pts or (gloo and "gloo" not in ran):
+            why = f"no {variant} sizes >= {fmt_bytes(min_bytes)}" if not pts else "gloo not run"
+            return out.append(dict(target=name, op=op, result="n/a", measured=why))
         bad = [r for r in pts if r.get(key) is None or not r["correct"]]
         if bad:
             return out.append(dict(target=name, op=op, result="MISS",
                                    measured=f"missing/failed at {fmt_bytes(bad[0]['bytes'])}"))
         worst = min(pts, key=lambda r: r[key])
-        v = worst[key]
-        shown = f"{v:.0%}" if key == "link_efficiency" else f"{v:.2f}x"
-        out.append(dict(target=name, op=op, value=v, at_bytes=worst["bytes"],
-                        measured=f"min {shown} at {fmt_bytes(worst['bytes'])}",
-                        result="PASS" if v >= need else "MISS"))
+        out.append(dict(target=name, op=op, value=worst[key], at_bytes=worst["bytes"],
+                        measured=f"min {shown(worst)} at {fmt_bytes(worst['bytes'])}",
+                        result="PASS" if worst[key] >= need else "MISS"))
 
-    chooser = next((v for v in ("auto", "hier") if any(r["variant"] == v for r in rows)), None)
-    for op in OPS:
-        if chooser:
-            verdict(f"{chooser} link efficiency >= {TARGET_EFFICIENCY:.0%} from "
-                    f"{fmt_bytes(TARGET_EFFICIENCY_MIN_BYTES)}", chooser, op,
-                    "link_efficiency", TARGET_EFFICIENCY, TARGET_EFFICIENCY_MIN_BYTES)
-    for v in COMPRESSION:
+    chooser = next((v for v in ("auto", "hier") if v in ran), None)
+    for op in OPS if chooser else ():
+        verdict(f"{chooser} link efficiency >= {TARGET_EFFICIENCY:.0%} from "
+                f"{fmt_bytes(TARGET_EFFICIENCY_MIN_BYTES)}", chooser, op, "link_efficiency",
+                TARGET_EFFICIENCY, TARGET_EFFICIENCY_MIN_BYTES,
+                lambda r: f"{r['link_efficiency']:.0%}")
+    for v in (v for v in COMPRESSION if v in ran):
         for op in ("all_gather", "reduce_scatter"):
-            pts = [r for r in rows if r["variant"] == v and r["op"] == op
-                   and r["bytes"] >= TARGET_MIN_BYTES]
-            if not pts:
-                continue
-            if any(r.get("speedup_vs_hier") is None or not r["correct"] for r in pts):
-                out.append(dict(target=f"{LABELS[v]} >= {TARGET_COMPRESSED}x fp32 hier", op=op,
-                                result="MISS", measured="missing/failed point"))
-                continue
-            worst = min(pts, key=lambda r: r["speedup_vs_hier"])
-            out.append(dict(target=f"{LABELS[v]} >= {TARGET_COMPRESSED}x fp32 hier from 16 MiB",
-                            op=op, value=worst["speedup_vs_hier"], at_bytes=worst["bytes"],
-                            measured=f"min {worst['speedup_vs_hier']:.2f}x at "
-                                     f"{fmt_bytes(worst['bytes'])}",
-                            result="PASS" if worst["speedup_vs_hier"] >= TARGET_COMPRESSED
-                            else "MISS"))
-    if chooser is not None:
-        speedup_verdict(out, rows, chooser)
+            verdict(f"{LABELS[v]} >= {TARGET_COMPRESSED}x fp32 hier from 16 MiB", v, op,
+                    "speedup_vs_hier", TARGET_COMPRESSED, TARGET_MIN_BYTES,
+                    lambda r: f"{r['speedup_vs_hier']:.2f}x")
+    if chooser:  # the allreduce speed-up over gloo as a share of what the link bytes allow
+        verdict(f"{chooser} allreduce faster than gloo by >= {TARGET_SPEEDUP_SHARE:.0%} of what "
+                f"its link bytes allow, from 16 MiB", chooser, "all_reduce", "speedup_share",
+                TARGET_SPEEDUP_SHARE, TARGET_MIN_BYTES,
+                lambda r: f"{r['speedup_vs_gloo']:.2f}x of {r['bytes_ratio_vs_gloo']:.2f}x "
+                          f"({r['speedup_share']:.0%})", gloo=True)
     return out
-
-
-def speedup_verdict(out: list[dict], rows: list[dict], variant: str) -> None:
-    """The allreduce speed-up over gloo as a share of what the link bytes allow."""
-    pts = [r for r in rows if r["variant"] == variant and r["op"] == "all_reduce"
-           and r["bytes"] >= TARGET_MIN_BYTES]
-    name = (f"{variant} allreduce faster than gloo by >= {TARGET_SPEEDUP_SHARE:.0%} of what "
-            f"its link bytes allow, from 16 MiB")
-    if not pts or not any(r["variant"] == "gloo" for r in rows):
-        out.append(dict(target=name, op="all_reduce", result="n/a",
-                        measured="gloo not run" if pts else "no sizes >= 16 MiB"))
-    elif any(r.get("speedup_vs_gloo") is None or not r["correct"] for r in pts):
-        out.append(dict(target=name, op="all_reduce", result="MISS",
-                        measured="missing/failed point"))
-    else:
-        worst = min(pts, key=lambda r: r["speedup_vs_gloo"] / r["bytes_ratio_vs_gloo"])
-        share = worst["speedup_vs_gloo"] / worst["bytes_ratio_vs_gloo"]
-        out.append(dict(target=name, op="all_reduce", value=share, at_bytes=worst["bytes"],
-                        measured=f"min {worst['speedup_vs_gloo']:.2f}x of "
-                                 f"{worst['bytes_ratio_vs_gloo']:.2f}x ({share:.0%}) at "
-                                 f"{fmt_bytes(worst['bytes'])}",
-                        result="PASS" if share >= TARGET_SPEEDUP_SHARE else "MISS"))
 
 
 def markdown(rows, variants, info, tgts) -> str:

@@ -1,9 +1,7 @@
 """The planner against uniform strategies: `plan.auto` at memory budgets from the tightest
-feasible to unconstrained, on 1x2 and 1x4 ranks and 2x2 emulated nodes behind a `tc`-limited
-link. Auto's plan and every uniform strategy train in turns in one launch: measured and
-predicted step time and peak memory (MemTracker), auto's margin over the best uniform plan that
-fits, and the Cluster prediction checked against the emulated cluster. Outputs plans.md /
-.json / .png. See docs/benchmarks.md, plans.
+feasible to unconstrained against every uniform strategy, taking turns in one launch on 1x2,
+1x4 and 2x2 emulated nodes: step time and peak memory, measured and predicted. See
+docs/benchmarks.md, plans.
 
 Only the standard library is imported at the top (workers enter network namespaces first).
 """

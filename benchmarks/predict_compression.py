@@ -1,8 +1,6 @@
-"""What compression would gain on a cluster this project does not have: the planner's prediction
-at 64 x 8. Profiles the strategies suite's TransformerLM here, then asks `plan.predict` for the
-step time of uniform plans with and without compression, and `plan.auto(allow_compression=True)`
-for its pick, on `Cluster(nodes=64, ranks_per_node=8)` at several inter-node link speeds (ranks
-compute and quantise at this machine's speed).
+"""What compression would gain at 64 x 8 ranks, as the planner predicts it from a profile of
+the strategies suite's model taken here (no ranks started). See docs/benchmarks.md,
+predict-compression.
 """
 from __future__ import annotations
 

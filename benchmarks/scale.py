@@ -1,12 +1,7 @@
-"""What scale costs, by world size (--sizes; at most --per-node ranks per emulated node):
-set-up (`init_process_group` + first barrier after every rank met at the store, so a slow
-interpreter start is not counted; then `new_group`), the backend's shared memory (its
-RSDP_DEBUG layout checked against /proc/self/smaps) and RSS growth, threads, fds and UCX
-endpoints the set-up added, 8 B and 1 MiB all-reduce (slowest rank, median), and the failure
-notice: the last rank SIGKILLs itself inside an all-reduce, and the time until the last
-survivor's raised (the group's timeout is long, so only the notice can end the wait).
-Nodes are the loopback with RSDP_NODE_ID and UCX over TCP, as the multi-node tests without
-namespaces. With more ranks than cores the times measure oversubscription as well.
+"""What scale costs, by world size: set-up time, shared memory, RSS, threads, fds and UCX
+endpoints the set-up adds, 8 B and 1 MiB all-reduce, and how long the survivors take to notice
+a rank SIGKILLed inside an all-reduce. Nodes are the loopback with RSDP_NODE_ID. See
+docs/benchmarks.md, scale, and docs/scale.md.
 """
 
 from __future__ import annotations
@@ -326,13 +321,11 @@ def aggregate(W: int, cfg: dict, workdir: str, killed_at) -> dict:
          "iters": iters}
     for key in ("init", "after_ops", "ops_added", "new_group"):
         per = [v[key] for v in ranks]
-        d[key] = {"threads": [p["threads"] for p in per], "fds": [p["fds"] for p in per],
-                  "sockets": [p["fd_kinds"].get("socket", 0) for p in per],
-                  "pidfds": [p["fd_kinds"].get("pidfd", 0) for p in per],
-                  "fd_kinds_rank0": per[0]["fd_kinds"],
-                  "rss_mib": [round(p["rss_mib"], 2) for p in per],
-                  "shm_virtual_mib": [round(p["shm_virtual_mib"], 3) for p in per],
-                  "shm_resident_mib": [round(p["shm_resident_mib"], 3) for p in per]}
+        d[key] = {k: [p[k] for p in per] for k in ("threads", "fds")}
+        d[key].update({k + "s": [p["fd_kinds"].get(k, 0) for p in per]
+                       for k in ("socket", "pidfd")}, fd_kinds_rank0=per[0]["fd_kinds"])
+        d[key].update({k: [round(p[k], 2 if k == "rss_mib" else 3) for p in per]
+                       for k in ("rss_mib", "shm_virtual_mib", "shm_resident_mib")})
     d["topology_rank0"] = ranks[0]["topology"]
     d["endpoints"] = [e["endpoints"] for e in errs]
     d["endpoints_other_node"] = [e["endpoints_other_node"] for e in errs]

@@ -11,9 +11,10 @@ import argparse
 import datetime
 import json
 import os
+import sys
 import time
 
-from .common import RESULTS, on_two_nodes, write_result
+from .common import RESULTS, ROOT, on_two_nodes, write_result
 
 ALONE = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate",
          "split:2"]
@@ -55,14 +56,37 @@ def plan_of(spec: str):
     return spec, spec
 
 
+def chess_data():
+    """examples/chess_data.py, loaded from its file (the examples are no package)."""
+    import importlib.util
+
+    if "chess_data" not in sys.modules:
+        spec = importlib.util.spec_from_file_location(
+            "chess_data", os.path.join(ROOT, "examples", "chess_data.py"))
+        sys.modules["chess_data"] = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(sys.modules["chess_data"])
+    return sys.modules["chess_data"]
+
+
 def build_model(cfg):
-    from . import training_models as tm
-    return tm.TransformerLM(cfg["vocab"], cfg["d_model"], cfg["ffn"], cfg["heads"],
-                            cfg["layers"], cfg["seq"])
+    """The benchmark's model: the training benchmark's TransformerLM, or (``llama-chess``) a
+    Hugging Face Llama on the main job's chess games (GQA, untied head)."""
+    if cfg["model"] == "transformerlm":
+        from . import training_models as tm
+        return tm.TransformerLM(cfg["vocab"], cfg["d_model"], cfg["ffn"], cfg["heads"],
+                                cfg["layers"], cfg["seq"])
+    from transformers import LlamaConfig, LlamaForCausalLM
+    cd = chess_data()
+    return LlamaForCausalLM(LlamaConfig(
+        vocab_size=cd.ChessMoves.vocab_size, hidden_size=cfg["d_model"],
+        intermediate_size=cfg["ffn"], num_hidden_layers=cfg["layers"],
+        num_attention_heads=cfg["heads"], num_key_value_heads=max(1, cfg["heads"] // 2),
+        max_position_embeddings=cfg["seq"], tie_word_embeddings=False, use_cache=False,
+        pad_token_id=cd.PAD))
 
 
 def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=None,
-                 repeat=0):
+                 repeat=0, clip=0.0):
     """One plan on every rank; returns rank 0's summary (other ranks: None)."""
     import torch
     import torch.distributed as dist
@@ -81,14 +105,31 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
     opt = tm.make_optimizer(model, lr)
     groups = plan.plan_state(model).meshes.groups()
 
-    def step(i):
+    chess = chess_data().ChessMoves(seq_len=cfg["seq"]) if cfg["model"] == "llama-chess" else None
+
+    def batch(step):
         # repeat > 0: the same `repeat` batches in turn, which the model can learn (a loss
-        # curve that falls); else fresh random tokens every step
-        g = torch.Generator().manual_seed(i % repeat if repeat else i)
+        # curve that falls); else fresh random tokens (fresh games) every step
+        s = step % repeat if repeat else step
+        if chess is not None:
+            first = (s * W + r) * cfg["batch"]
+            return chess.batch(range(first, first + cfg["batch"]))
+        g = torch.Generator().manual_seed(s)
         toks = torch.randint(0, cfg["vocab"], (W * cfg["batch"], cfg["seq"] + 1), generator=g)
         toks = toks[r * cfg["batch"]:(r + 1) * cfg["batch"]]
-        loss = tm.lm_loss(model(toks[:, :-1]), toks[:, 1:])
+        return toks[:, :-1], toks[:, 1:]
+
+    def step(i):
+        x, y = batch(i)
+        if chess is not None:
+            logits = model(input_ids=x).logits
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(),
+                                                     ignore_index=-100)
+        else:
+            loss = tm.lm_loss(model(x), y)
         loss.backward()
+        if clip:  # torch's own function, as Hugging Face's Trainer calls it (max_grad_norm)
+            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
         return loss.item()
@@ -139,7 +180,7 @@ def run(setting, spec, args, nodes):
     try:
         res = launch(bench_worker, len(node_of),
                      (p, args.config, args.steps, args.warmup, args.threads, args.lr, comp,
-                      args.repeat_batches),
+                      args.repeat_batches, args.clip),
                      node_of=node_of if setting != "1x4" else None,
                      netns=nodes if setting != "1x4" else None,
                      env={"OMP_NUM_THREADS": str(args.threads), "RSDP_SPIN_US": "0"},
@@ -189,11 +230,12 @@ TARGET_COMPRESSED_SPEEDUP = 1.6
 
 def markdown(rows, info, chk):
     from .common import fmt_bytes as fb, md_table
-    lines = [f"## Strategies: TransformerLM {info['config']}, {info['params'] / 1e6:.2f} M "
+    name = {"transformerlm": "TransformerLM", "llama-chess": "LlamaForCausalLM (chess games)"}
+    lines = [f"## Strategies: {name[info['config']['model']]} {info['config']}, {info['params'] / 1e6:.2f} M "
              f"parameters, Adam, rsdp backend", "",
              f"{info['steps']} timed steps after {info['warmup']} warm-up, {info['threads']} "
-             f"thread(s) per rank on {info['cores']} cores; Adam lr {info.get('lr')}; 2x2 = "
-             f"{info['link']}; "
+             f"thread(s) per rank on {info['cores']} cores; Adam lr {info.get('lr')}, gradient "
+             f"norm clipped to {info.get('clip') or 'no clipping'}; 2x2 = {info['link']}; "
              f"torch {info['torch']}; load average at start {info['load']}.", ""]
     for setting in dict.fromkeys(r["setting"] for r in rows):
         sub = [r for r in rows if r["setting"] == setting]
@@ -252,8 +294,14 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--layers", type=int, default=SMALL["layers"])
     p.add_argument("--d-model", type=int, default=SMALL["d_model"])
+    p.add_argument("--model", default="transformerlm", choices=["transformerlm", "llama-chess"],
+                   help="llama-chess: a Hugging Face Llama on the main job's chess games "
+                        "(fresh games every step unless --repeat-batches)")
     p.add_argument("--deadline", type=float, default=600)
     p.add_argument("--lr", type=float, default=1e-4, help="Adam's learning rate")
+    p.add_argument("--clip", type=float, default=0.0,
+                   help="clip the gradients' total norm to this before every step "
+                        "(torch.nn.utils.clip_grad_norm_, as trainers call it; 0: off)")
     p.add_argument("--repeat-batches", type=int, default=0,
                    help="train on this many batches in turn (0: fresh random tokens each "
                         "step); with a higher --lr the loss then falls, for the loss curves")
@@ -264,7 +312,9 @@ def main(argv=None) -> int:
     if args.quick:
         args.plans, args.settings, args.steps, args.warmup, args.layers = (
             "full_shard,hybrid_shard", "2x2", 1, 1, 2)
-    args.config = dict(SMALL, layers=args.layers, d_model=args.d_model)
+    args.config = dict(SMALL, layers=args.layers, d_model=args.d_model, model=args.model)
+    if args.model == "llama-chess":
+        args.config.update(seq=64, vocab=chess_data().ChessMoves.vocab_size)
     plans = [s.strip() for s in args.plans.split(",") if s.strip()]
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     bad = [s for s in settings if s not in SETTINGS]
@@ -287,7 +337,7 @@ def main(argv=None) -> int:
     netns.cleanup_stale()
     info = {"config": args.config, "params": n_params, "steps": args.steps,
             "warmup": args.warmup, "threads": args.threads, "cores": os.cpu_count(),
-            "lr": args.lr,
+            "lr": args.lr, "clip": args.clip,
             "torch": torch.__version__, "load": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
     rows = []

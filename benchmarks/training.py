@@ -9,7 +9,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import tempfile
 import time
 import traceback
@@ -423,10 +422,9 @@ def main(argv=None) -> int:
     with torch.device("meta"):  # count parameters without allocating them
         probe = tm.TransformerLM(cfg["vocab"], cfg["d_model"], cfg["ffn"], cfg["heads"],
                                  cfg["layers"], cfg["seq"])
-    meta = {"params": tm.count_params(probe),
-            "cpus": os.cpu_count(), "load_before": tm.load_average(),
-            "started": datetime.datetime.now().isoformat(timespec="seconds"),
-            "cpu_model": platform.processor() or platform.machine(),
+    # the machine, commit and date: write_result's provenance
+    meta = {"params": tm.count_params(probe), "cpus": os.cpu_count(),
+            "load_before": tm.load_average(),
             "rsdp_env": tm.tune_for_oversubscription(args.world_size)}
     if args.device == "cuda":
         meta.update(gpu=torch.cuda.get_device_name(0), gpus_used=gpus_used(args),

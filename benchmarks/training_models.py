@@ -257,30 +257,31 @@ class ParamMemoryTracker(TorchDispatchMode):
         self.track(t)
         self.sample()
 
-    def _on_release(self, bufs) -> None:
-        pass  # we count storage while it is really alive (weak refs), not while RSDP holds it
-
     def __getattr__(self, name):
-        if name.startswith("_on_"):  # a hook added to torch_rsdp later: ignore it
+        # every other hook (_on_release: storage counts while it is really alive, through the
+        # weak references, not while RSDP holds it; a hook added later) does nothing
+        if name.startswith("_on_"):
             return lambda *a, **k: None
         raise AttributeError(name)
 
-    def __enter__(self):
+    def _install(self, active: bool) -> None:
         try:
             import torch_rsdp.rsdp._rotation.memory as rmem
-            self._prev_rsdp, rmem._ACTIVE = rmem._ACTIVE, self
         except Exception:  # noqa: BLE001
-            pass
+            return
+        if active:
+            self._prev_rsdp, rmem._ACTIVE = rmem._ACTIVE, self
+        else:
+            rmem._ACTIVE = self._prev_rsdp
+
+    def __enter__(self):
+        self._install(True)
         self.sample()
         self._saved_hooks.__enter__()
         return super().__enter__()
 
     def __exit__(self, *exc):
-        try:
-            import torch_rsdp.rsdp._rotation.memory as rmem
-            rmem._ACTIVE = self._prev_rsdp
-        except Exception:  # noqa: BLE001
-            pass
+        self._install(False)
         self.sample()
         self._saved_hooks.__exit__(*exc)
         self._refs.clear()
@@ -301,18 +302,19 @@ class ParamMemoryTracker(TorchDispatchMode):
         seen: dict = {}
         by_cat = dict.fromkeys(self.ALL_CATS, 0)
 
-        def add(t, cat):
-            t = _local(t)
-            if t is None or not isinstance(t, torch.Tensor):
-                return
-            try:
-                s = t.untyped_storage()
-            except Exception:  # noqa: BLE001
-                return
+        def count(s, cat):
             ptr, n = s.data_ptr(), s.nbytes()
             if n and ptr not in seen:
                 seen[ptr] = cat
                 by_cat[cat] += n
+
+        def add(t, cat):
+            t = _local(t)
+            if isinstance(t, torch.Tensor):
+                try:
+                    count(t.untyped_storage(), cat)
+                except Exception:  # noqa: BLE001  (exotic subclasses)
+                    pass
 
         params = []
         for m in self.modules:
@@ -321,13 +323,11 @@ class ParamMemoryTracker(TorchDispatchMode):
         for p in params:
             add(p, "params")
         for p in params:
-            if p is not None:
-                add(p.grad, "grads")
+            add(getattr(p, "grad", None), "grads")
         if self.optimizer is not None:
             for st in self.optimizer.state.values():
                 for v in st.values():
-                    if isinstance(v, torch.Tensor):
-                        add(v, "optim")
+                    add(v, "optim")
         for fp in self.fsdp_params:
             for t in getattr(fp, "all_gather_outputs", ()):
                 add(t, "buffers")
@@ -341,12 +341,7 @@ class ParamMemoryTracker(TorchDispatchMode):
                 if ref.expired():
                     dead.append(key)
                     continue
-                s = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
-                ptr, n = s.data_ptr(), s.nbytes()
-                if n and ptr not in seen:
-                    seen[ptr] = cat
-                    by_cat[cat] += n
-                del s
+                count(torch.UntypedStorage._new_with_weak_ptr(ref.cdata), cat)
             for key in dead:
                 del refs[key]
         total = sum(by_cat[c] for c in self.CATS)
