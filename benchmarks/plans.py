@@ -16,13 +16,11 @@ import time
 from .common import RESULTS, on_two_nodes, write_result
 
 SETTINGS = {"1x2": [0, 0], "1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
-# Rounds by default: ranks sharing this machine's cores drift by tens of % over minutes, so
-# the cheap one-node runs take turns more often; a 2x2 round (the link-bound steps) takes
-# ~10 min.
+# Rounds by default: ranks sharing a machine's cores drift over minutes, so the cheap one-node
+# runs take turns more often than the long, link-bound 2x2 ones.
 ROUNDS = {"1x2": 5, "1x4": 5, "2x2": 3}
-# Pooled medians of one plan run in two slots of one launch differ by at least this much
-# here (2-17 % seen: the repeated plan measures it again in every launch, and the larger
-# counts).
+# The least two runs of one plan in one launch are taken to differ by (the repeated plan
+# measures the actual spread in every launch, and the larger of the two counts).
 MARGIN_NOISE = 0.05
 UNIFORM = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate",
            "split:2", "split:4"]
@@ -95,7 +93,7 @@ def _measure_all(ctx, cfg, specs, rounds, steps, warmup, seq, batch):
     for rd in range(rounds):
         # each round starts one run later: what a run leaves behind (freed memory the next one
         # faults back in, the allocator's state) then touches each run in turn, not always
-        # the same one (with a fixed order, one plan measured up to 10 % slower than itself)
+        # the same one
         for i in order[rd % len(order):] + order[:rd % len(order)]:
             spec = specs[i]
             ctx.set_progress(f"round {rd + 1}/{rounds}: run {i + 1}/{len(specs)}")
