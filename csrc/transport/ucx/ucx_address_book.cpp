@@ -92,6 +92,11 @@ UcxAddressBook::Pair UcxAddressBook::get(int peer, const Deadline& dl,
   return out;
 }
 
+bool UcxAddressBook::known(int peer) {
+  std::lock_guard<std::mutex> g(mu_);
+  return known_[peer] != nullptr;
+}
+
 bool UcxAddressBook::try_get(int peer, Pair& out) {
   {
     std::lock_guard<std::mutex> g(mu_);

@@ -41,6 +41,8 @@ class UcxAddressBook {
   // Without waiting: false when `peer` has not published (yet). Throws
   // kSystem when its record is malformed.
   bool try_get(int peer, Pair& out);
+  // True once `peer`'s record was read (no store request).
+  bool known(int peer);
   std::string key(int peer) const;
 
  private:

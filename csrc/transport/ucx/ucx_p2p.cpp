@@ -99,6 +99,7 @@ void UcxP2P::send(const void* buf, size_t bytes, int dst, int tag,
   RSDP_CHECK(dst >= 0 && dst < group_.size && dst != group_.rank, group_.me(),
              ": send to group rank ", dst, " is invalid in a group of size ", group_.size,
              " (and a rank cannot send to itself)");
+  look_up(dst);
   submit(std::unique_ptr<Op>(new Op{true, dst, tag,
                                     const_cast<char*>(static_cast<const char*>(buf)), bytes,
                                     Deadline(timeout), std::move(done)}));
@@ -109,8 +110,19 @@ void UcxP2P::recv(void* buf, size_t bytes, int src, int tag, std::chrono::millis
   RSDP_CHECK(src >= -1 && src < group_.size && src != group_.rank, group_.me(),
              ": recv from group rank ", src, " is invalid in a group of size ", group_.size,
              " (and a rank cannot receive from itself)");
+  look_up(src);
   submit(std::unique_ptr<Op>(new Op{false, src, tag, static_cast<char*>(buf), bytes,
                                     Deadline(timeout), std::move(done)}));
+}
+
+void UcxP2P::look_up(int peer) {
+  if (peer < 0 || book_.known(peer)) return;
+  try {
+    UcxAddressBook::Pair a;
+    book_.try_get(peer, a);
+  } catch (...) {
+    // A malformed record: the progress thread reports it to the operation.
+  }
 }
 
 void UcxP2P::abort(const std::string& why) {

@@ -17,6 +17,10 @@
 // the peer published (UcxAddressBook). An operation whose peer has not
 // published yet waits, without holding up the others, and is retried on the
 // progress thread's timer until its own deadline, which then names the peer.
+// send()/recv() read the address on the caller's thread first, so that the
+// progress thread asks the store only for a peer that is late: the store
+// serialises its requests, and another thread of this process may be in a
+// long wait on it (monitored_barrier, a device rendezvous).
 #pragma once
 
 #include <atomic>
@@ -62,6 +66,8 @@ class UcxP2P {
 
  private:
   void submit(std::unique_ptr<Op> op);
+  // Reads `peer`'s address on the caller's thread when it is not known yet.
+  void look_up(int peer);
   void run();
   void post(std::unique_ptr<Op> op);
   // Posts the operations whose peer has published its address since.
