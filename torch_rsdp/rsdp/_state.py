@@ -124,8 +124,17 @@ class RSDPState:
 
 
 def rsdp_state(model: nn.Module) -> RSDPState:
-    """The :class:`RSDPState` that :func:`torch_rsdp.rsdp.shard` attached to ``model``."""
+    """The :class:`RSDPState` that :func:`torch_rsdp.rsdp.shard` attached to ``model``.
+
+    A module inside a sharded model that holds sharded layers but was not itself passed to
+    ``shard`` (the base model peft's ``merge_and_unload()`` hands back, say) gets a view of
+    its own shards: the state-dict questions work on it; it syncs no gradients."""
     st = getattr(model, "_rsdp_root", None)
-    if st is None:
-        raise ValueError("this module was not passed to torch_rsdp.rsdp.shard()")
-    return st
+    if st is not None:
+        return st
+    sharded = {n: m for n, m in model.named_modules() if getattr(m, "_rsdp", None) is not None}
+    if not sharded:
+        raise ValueError("this module was not passed to torch_rsdp.rsdp.shard() and holds no "
+                         "sharded layer")
+    ring = next(iter(sharded.values()))._rsdp.ring
+    return RSDPState(ring, sharded, [], None, root=model)
