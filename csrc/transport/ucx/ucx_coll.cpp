@@ -514,10 +514,18 @@ void UcxCollectives::tell_others(const Failure& f) {
   // A member this rank has no endpoint to yet gets one now, if its address
   // is published already (no waiting) and while the bound lasts.
   Deadline connecting(std::chrono::duration_cast<std::chrono::milliseconds>(kTellBound));
-  std::vector<void*> sent;
+  struct Sent {
+    void* req;  // null: sent at once
+    int node;
+    bool fresh;  // on an endpoint made here
+  };
+  std::vector<Sent> sent;
+  int nodes = 0;
+  for (int n : node_of_) nodes = std::max(nodes, n + 1);
   for (int r = 0; r < group_.size; ++r) {
     if (r == group_.rank || node_of_[r] == node_of_[group_.rank]) continue;
-    if (!peers_[r]->ep && !connecting.expired()) {
+    const bool fresh = !peers_[r]->ep;
+    if (fresh && !connecting.expired()) {
       try {
         UcxAddressBook::Pair a;
         if (book_.try_get(r, a)) connect(r, a.coll);
@@ -531,19 +539,32 @@ void UcxCollectives::tell_others(const Failure& f) {
     p.datatype = ucp_dt_make_contig(1);
     ucs_status_ptr_t s = ucp_tag_send_nbx(peers_[r]->ep, &m, ucx_wire::kNoticeHead + m.len,
                                           ucx_wire::notice_tag(group_.rank), &p);
-    if (UCS_PTR_IS_PTR(s)) sent.push_back(s);
+    if (!UCS_PTR_IS_ERR(s))
+      sent.push_back({UCS_PTR_IS_PTR(s) ? s : nullptr, node_of_[r], fresh});
   }
-  // Bounded: a peer that is gone cannot hold the failure up.
+  // Bounded: a peer that is gone cannot hold the failure up. Done when the
+  // sends on endpoints that carried traffic left, and every node has one
+  // member that took the notice: it posts the notice on its node. A fresh
+  // endpoint completes only once its peer progresses UCX, which a member
+  // waiting in shared memory does not do; its node mates that do suffice.
   Deadline dl(std::chrono::duration_cast<std::chrono::milliseconds>(kTellBound));
   for (;;) {
     bool pending = false;
-    for (void* s : sent) pending |= ucp_request_check_status(s) == UCS_INPROGRESS;
+    std::vector<char> reached(nodes, 0), waiting(nodes, 0);
+    for (const Sent& s : sent) {
+      const ucs_status_t st = s.req ? ucp_request_check_status(s.req) : UCS_OK;
+      if (st == UCS_OK) reached[s.node] = 1;
+      else if (st == UCS_INPROGRESS && s.fresh) waiting[s.node] = 1;
+      else if (st == UCS_INPROGRESS) pending = true;
+    }
+    for (int n = 0; n < nodes; ++n) pending |= waiting[n] && !reached[n];
     if (!pending || dl.expired()) break;
     if (!worker_.progress()) worker_.sleep(1);
   }
   // One still in flight is released when UCX completes it (the endpoint
   // closes next); its buffer lives as long as this object.
-  for (void* s : sent) ucp_request_free(s);
+  for (const Sent& s : sent)
+    if (s.req) ucp_request_free(s.req);
 }
 // Cancels the receives, closes every endpoint (which fails the sends) and
 // progresses until UCX gave back every request, so that no buffer is touched
