@@ -39,6 +39,9 @@ def topology(group: Optional[dist.ProcessGroup] = None) -> dict:
     CPU all-reduce that runs one-shot (one exchange, every rank reduces every copy) rather
     than reduce-scatter + all-gather: 8 KiB (``kNodeAllreduceOneshotBytes``,
     ``csrc/algorithms/select.h``); across nodes, the leaders' path's (32 KiB).
+    ``setup_store_requests``: the requests this rank made of the store to set the group up
+    (a few, whatever the group's size: group rank 0 gathers the peer records and posts one
+    table).
 
     Any backend: a group on another backend than rsdp gets the same answer derived from
     ``RSDP_NODE_ID``, torchrun's variables or the host names (:mod:`._derived_topology`; the
@@ -57,7 +60,9 @@ def comm_stats(group: Optional[dist.ProcessGroup] = None) -> dict:
     this node (for shared memory: bytes this rank wrote for its peers);
     ``inter_node_bytes``/``inter_node_messages`` what crossed to other nodes;
     ``one_copy_ops`` how many collectives read their peers' buffers in place
-    (buffers in communication memory, see :mod:`torch_rsdp._comm_memory`).
+    (buffers in communication memory, see :mod:`torch_rsdp._comm_memory`);
+    ``ucx_endpoints`` how many peers on other nodes this rank has an endpoint to (made when
+    it first sends to or receives from one).
     """
     return rsdp_backend(group, feature="comm_stats (what the collectives sent)").comm_stats()
 
