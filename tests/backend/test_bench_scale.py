@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -53,9 +54,11 @@ def test_bench_scale_quick(tmp_path):
         assert note["raised"] == W - 1 and 0 < note["last_s"] < 10, (ctx, note)
     one, two = rows
     assert one["endpoints"] == [0, 0] and one["shm"]["pool_bytes_per_rank"] > 0
-    # UCX: an endpoint to every other rank of the group, two of them on the other node.
-    assert two["endpoints"] == [3] * 4 and two["endpoints_other_node"] == [2] * 4, two
+    # UCX: endpoints only to the peers a rank reached, all on the other node (shared memory
+    # inside a node): its rail peer at least, never more than the other node's two ranks.
+    assert all(1 <= e <= 2 for e in two["endpoints"]), two["endpoints"]
+    assert two["endpoints_other_node"] == two["endpoints"], two
     assert two["shm"]["pool_bytes_per_rank"] == 0
     assert two["shm"]["segment_bytes"] == two["shm"]["reserved_bytes"]
     assert all(s >= 1 for s in two["init"]["sockets"]), two["init"]
-    assert "| 4 | 2 x 2 |" in (tmp_path / "scale.md").read_text()
+    assert re.search(r"^\|\s*4\s*\|\s*2 x 2\s*\|", (tmp_path / "scale.md").read_text(), re.M)
