@@ -462,6 +462,62 @@ def test_netns_command_runs_inside_the_node_and_refuses_other_names(nodes):
             (bad, p.returncode, p.stderr)
 
 
+_ECHO = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+if sys.argv[1] == "serve":
+    s.bind((sys.argv[2], 9999))
+    print("ready", flush=True)
+    while True:
+        data, peer = s.recvfrom(16)
+        s.sendto(data, peer)
+        if data == b"end":
+            break
+else:
+    s.settimeout(5)
+    rtts = []
+    for i in range(20):
+        t = time.perf_counter()
+        s.sendto(b"x", (sys.argv[2], 9999))
+        s.recvfrom(16)
+        rtts.append(time.perf_counter() - t)
+    s.sendto(b"end", (sys.argv[2], 9999))
+    print(min(rtts))
+"""
+
+
+def _min_rtt_s(en) -> float:
+    """The shortest of 20 UDP round trips from node 0 to node 1."""
+    serve = subprocess.Popen(["ip", "netns", "exec", en.netns_name(1), sys.executable, "-c",
+                              _ECHO, "serve", en.node_addr(1)], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert serve.stdout.readline().strip() == "ready"
+        p = subprocess.run(["ip", "netns", "exec", en.netns_name(0), sys.executable, "-c",
+                            _ECHO, "ask", en.node_addr(1)], capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0, p.stderr
+        return float(p.stdout)
+    finally:
+        serve.wait(timeout=10)
+
+
+@pytest.mark.skipif(not netns.namespaces_available(), reason="network namespaces not permitted")
+def test_link_delay():
+    """delay= holds every frame on every node link for that long in each direction, so a
+    round trip between two nodes crosses it four times; the relay that does it and its TAP
+    devices are gone once the nodes are closed."""
+    delay_s = 0.002
+    with netns.EmulatedNodes(2, rate="1gbit", delay=f"{delay_s * 1e3:g}ms") as en:
+        tag, relay = en.tag, en._relay
+        rtt = _min_rtt_s(en)
+        assert 4 * delay_s <= rtt < 4 * delay_s + 0.05, rtt
+    assert relay.poll() is not None, "the delay relay outlived its nodes"
+    assert not [n for n in netns.leftovers() if netns._tag_of(n) == tag]
+    with netns.EmulatedNodes(2, rate="1gbit") as en:
+        assert _min_rtt_s(en) < 4 * delay_s  # the delay above was the relay's, not the host's
+
+
 # --------------------------------------------------------------------------------------------
 # The emulation cleans up after itself (keep these last: they run after the launches above)
 # --------------------------------------------------------------------------------------------
@@ -483,21 +539,38 @@ _CRASH = """
 import os, signal, sys
 sys.path.insert(0, {root!r})
 from torch_rsdp.testing.netns import EmulatedNodes
-en = EmulatedNodes(2)
+en = EmulatedNodes(2, delay={delay!r})
 en.create()
-print(en.tag, flush=True)
+print(en.tag, en._relay.pid if en._relay else 0, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
+def _gone(pid: int, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except FileNotFoundError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 @pytest.mark.skipif(not netns.namespaces_available(), reason="network namespaces not permitted")
-def test_cleanup_stale_after_crash(nodes):
+@pytest.mark.parametrize("delay", [None, "1ms"])
+def test_cleanup_stale_after_crash(nodes, delay):
     """A SIGKILLed creator leaves its namespaces behind; cleanup_stale() removes them and
-    leaves instances of live processes (this module's nodes) alone."""
-    p = subprocess.run([sys.executable, "-c", _CRASH.format(root=ROOT)], capture_output=True,
-                       text=True, timeout=60)
+    leaves instances of live processes (this module's nodes) alone. With a delay, the relay
+    ends with its creator."""
+    p = subprocess.run([sys.executable, "-c", _CRASH.format(root=ROOT, delay=delay)],
+                       capture_output=True, text=True, timeout=60)
     assert p.returncode == -signal.SIGKILL, p.stderr
-    tag = p.stdout.strip()
+    tag, relay_pid = p.stdout.split()
+    if delay:
+        assert _gone(int(relay_pid), 10), "the delay relay outlived its crashed creator"
     assert [n for n in netns.leftovers() if netns._tag_of(n) == tag], "crash left nothing?"
     removed = netns.cleanup_stale()
     assert not [n for n in netns.leftovers() if netns._tag_of(n) == tag], removed

@@ -7,7 +7,8 @@
         # and finds its peers at nodes.node_addr(j), the launcher at nodes.store_addr
         ...
 
-Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and iproute2 (`ip`, and `tc` for rate/delay).
+Needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) and iproute2 (`ip`, and `tc` for a rate); a delay
+also needs a C compiler (`cc`, once per host) and /dev/net/tun.
 Only the standard library is imported here: a freshly started process loads this file to
 switch namespaces before torch is imported (see `enter`).
 
@@ -26,9 +27,16 @@ tables. The launcher stays in the root namespace and hosts the c10d TCPStore; th
 gives it an address on the same /24 that every node reaches directly. The uplink is not
 rate-limited: store traffic is small and not part of the emulated node link.
 
-Rate limit / delay: tbf (and netem for delay) on the egress of BOTH ends of each node's link,
-i.e. node -> switch on the node end and switch -> node on the switch end, so each node has a
-full-duplex link of `rate` per direction, like a NIC.
+Rate limit: tbf on the egress of BOTH ends of each node's link, i.e. node -> switch on the node
+end and switch -> node on the switch end, so each node has a full-duplex link of `rate` per
+direction, like a NIC.
+
+Delay: with `delay`, each node's link is a pair of TAP devices instead of a veth pair
+(rsdp-<tag>-v<i> in the node, rsdp-<tag>-s<i> on the bridge), and one relay process
+(link_delay.c, built on first use) copies frames between the two halves of every link, each
+`delay` after it arrived. A message between two nodes crosses two links, so it arrives
+2 x `delay` after it left. The kernel's netem would do the same inside the kernel, but it is a
+build option some kernels leave out; the relay behaves alike on every host.
 
 Cleanup: `__exit__` removes everything even when the body raised; an atexit hook and
 SIGTERM/SIGHUP handlers do the same for instances still open when the process ends. Every
@@ -96,6 +104,22 @@ def parse_rate(rate: str) -> int:
                 return int(value * mult)
             break
     raise ValueError(f"bad rate {rate!r} (use tc syntax, e.g. 1gbit, 100mbit)")
+
+
+def parse_delay(delay: str) -> int:
+    """tc time syntax -> nanoseconds: '250us' -> 250_000, '1ms', '0.5ms', '2s'."""
+    s = delay.strip().lower()
+    for suffix, mult in (("usec", 10**3), ("msec", 10**6), ("sec", 10**9), ("us", 10**3),
+                         ("ms", 10**6), ("s", 10**9)):
+        if s.endswith(suffix):
+            try:
+                value = float(s[: -len(suffix)])
+            except ValueError:
+                break
+            if value >= 0:
+                return int(round(value * mult))
+            break
+    raise ValueError(f"bad delay {delay!r} (use tc syntax, e.g. 250us, 1ms)")
 
 
 def _netns_list() -> list[str]:
@@ -360,11 +384,50 @@ def _install_handlers() -> None:
         signal.signal(sig, handler)
 
 
+TUNSETIFF = 0x400454CA
+IFF_TAP = 0x0002
+IFF_NO_PI = 0x1000
+
+
+def _open_tap(name: str) -> int:
+    """A non-blocking descriptor of a new TAP device `name` in this namespace; the device
+    goes away when the last descriptor is closed."""
+    import fcntl
+    import struct
+    fd = os.open("/dev/net/tun", os.O_RDWR | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH", name.encode(), IFF_TAP | IFF_NO_PI))
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _relay_binary() -> str:
+    """link_delay.c compiled once per host and source (cached under REGISTRY_DIR)."""
+    import hashlib
+    src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "link_delay.c")
+    with open(src, "rb") as f:
+        digest = hashlib.sha256(f.read()).hexdigest()[:12]
+    binary = os.path.join(REGISTRY_DIR, "bin", f"link_delay-{digest}")
+    if not os.path.exists(binary):
+        os.makedirs(os.path.dirname(binary), exist_ok=True)
+        tmp = f"{binary}.{os.getpid()}.{threading.get_ident()}"
+        cc = os.environ.get("CC", "cc")
+        try:
+            _run(cc, "-O2", "-o", tmp, src)
+        except OSError as e:
+            raise NetnsError(f"a link delay needs a C compiler ({cc}): {e}") from e
+        os.replace(tmp, binary)  # atomic: a concurrent build ends with the same file
+    return binary
+
+
 class EmulatedNodes:
     """`num_nodes` network namespaces on one bridge; see the module docstring.
 
     rate: tc rate per direction of each node's link (e.g. "1gbit"), None = unlimited.
-    delay: one-way delay added per direction (netem, e.g. "1ms"), None = none.
+    delay: added to every frame, in each direction, on each node's link (e.g. "250us", "1ms";
+    node to node is twice this), None = none.
     """
 
     def __init__(self, num_nodes: int, rate: str | None = None, delay: str | None = None,
@@ -375,7 +438,9 @@ class EmulatedNodes:
         self.rate = rate
         self.rate_bps = parse_rate(rate) if rate else None
         self.delay = delay
+        self.delay_ns = parse_delay(delay) if delay else 0
         self.mtu = mtu
+        self._relay: subprocess.Popen | None = None
         self.owner_pid = os.getpid()
         self.tag = ""
         self.subnet: ipaddress.IPv4Network | None = None
@@ -459,18 +524,26 @@ class EmulatedNodes:
         _run("ip", "addr", "add", f"{self.store_addr}/{plen}", "dev", up)
         _run("ip", "-n", sw, "link", "set", us, "master", br, "up")
         _run("ip", "link", "set", up, "up")
+        taps: list[int] = []  # with a delay: node half, switch half, per link
         for i in range(self.num_nodes):
             ns, v, s = self.netns_name(i), self.ifname(i), self._name(f"s{i}")
             _run("ip", "netns", "add", ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
-            _run("ip", "link", "add", v, "mtu", str(self.mtu), "netns", ns, "type", "veth",
-                 "peer", "name", s, "netns", sw)
+            if self.delay_ns:
+                for name, where in ((v, ns), (s, sw)):
+                    taps.append(_open_tap(name))
+                    _run("ip", "link", "set", name, "mtu", str(self.mtu), "netns", where)
+            else:
+                _run("ip", "link", "add", v, "mtu", str(self.mtu), "netns", ns, "type", "veth",
+                     "peer", "name", s, "netns", sw)
             _run("ip", "-n", ns, "addr", "add", f"{self.node_addr(i)}/{plen}", "dev", v)
             _run("ip", "-n", sw, "link", "set", s, "master", br, "up")
             _run("ip", "-n", ns, "link", "set", v, "up")
             self._shape(ns, v)
             self._shape(sw, s)
         _run("ip", "-n", sw, "link", "set", br, "up")
+        if taps:
+            self._start_relay(taps)
         self._write_hosts()
         self._wait_up([(None, up)] + [(self.netns_name(i), self.ifname(i))
                                       for i in range(self.num_nodes)])
@@ -493,25 +566,32 @@ class EmulatedNodes:
             f.write(base.rstrip("\n") + "\n# emulated nodes\n" + "\n".join(lines) + "\n")
 
     def _shape(self, ns: str, dev: str) -> None:
-        if not self.rate and not self.delay:
+        if not self.rate:
             return
-        tc = ["tc", "-n", ns, "qdisc", "add", "dev", dev]
-        netem = ["netem", "delay", self.delay, "limit", "100000"] if self.delay else []
-        if self.rate:
-            rate_bytes = self.rate_bps // 8
-            # burst: >= 1 ms at rate and > a 64 KiB GSO packet (tbf would split larger ones).
-            # limit: a NIC's default queue, 1000 full-size packets (12 ms at 1 Gbit/s, 120 ms
-            # at 100 Mbit/s). A queue sized in time instead is short enough to drop packets of
-            # a slow link that two rails share, and each TCP recovery then delays a collective
-            # now and then: noise that no real NIC queue makes.
-            burst = max(131072, rate_bytes // 1000)
-            limit = max(2 * burst, 1000 * 1514)
-            _run(*tc, "root", "handle", "1:", "tbf", "rate", f"{self.rate_bps}bit",
-                 "burst", str(burst), "limit", str(limit))
-            if netem:
-                _run(*tc, "parent", "1:1", "handle", "10:", *netem)
-        else:
-            _run(*tc, "root", "handle", "1:", *netem)
+        rate_bytes = self.rate_bps // 8
+        # burst: >= 1 ms at rate and > a 64 KiB GSO packet (tbf would split larger ones).
+        # limit: a NIC's default queue, 1000 full-size packets (12 ms at 1 Gbit/s, 120 ms
+        # at 100 Mbit/s). A queue sized in time instead is short enough to drop packets of
+        # a slow link that two rails share, and each TCP recovery then delays a collective
+        # now and then: noise that no real NIC queue makes.
+        burst = max(131072, rate_bytes // 1000)
+        limit = max(2 * burst, 1000 * 1514)
+        _run("tc", "-n", ns, "qdisc", "add", "dev", dev, "root", "handle", "1:", "tbf",
+             "rate", f"{self.rate_bps}bit", "burst", str(burst), "limit", str(limit))
+
+    def _start_relay(self, taps: list[int]) -> None:
+        """Starts the process that delays every link's frames (link_delay.c); the TAP
+        devices live as long as it holds their descriptors."""
+        try:
+            self._relay = subprocess.Popen(
+                [_relay_binary(), str(self.delay_ns), str(self.mtu), *map(str, taps)],
+                pass_fds=taps, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+            ready = self._relay.stdout.readline()
+        finally:
+            for fd in taps:
+                os.close(fd)
+        if ready.strip() != b"ready":
+            raise NetnsError(f"the link delay relay did not start (exit {self._relay.poll()})")
 
     def _wait_up(self, links, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
@@ -519,7 +599,9 @@ class EmulatedNodes:
         while pending:
             ns, dev = pending[0]
             out = _run("ip", *(["-n", ns] if ns else []), "-br", "link", "show", "dev", dev)
-            if " UP " in f" {out} ":
+            # a TAP device has no operational state to report ("UNKNOWN"): its carrier is up
+            # once its flags show LOWER_UP
+            if " UP " in f" {out} " or (" UNKNOWN " in f" {out} " and "LOWER_UP" in out):
                 pending.pop(0)
                 continue
             if time.monotonic() > deadline:
@@ -532,6 +614,15 @@ class EmulatedNodes:
             return
         self._open = False
         _LIVE.pop(self.tag, None)
+        if self._relay is not None:
+            self._relay.terminate()
+            try:
+                self._relay.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self._relay.kill()
+                self._relay.wait()
+            self._relay.stdout.close()
+            self._relay = None
         _destroy(self.tag)
 
 
