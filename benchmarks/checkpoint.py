@@ -12,17 +12,14 @@ import statistics
 import tempfile
 import time
 
+from . import training_models as tm
 from .common import RESULTS, md_table, run_ranks, slowest, verdicts, write_result
 
 
 def _model():
-    from transformers import LlamaConfig, LlamaForCausalLM
-    import torch
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=24, hidden_size=384, intermediate_size=1024,
-                      num_hidden_layers=8, num_attention_heads=6, num_key_value_heads=2,
-                      max_position_embeddings=64, tie_word_embeddings=False, use_cache=False)
-    return LlamaForCausalLM(cfg)
+    return tm.llama(vocab_size=24, hidden_size=384, intermediate_size=1024,
+                    num_hidden_layers=8, num_attention_heads=6, num_key_value_heads=2,
+                    max_position_embeddings=64, tie_word_embeddings=False, use_cache=False)
 
 
 def _timed(fn) -> float:
@@ -46,10 +43,7 @@ def worker(rank, world, args, root):
     for name in args.plans:
         model = plan.apply(_model(), name)
         opt = plan.make_optimizer(model, torch.optim.AdamW, lr=1e-4)
-        ids = torch.randint(0, 24, (2, 32), generator=torch.Generator().manual_seed(rank))
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad()
+        tm.hf_step(model, opt, tm.token_batch(24, 2, 32, rank))  # optimizer state to save
         res = {"plan": name, "world": world}
         times = {k: [] for k in ("sharded_save", "gathered_save", "async_block",
                                  "async_once_block", "sharded_load", "gathered_load")}
@@ -57,9 +51,9 @@ def worker(rank, world, args, root):
             path = os.path.join(root, f"{name}-{i}")
             full = os.path.join(root, f"{name}-{i}.pt")
 
-            def sharded_save():
+            def state():
                 msd, osd = get_state_dict(model, opt)
-                dcp.save({"model": msd, "optim": osd}, checkpoint_id=path)
+                return {"model": msd, "optim": osd}
 
             def gathered_save():
                 msd, osd = get_state_dict(model, opt, options=StateDictOptions(
@@ -67,24 +61,17 @@ def worker(rank, world, args, root):
                 if rank == 0:
                     torch.save({"model": msd, "optim": osd}, full)
 
-            future = []
-
-            def async_save():
-                msd, osd = get_state_dict(model, opt)
-                future.append(dcp.async_save({"model": msd, "optim": osd},
-                                             checkpoint_id=path + "-async",
-                                             process_group=ckpt_group))
-
-            def async_save_once():  # the hooks' copies are the staged state dict
-                msd, osd = get_state_dict(model, opt)
-                future.append(dcp.async_save({"model": msd, "optim": osd},
-                                             checkpoint_id=path + "-once",
-                                             async_stager=plan.CopyOnceStager(),
-                                             process_group=ckpt_group))
+            def async_save(suffix, **stager):
+                """The time async_save blocks; then waits for the write to finish."""
+                future = []
+                t = _timed(lambda: future.append(dcp.async_save(
+                    state(), checkpoint_id=path + suffix, process_group=ckpt_group, **stager)))
+                future[0].result()
+                dist.barrier()
+                return t
 
             def sharded_load():
-                msd, osd = get_state_dict(model, opt)
-                sd = {"model": msd, "optim": osd}
+                sd = state()
                 dcp.load(sd, storage_reader=plan.CheckpointReader(path))
                 set_state_dict(model, opt, model_state_dict=sd["model"],
                                optim_state_dict=sd["optim"])
@@ -95,14 +82,12 @@ def worker(rank, world, args, root):
                                optim_state_dict=sd["optim"],
                                options=StateDictOptions(full_state_dict=True))
 
-            times["sharded_save"].append(_timed(sharded_save))
+            times["sharded_save"].append(_timed(lambda: dcp.save(state(), checkpoint_id=path)))
             times["gathered_save"].append(_timed(gathered_save))
-            times["async_block"].append(_timed(async_save))
-            future.pop().result()
-            dist.barrier()
-            times["async_once_block"].append(_timed(async_save_once))
-            future.pop().result()
-            dist.barrier()
+            times["async_block"].append(async_save("-async"))
+            # the hooks' copies are the staged state dict
+            times["async_once_block"].append(async_save("-once",
+                                                        async_stager=plan.CopyOnceStager()))
             times["sharded_load"].append(_timed(sharded_load))
             times["gathered_load"].append(_timed(gathered_load))
             mine = sum(os.path.getsize(f) for f in glob.glob(os.path.join(path, f"__{rank}_*")))
@@ -122,12 +107,10 @@ def main(argv=None) -> int:
     p.add_argument("--nproc", type=int, default=4)
     p.add_argument("--plans", default="rotate,full_shard")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--dir", default=None, help="where checkpoints are written (a temporary "
-                                                "directory, removed at the end)")
     p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
     args.plans = [s.strip() for s in args.plans.split(",") if s.strip()]
-    root = tempfile.mkdtemp(prefix="rsdp-ckpt-", dir=args.dir)
+    root = tempfile.mkdtemp(prefix="rsdp-ckpt-")
     try:
         rows = run_ranks(worker, args.nproc, args, root, threads=1)
     finally:

@@ -69,10 +69,7 @@ def build(kind, shape, seq, path, mesh, dtype):
         # every projection rotating on its own, or attention and MLP as rotation units
         rsdp.shard(model, tp_plan="auto" if kind == "rsdp-units" else None)
     else:
-        from torch.distributed.fsdp import fully_shard
-        for layer in model.base_model.model.model.layers:
-            fully_shard(layer, mesh=mesh)
-        fully_shard(model, mesh=mesh)
+        tm.fully_shard_blocks(model, model.base_model.model.model.layers, mesh)
     model.to_empty(device="cpu")
     load_peak = tm.peak_beyond(lambda: rsdp.load_pretrained(model, path, init_adapters=True),
                                model)

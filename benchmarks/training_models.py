@@ -132,12 +132,7 @@ def wrap(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
         return rsdp.shard(model)
     if strategy == "fsdp2":
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
-        mesh = init_device_mesh(device.type, (world,))
-        for blk in model.blocks:
-            fully_shard(blk, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        return model
+        return fully_shard_blocks(model, model.blocks, init_device_mesh(device.type, (world,)))
     if strategy.startswith("plan="):
         return wrap_plan(model, strategy[len("plan="):])
     if strategy == "ddp":
@@ -145,6 +140,52 @@ def wrap(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
         return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                    gradient_as_bucket_view=True)
     raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+
+
+def fully_shard_blocks(model: nn.Module, blocks, mesh=None) -> nn.Module:
+    """FSDP2 as its documentation applies it: each block a unit, then the root."""
+    from torch.distributed.fsdp import fully_shard
+    for blk in blocks:
+        fully_shard(blk, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def llama(seed: int = 0, **config) -> nn.Module:
+    """A Hugging Face LlamaForCausalLM from LlamaConfig keywords, the same weights on every
+    rank (seeded)."""
+    import transformers as tf
+    tf.logging.set_verbosity_error()
+    torch.manual_seed(seed)
+    return tf.LlamaForCausalLM(tf.LlamaConfig(**config))
+
+
+def token_batch(vocab: int, rows: int, cols: int, seed: int) -> torch.Tensor:
+    """Random token ids, the same for a seed on every rank."""
+    return torch.randint(0, vocab, (rows, cols), generator=torch.Generator().manual_seed(seed))
+
+
+def hf_step(model: nn.Module, opt, ids: torch.Tensor, labels=None) -> float:
+    """One training step of a Hugging Face causal LM on ``ids``; returns the loss."""
+    loss = model(input_ids=ids, labels=ids if labels is None else labels).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def timed_steps(step, n: int, warmup: int = 0, first: int = 0) -> list:
+    """step(i) for i from ``first``, ``warmup`` untimed then ``n`` timed, each after a barrier;
+    this rank's times of the timed ones."""
+    import time
+    times = []
+    for i in range(first, first + warmup + n):
+        dist.barrier()
+        t0 = time.perf_counter()
+        step(i)
+        if i >= first + warmup:
+            times.append(time.perf_counter() - t0)
+    return times
 
 
 def load_plan(spec: str):
