@@ -253,12 +253,14 @@ def default_threads(local_world: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, local_world))
 
 
-def _rank_main(rank, fn, world, port, path, backend, threads, pin, args):
+def _rank_main(rank, fn, world, port, path, backend, threads, pin, cuda_devices, args):
     import torch
     import torch.distributed as dist
     cores = sorted(os.sched_getaffinity(0))
     if pin and world <= len(cores):
         os.sched_setaffinity(0, {cores[rank]})
+    if cuda_devices:  # before any other CUDA call and before init_process_group
+        torch.cuda.set_device(rank % cuda_devices)
     tune_for_oversubscription(world)
     import torch_rsdp  # noqa: F401  (registers "rsdp")
     torch.set_num_threads(threads or default_threads(world))
@@ -272,15 +274,16 @@ def _rank_main(rank, fn, world, port, path, backend, threads, pin, args):
 
 
 def run_ranks(fn, world: int, *args, backend: str = "rsdp", threads: int | None = None,
-              pin: bool = False):
+              pin: bool = False, cuda_devices: int = 0):
     """fn(rank, world, *args) on `world` spawned ranks of one process group on `backend`
     (`threads` torch threads each, default cores // world; with `pin`, rank r on core r where
-    there are enough); returns what rank 0's returned (through JSON)."""
+    there are enough; with `cuda_devices`, rank r on GPU r % cuda_devices); returns what rank
+    0's returned (through JSON). A failed rank raises, its traceback in the message."""
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "rank0.json")
-        mp.spawn(_rank_main, args=(fn, world, free_port(), path, backend, threads, pin, args),
-                 nprocs=world)
+        mp.spawn(_rank_main, args=(fn, world, free_port(), path, backend, threads, pin,
+                                   cuda_devices, args), nprocs=world)
         with open(path) as f:
             return json.load(f)
 

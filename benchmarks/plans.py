@@ -28,17 +28,10 @@ UNIFORM = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_sha
 # replicating everything needs about 3x the tightest plan's memory.
 MODEL = dict(vocab_size=4096, hidden_size=384, intermediate_size=1024, num_hidden_layers=6,
              num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
-             tie_word_embeddings=False)
+             tie_word_embeddings=False, use_cache=False)
 QUICK_MODEL = dict(MODEL, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
                    num_attention_heads=4,
                    vocab_size=512)
-
-
-def _model(cfg):
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(**cfg))
 
 
 def _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory):
@@ -50,25 +43,14 @@ def _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory):
     import torch_rsdp.plan as plan
     from . import training_models as tm
     W, r = ctx.world_size, ctx.rank
-    model = plan.apply(_model(cfg), spec)
+    model = plan.apply(tm.llama(**cfg), spec)
     opt = plan.make_optimizer(model, torch.optim.AdamW, lr=1e-4)
 
     def step(i):
-        g = torch.Generator().manual_seed(i)
-        ids = torch.randint(0, cfg["vocab_size"], (W * batch, seq + 1), generator=g)
-        ids = ids[r * batch:(r + 1) * batch]
-        out = model(input_ids=ids[:, :-1], labels=ids[:, 1:], use_cache=False)
-        out.loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
+        ids = tm.token_batch(cfg["vocab_size"], W * batch, seq + 1, i)[r * batch:(r + 1) * batch]
+        tm.hf_step(model, opt, ids[:, :-1], ids[:, 1:])
 
-    times = []
-    for i in range(warmup + steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        step(i)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
+    times = tm.timed_steps(step, steps, warmup)
     dist.barrier()
     if not memory:
         return times, 0
@@ -114,7 +96,8 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
     import torch_rsdp.plan as plan
     torch.set_num_threads(1)
     r = ctx.rank
-    model = _model(cfg)
+    from . import training_models as tm
+    model = tm.llama(**cfg)
     ids = torch.randint(0, cfg["vocab_size"], (batch, seq))
     example = {"input_ids": ids, "labels": ids, "use_cache": False}
     try:

@@ -11,10 +11,9 @@ import argparse
 import datetime
 import json
 import os
-import sys
 import time
 
-from .common import RESULTS, ROOT, on_two_nodes, write_result
+from .common import RESULTS, on_two_nodes, write_result
 
 ALONE = ["no_shard", "shard_optim", "full_shard", "shard_grad_op", "hybrid_shard", "rotate",
          "split:2"]
@@ -27,13 +26,7 @@ CATS = ("params", "grads", "optim", "buffers", "activations")
 
 
 #: ``PLAN+SUFFIX``: the plan with ``plan.apply(compression=...)``
-COMPRESSION = {"int8": {"grads": "int8"}, "int4": {"grads": "int4"},
-               "int8-noef": {"grads": "int8", "error_feedback": False},
-               "int4-noef": {"grads": "int4", "error_feedback": False},
-               # one side only, and a finer block
-               "w8": {"weights": "int8", "grads": "none"},
-               "g8": {"weights": "none", "grads": "int8"},
-               "int8-b64": {"grads": "int8", "block": 64}}
+COMPRESSION = {"int8": {"grads": "int8"}, "int4": {"grads": "int4"}}
 
 
 def compression_of(spec: str):
@@ -56,37 +49,8 @@ def plan_of(spec: str):
     return spec, spec
 
 
-def chess_data():
-    """examples/chess_data.py, loaded from its file (the examples are no package)."""
-    import importlib.util
-
-    if "chess_data" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "chess_data", os.path.join(ROOT, "examples", "chess_data.py"))
-        sys.modules["chess_data"] = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(sys.modules["chess_data"])
-    return sys.modules["chess_data"]
-
-
-def build_model(cfg):
-    """The benchmark's model: the training benchmark's TransformerLM, or (``llama-chess``) a
-    Hugging Face Llama on the main job's chess games (GQA, untied head)."""
-    if cfg["model"] == "transformerlm":
-        from . import training_models as tm
-        return tm.TransformerLM(cfg["vocab"], cfg["d_model"], cfg["ffn"], cfg["heads"],
-                                cfg["layers"], cfg["seq"])
-    from transformers import LlamaConfig, LlamaForCausalLM
-    cd = chess_data()
-    return LlamaForCausalLM(LlamaConfig(
-        vocab_size=cd.ChessMoves.vocab_size, hidden_size=cfg["d_model"],
-        intermediate_size=cfg["ffn"], num_hidden_layers=cfg["layers"],
-        num_attention_heads=cfg["heads"], num_key_value_heads=max(1, cfg["heads"] // 2),
-        max_position_embeddings=cfg["seq"], tie_word_embeddings=False, use_cache=False,
-        pad_token_id=cd.PAD))
-
-
 def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=None,
-                 repeat=0, clip=0.0):
+                 repeat=0):
     """One plan on every rank; returns rank 0's summary (other ranks: None)."""
     import torch
     import torch.distributed as dist
@@ -96,52 +60,30 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
     from . import training_models as tm
 
     torch.set_num_threads(threads)
-    W, r = ctx.world_size, ctx.rank
+    W, r, B = ctx.world_size, ctx.rank, cfg["batch"]
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = tm.TransformerLM(cfg["vocab"], cfg["d_model"], cfg["ffn"], cfg["heads"],
+                             cfg["layers"], cfg["seq"])
     spec = plan_json if isinstance(plan_json, str) else plan.Plan(plan_json["mapping"],
                                                                   plan_json["default"])
     model = plan.apply(model, spec, compression=compression)
     opt = tm.make_optimizer(model, lr)
     groups = plan.plan_state(model).meshes.groups()
-
-    chess = chess_data().ChessMoves(seq_len=cfg["seq"]) if cfg["model"] == "llama-chess" else None
-
-    def batch(step):
-        # repeat > 0: the same `repeat` batches in turn, which the model can learn (a loss
-        # curve that falls); else fresh random tokens (fresh games) every step
-        s = step % repeat if repeat else step
-        if chess is not None:
-            first = (s * W + r) * cfg["batch"]
-            return chess.batch(range(first, first + cfg["batch"]))
-        g = torch.Generator().manual_seed(s)
-        toks = torch.randint(0, cfg["vocab"], (W * cfg["batch"], cfg["seq"] + 1), generator=g)
-        toks = toks[r * cfg["batch"]:(r + 1) * cfg["batch"]]
-        return toks[:, :-1], toks[:, 1:]
+    losses = []
 
     def step(i):
-        x, y = batch(i)
-        if chess is not None:
-            logits = model(input_ids=x).logits
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1), y.flatten(),
-                                                     ignore_index=-100)
-        else:
-            loss = tm.lm_loss(model(x), y)
+        # repeat > 0: the same `repeat` batches in turn, which the model can learn (a loss
+        # curve that falls); else fresh random tokens every step
+        toks = tm.token_batch(cfg["vocab"], W * B, cfg["seq"] + 1, i % repeat if repeat else i)
+        toks = toks[r * B:(r + 1) * B]
+        loss = tm.lm_loss(model(toks[:, :-1]), toks[:, 1:])
         loss.backward()
-        if clip:  # torch's own function, as Hugging Face's Trainer calls it (max_grad_norm)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        return loss.item()
+        losses.append(loss.item())
 
-    times, losses = [], []
-    for i in range(warmup + steps):
-        dist.barrier()
-        t0 = time.perf_counter()
-        loss = step(i)
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-        losses.append(loss)
+    times = tm.timed_steps(step, steps, warmup)
+    curve = list(losses)  # the tracked step's loss is not the curve's
     for g in groups:
         torch_rsdp.reset_comm_stats(g)
     tracker = tm.ParamMemoryTracker(model, opt)
@@ -149,7 +91,7 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
     with tracker:
         step(warmup + steps)
     stats = [torch_rsdp.comm_stats(g) for g in groups]
-    mine = {"step_s": sorted(times)[len(times) // 2], "loss": loss,
+    mine = {"step_s": sorted(times)[len(times) // 2], "loss": curve[-1],
             "mem": tracker.peak_all, "mem_breakdown": tracker.peak_all_breakdown,
             "param_mem": tracker.peak,
             "inter_node_bytes": sum(s["inter_node_bytes"] for s in stats),
@@ -160,9 +102,8 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
         return None
     peak = max(every, key=lambda e: e["mem"])
     step_s = max(e["step_s"] for e in every)
-    tokens = W * cfg["batch"] * cfg["seq"]
-    return {"step_s": step_s, "tokens_per_s": tokens / step_s, "loss": every[0]["loss"],
-            "losses": losses,
+    return {"step_s": step_s, "tokens_per_s": W * B * cfg["seq"] / step_s,
+            "loss": every[0]["loss"], "losses": curve,
             "mem_peak_bytes": peak["mem"], "mem_breakdown_bytes": peak["mem_breakdown"],
             "param_mem_peak_bytes": max(e["param_mem"] for e in every),
             "inter_node_bytes": sum(e["inter_node_bytes"] for e in every) / W,
@@ -180,7 +121,7 @@ def run(setting, spec, args, nodes):
     try:
         res = launch(bench_worker, len(node_of),
                      (p, args.config, args.steps, args.warmup, args.threads, args.lr, comp,
-                      args.repeat_batches, args.clip),
+                      args.repeat_batches),
                      node_of=node_of if setting != "1x4" else None,
                      netns=nodes if setting != "1x4" else None,
                      env={"OMP_NUM_THREADS": str(args.threads), "RSDP_SPIN_US": "0"},
@@ -230,12 +171,11 @@ TARGET_COMPRESSED_SPEEDUP = 1.6
 
 def markdown(rows, info, chk):
     from .common import fmt_bytes as fb, md_table
-    name = {"transformerlm": "TransformerLM", "llama-chess": "LlamaForCausalLM (chess games)"}
-    lines = [f"## Strategies: {name[info['config']['model']]} {info['config']}, {info['params'] / 1e6:.2f} M "
+    lines = [f"## Strategies: TransformerLM {info['config']}, {info['params'] / 1e6:.2f} M "
              f"parameters, Adam, rsdp backend", "",
              f"{info['steps']} timed steps after {info['warmup']} warm-up, {info['threads']} "
-             f"thread(s) per rank on {info['cores']} cores; Adam lr {info.get('lr')}, gradient "
-             f"norm clipped to {info.get('clip') or 'no clipping'}; 2x2 = {info['link']}; "
+             f"thread(s) per rank on {info['cores']} cores; Adam lr {info.get('lr')}; "
+             f"2x2 = {info['link']}; "
              f"torch {info['torch']}; load average at start {info['load']}.", ""]
     for setting in dict.fromkeys(r["setting"] for r in rows):
         sub = [r for r in rows if r["setting"] == setting]
@@ -294,14 +234,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--layers", type=int, default=SMALL["layers"])
     p.add_argument("--d-model", type=int, default=SMALL["d_model"])
-    p.add_argument("--model", default="transformerlm", choices=["transformerlm", "llama-chess"],
-                   help="llama-chess: a Hugging Face Llama on the main job's chess games "
-                        "(fresh games every step unless --repeat-batches)")
     p.add_argument("--deadline", type=float, default=600)
     p.add_argument("--lr", type=float, default=1e-4, help="Adam's learning rate")
-    p.add_argument("--clip", type=float, default=0.0,
-                   help="clip the gradients' total norm to this before every step "
-                        "(torch.nn.utils.clip_grad_norm_, as trainers call it; 0: off)")
     p.add_argument("--repeat-batches", type=int, default=0,
                    help="train on this many batches in turn (0: fresh random tokens each "
                         "step); with a higher --lr the loss then falls, for the loss curves")
@@ -312,9 +246,7 @@ def main(argv=None) -> int:
     if args.quick:
         args.plans, args.settings, args.steps, args.warmup, args.layers = (
             "full_shard,hybrid_shard", "2x2", 1, 1, 2)
-    args.config = dict(SMALL, layers=args.layers, d_model=args.d_model, model=args.model)
-    if args.model == "llama-chess":
-        args.config.update(seq=64, vocab=chess_data().ChessMoves.vocab_size)
+    args.config = dict(SMALL, layers=args.layers, d_model=args.d_model)
     plans = [s.strip() for s in args.plans.split(",") if s.strip()]
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     bad = [s for s in settings if s not in SETTINGS]
@@ -333,11 +265,13 @@ def main(argv=None) -> int:
         else:
             plan.Plan(pl["mapping"], pl["default"])
     with torch.device("meta"):
-        n_params = tm.count_params(build_model(args.config))
+        c = args.config
+        n_params = tm.count_params(tm.TransformerLM(c["vocab"], c["d_model"], c["ffn"],
+                                                    c["heads"], c["layers"], c["seq"]))
     netns.cleanup_stale()
     info = {"config": args.config, "params": n_params, "steps": args.steps,
             "warmup": args.warmup, "threads": args.threads, "cores": os.cpu_count(),
-            "lr": args.lr, "clip": args.clip,
+            "lr": args.lr,
             "torch": torch.__version__, "load": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
     rows = []
