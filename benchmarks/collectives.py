@@ -54,12 +54,12 @@ WARMUP_MAX_OPS = 5000
 # kernel's load balancer spreads them again, for up to a few hundred ms: oversubscribed runs
 # (and the peers, common.py) warm each point up for this long instead.
 SETTLE_SECONDS = 0.25
+# The buffer of the single-core memcpy (and, with --device cuda, device copy) measurement.
+MEMCPY_BYTES = 256 << 20
 
 
 def warmup_seconds(args) -> float:
     """How long each point keeps warming up: longer when ranks outnumber the usable cores."""
-    if args.warmup_seconds is not None:
-        return args.warmup_seconds
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     oversubscribed = args.device == "cpu" and args.world_size > (cores or 1)
     return SETTLE_SECONDS if oversubscribed else WARMUP_SECONDS
@@ -105,15 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="timed iterations never drop below this")
     p.add_argument("--warmup", type=int, default=5,
                    help="warm-up iterations for small messages (scaled down for large ones)")
-    p.add_argument("--warmup-seconds", type=float, default=None,
-                   help=f"then warm each point up for about this long (default "
-                        f"{WARMUP_SECONDS} s, {SETTLE_SECONDS} s with more ranks than cores)")
     p.add_argument("--rounds", type=positive_int, default=1,
                    help="repeat the whole sweep, alternating backends (A B A B ...); the "
                         "iteration times of all rounds are pooled before taking the median. "
                         "Use 2-3 on a noisy machine")
-    p.add_argument("--threads", type=positive_int, default=None,
-                   help="torch intra-op threads per rank (default: cores // world size)")
     p.add_argument("--timeout", type=positive_int, default=300,
                    help="process-group timeout in seconds")
     p.add_argument("--bind", action=argparse.BooleanOptionalAction, default=True,
@@ -131,9 +126,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="time an interpreter loop on each CPU alone and together (common.probe) "
                         "before the torch backends, before each peer and at the end; "
                         "results.json's machine.cpu_probes (the launches suite uses them)")
-    p.add_argument("--memcpy-bytes", type=parse_size, default=parse_size("256M"),
-                   help="buffer size for the single-core memcpy measurement (and, with "
-                        "--device cuda, for the device-to-device copy)")
     return p
 
 
@@ -234,51 +226,40 @@ def iters_for(nbytes: int, args) -> tuple[int, int, int]:
 # --------------------------------------------------------------------------- machine info
 
 
-def measure_memcpy(nbytes: int, repeats: int = 8) -> float:
-    """Single-core memcpy bandwidth in GB/s: bytes copied / time of the fastest of `repeats`
-    copies (the best copy is the least disturbed by other processes on a shared machine)."""
+def measure_copy(nbytes: int, device: str = "cpu", repeats: int = 8) -> float:
+    """Copy bandwidth in GB/s of bytes copied: a `nbytes` buffer copied into another `repeats`
+    times, the fastest copy counting (the least disturbed by other processes on a shared
+    machine); on the CPU by one thread, on a GPU timed with CUDA events."""
+    cuda = device != "cpu"
     old = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        src = torch.ones(nbytes, dtype=torch.uint8)
-        dst = torch.zeros(nbytes, dtype=torch.uint8)  # both touched: no page faults timed
-        dst.copy_(src)
+        src = torch.ones(nbytes, dtype=torch.uint8, device=device)
+        dst = torch.zeros(nbytes, dtype=torch.uint8, device=device)
+        dst.copy_(src)  # both touched: no page faults timed
         times = []
         for _ in range(repeats):
-            t0 = time.perf_counter()
-            dst.copy_(src)
-            times.append(time.perf_counter() - t0)
+            if cuda:
+                start, end = torch.cuda.Event(enable_timing=True), \
+                    torch.cuda.Event(enable_timing=True)
+                start.record()
+                dst.copy_(src)
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                dst.copy_(src)
+                times.append(time.perf_counter() - t0)
         del src, dst
         return nbytes / min(times) / 1e9
     finally:
         torch.set_num_threads(old)
+        if cuda:
+            torch.cuda.empty_cache()
 
 
-def measure_device_copy(nbytes: int, device, repeats: int = 8) -> dict:
-    """The GPU's device-to-device copy bandwidth: a `nbytes` buffer copied into another
-    `repeats` times, each copy timed with CUDA events; the fastest copy counts. A copy reads
-    and writes every byte, so the memory traffic is 2 x nbytes: `gbps` (the physical limit the
-    report compares with) counts bytes read + written, `copy_gbps` bytes copied."""
-    src = torch.ones(nbytes, dtype=torch.uint8, device=device)
-    dst = torch.zeros(nbytes, dtype=torch.uint8, device=device)
-    dst.copy_(src)  # warm-up
-    torch.cuda.synchronize(device)
-    times = []
-    for _ in range(repeats):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    del src, dst
-    torch.cuda.empty_cache()
-    best = min(times)
-    return {"gbps": 2 * nbytes / best / 1e9, "copy_gbps": nbytes / best / 1e9}
-
-
-def cuda_info(args, copy: dict, note: str) -> dict:
+def cuda_info(args, copy_gbps: float, note: str) -> dict:
     """What a --device cuda run adds to machine_info (a CPU run's info has none of it)."""
     props = torch.cuda.get_device_properties(0)
     gpus = torch.cuda.device_count()
@@ -289,8 +270,9 @@ def cuda_info(args, copy: dict, note: str) -> dict:
         "gpu_memory_bytes": props.total_memory,
         "ranks_per_gpu": -(-args.world_size // gpus),
         "torch_cuda_version": torch.version.cuda,
-        "d2d_copy_gbps": round(copy["gbps"], 2),
-        "d2d_copy_gbps_bytes_copied": round(copy["copy_gbps"], 2),
+        # a copy reads and writes every byte: the memory traffic is twice the bytes copied
+        "d2d_copy_gbps": round(2 * copy_gbps, 2),
+        "d2d_copy_gbps_bytes_copied": round(copy_gbps, 2),
         "d2d_copy_method": (f"torch copy_ of a {fmt_bytes(args.memcpy_bytes)} "
                             f"buffer on GPU 0, fastest of 8, CUDA events; bytes read + written"),
         "baseline_note": note,
@@ -362,8 +344,12 @@ def pattern(count: int, dtype, offset: int) -> torch.Tensor:
     return (torch.arange(count, dtype=torch.int32) % 7 + offset).to(dtype)
 
 
+IN_PLACE = ("allreduce", "broadcast")
+
+
 class Collective:
-    """Buffers plus run()/check() for one (op, dtype, count) point on one rank.
+    """Buffers plus run()/check() for one (op, dtype, count) point on one rank: `inp` (the
+    in-place ops' buffer) and `out`.
 
     Inputs are small integers so sums are exact in bfloat16; gathered chunks carry their
     source rank (8*rank) and a position pattern, so misplaced chunks are caught too.
@@ -371,84 +357,58 @@ class Collective:
 
     def __init__(self, op: str, dtype, count: int, rank: int, n: int, device=None, alloc=None):
         self.op, self.dtype, self.count, self.rank, self.n = op, dtype, count, rank, n
-        chunk = count // n
-        self.chunk = chunk
-        self._init_buffers(op, dtype, count, rank, chunk)
-        if alloc is not None:  # the buffers peers read, in the backend's communication memory
-            for name in ("buf", "inp"):
-                if hasattr(self, name):
-                    t = getattr(self, name)
-                    setattr(self, name, alloc(t.numel(), dtype=t.dtype).copy_(t))
+        self.chunk = c = count // n
+        length, offset = {"allreduce": (count, rank + 1), "allgather": (c, 8 * rank + 1),
+                          "reduce_scatter": (count, rank + 1), "broadcast": (count, 1),
+                          "alltoall": (count, 8 * rank + 1)}[op]
+        self.inp = (torch.zeros(count, dtype=dtype) if op == "broadcast" and rank
+                    else pattern(length, dtype, offset))
+        if alloc is not None:  # the buffer peers read, in the backend's communication memory
+            self.inp = alloc(self.inp.numel(), dtype=dtype).copy_(self.inp)
+        self.src = self.inp.clone() if op in IN_PLACE else None  # the pristine input
+        self.out = (None if op in IN_PLACE else
+                    torch.zeros(c if op == "reduce_scatter" else count, dtype=dtype))
         if device is not None:  # built on the CPU (same values), then moved
-            for name in ("src", "buf", "inp", "out"):
-                if hasattr(self, name):
+            for name in ("src", "inp", "out"):
+                if getattr(self, name) is not None:
                     setattr(self, name, getattr(self, name).to(device))
-
-    def _init_buffers(self, op, dtype, count, rank, chunk) -> None:
-        if op == "allreduce":
-            self.src = pattern(count, dtype, rank + 1)
-            self.buf = self.src.clone()
-        elif op == "allgather":
-            self.inp = pattern(chunk, dtype, 8 * rank + 1)
-            self.out = torch.zeros(count, dtype=dtype)
-        elif op == "reduce_scatter":
-            self.inp = pattern(count, dtype, rank + 1)
-            self.out = torch.zeros(chunk, dtype=dtype)
-        elif op == "broadcast":
-            self.src = pattern(count, dtype, 1) if rank == 0 else torch.zeros(count, dtype=dtype)
-            self.buf = self.src.clone()
-        elif op == "alltoall":
-            self.inp = pattern(count, dtype, 8 * rank + 1)
-            self.out = torch.zeros(count, dtype=dtype)
-        else:
-            raise ValueError(op)
 
     def prepare(self) -> None:
         """Untimed, before each iteration: in-place ops get their pristine input back."""
-        if self.op in ("allreduce", "broadcast"):
-            self.buf.copy_(self.src)
+        if self.src is not None:
+            self.inp.copy_(self.src)
 
     def run(self, group=None) -> None:
-        op = self.op
+        op, inp, out = self.op, self.inp, self.out
         if op == "allreduce":
-            dist.all_reduce(self.buf, group=group)
-        elif op == "allgather":
-            all_gather_single(self.out, self.inp, group=group)
-        elif op == "reduce_scatter":
-            reduce_scatter_single(self.out, self.inp, group=group)
+            dist.all_reduce(inp, group=group)
         elif op == "broadcast":
-            dist.broadcast(self.buf, src=0, group=group)
-        elif op == "alltoall":
-            dist.all_to_all_single(self.out, self.inp, group=group)
+            dist.broadcast(inp, src=0, group=group)
+        elif op == "allgather":
+            all_gather_single(out, inp, group=group)
+        elif op == "reduce_scatter":
+            reduce_scatter_single(out, inp, group=group)
+        else:
+            dist.all_to_all_single(out, inp, group=group)
 
     def expected(self) -> torch.Tensor:
-        n, r, c, dt = self.n, self.rank, self.chunk, self.dtype
-        i = torch.arange(self.count, dtype=torch.int64)
-        if self.op == "allreduce":
-            return (n * (i % 7) + n * (n + 1) // 2).to(dt)
-        if self.op == "allgather":
-            j = torch.arange(c, dtype=torch.int64)
-            return torch.cat([(j % 7 + 8 * k + 1) for k in range(n)]).to(dt)
-        if self.op == "reduce_scatter":
-            j = torch.arange(r * c, (r + 1) * c, dtype=torch.int64)
-            return (n * (j % 7) + n * (n + 1) // 2).to(dt)
-        if self.op == "broadcast":
-            return (i % 7 + 1).to(dt)
-        if self.op == "alltoall":
-            j = torch.arange(r * c, (r + 1) * c, dtype=torch.int64)
-            return torch.cat([(j % 7 + 8 * k + 1) for k in range(n)]).to(dt)
-        raise ValueError(self.op)
-
-    def result(self) -> torch.Tensor:
-        return self.buf if self.op in ("allreduce", "broadcast") else self.out
+        n, r, c = self.n, self.rank, self.chunk
+        every = torch.arange(self.count, dtype=torch.int64)
+        mine = torch.arange(r * c, (r + 1) * c, dtype=torch.int64)
+        summed = lambda j: n * (j % 7) + n * (n + 1) // 2  # noqa: E731
+        gathered = lambda j: torch.cat([(j % 7 + 8 * k + 1) for k in range(n)])  # noqa: E731
+        return {"allreduce": lambda: summed(every), "broadcast": lambda: every % 7 + 1,
+                "allgather": lambda: gathered(torch.arange(c, dtype=torch.int64)),
+                "reduce_scatter": lambda: summed(mine),
+                "alltoall": lambda: gathered(mine)}[self.op]().to(self.dtype)
 
     def check(self) -> bool:
         """One untimed run from fresh inputs; True when this rank's output is exact."""
-        if self.op in ("allgather", "reduce_scatter", "alltoall"):
+        if self.out is not None:
             self.out.fill_(-1)
         self.prepare()
         self.run()
-        return torch.equal(self.result().cpu(), self.expected())
+        return torch.equal((self.inp if self.out is None else self.out).cpu(), self.expected())
 
 
 # --------------------------------------------------------------------------- worker
@@ -906,27 +866,32 @@ class Report:
                                      lambda v: f"{v:.0%}"))
         return res + self.world1_targets()
 
-    def world1_points(self) -> list[dict]:
-        """The peer target's data: per op and dtype (those the peer measured), every size in
-        PEER_RANGE that rsdp measured, with rsdp@1, the difference and the peer's time."""
+    def _peer_points(self) -> dict:
+        """The peer target's data, {(op, dtype): points}: per op and dtype the peer measured,
+        every size in PEER_RANGE that rsdp measured, with rsdp@1, the difference and the
+        peer's time."""
+        out = {}
         if PEER not in self.peers or "rsdp" not in self.labels:
-            return []
-        pts = []
+            return out
+        us = lambda x: x["time_us"] if x is not None and self._ok(x) else None  # noqa: E731
         for op, dt in self._ops_dtypes():
             if op not in PEER_OPS or not self._rows(PEER, op, dt):
                 continue  # e.g. bfloat16: MPI has no such datatype
+            g = out[(op, dt)] = []
             for r in sorted(self._rows("rsdp", op, dt, *PEER_RANGE), key=lambda r: r["bytes"]):
-                one = self._index.get((WORLD1, op, dt, r["bytes"]))
-                peer = self._index.get((PEER, op, dt, r["bytes"]))
-                us = lambda x: x["time_us"] if x is not None and self._ok(x) else None  # noqa: E731
-                pt = dict(op=op, dtype=dt, bytes=r["bytes"], rsdp_us=us(r), world1_us=us(one),
-                          diff_us=None, mpi_us=us(peer), ratio=None)
+                pt = dict(op=op, dtype=dt, bytes=r["bytes"], rsdp_us=us(r),
+                          world1_us=us(self._index.get((WORLD1, op, dt, r["bytes"]))),
+                          diff_us=None, mpi_us=us(self._index.get((PEER, op, dt, r["bytes"]))),
+                          ratio=None)
                 if pt["rsdp_us"] is not None and pt["world1_us"] is not None:
                     pt["diff_us"] = pt["rsdp_us"] - pt["world1_us"]
                     if pt["mpi_us"]:
                         pt["ratio"] = pt["diff_us"] / pt["mpi_us"]
-                pts.append(pt)
-        return pts
+                g.append(pt)
+        return out
+
+    def world1_points(self) -> list[dict]:
+        return [pt for g in self._peer_points().values() for pt in g]
 
     def world1_targets(self) -> list[dict]:
         """PASS when, at every size in PEER_RANGE, (rsdp - rsdp@1) / mpi <= 1."""
@@ -934,18 +899,11 @@ class Report:
             return []
         target = (f"rsdp - {WORLD1} <= {PEER}, "
                   f"{fmt_bytes(PEER_RANGE[0])}..{fmt_bytes(PEER_RANGE[1])}")
-        pts = self.world1_points()
         if "rsdp" not in self.labels:
             return [dict(target=target, backend="rsdp", op="-", dtype="-", value=None,
                          at_bytes=None, measured="rsdp not measured", need=1.0, result="n/a")]
         res = []
-        groups: dict[tuple, list[dict]] = {}
-        for pt in pts:
-            groups.setdefault((pt["op"], pt["dtype"]), []).append(pt)
-        for op, dt in self._ops_dtypes():
-            if op not in PEER_OPS or not self._rows(PEER, op, dt):
-                continue
-            g = groups.get((op, dt), [])
+        for (op, dt), g in self._peer_points().items():
             e = dict(target=target, backend="rsdp", op=op, dtype=dt, value=None,
                      at_bytes=None, need=1.0)
             bad = [pt for pt in g if pt["ratio"] is None]
@@ -965,8 +923,8 @@ class Report:
         return res
 
     def world1_markdown(self) -> str:
-        pts = self.world1_points()
-        if not pts:
+        groups = {k: g for k, g in self._peer_points().items() if g}
+        if not groups:
             return ""
         out = [f"### rsdp - {WORLD1} vs {PEER}",
                "",
@@ -974,9 +932,6 @@ class Report:
                f"`rsdp - {WORLD1}` is what the communication adds, compared with {PEER}'s whole "
                f"time. Target: at most 1.00 at every size from {fmt_bytes(PEER_RANGE[0])} to "
                f"{fmt_bytes(PEER_RANGE[1])}."]
-        groups: dict[tuple, list[dict]] = {}
-        for pt in pts:
-            groups.setdefault((pt["op"], pt["dtype"]), []).append(pt)
         for (op, dt), g in groups.items():
             body = [[fmt_bytes(pt["bytes"]), fmt_num(pt["rsdp_us"], 1),
                      fmt_num(pt["world1_us"], 1),
@@ -1065,8 +1020,8 @@ def main(argv=None) -> int:
         args.min_iters = args.iters
     args.backends = resolve_backends(args, parser)
     cuda_note = check_cuda(args, parser) if args.device == "cuda" else ""
-    if args.threads is None:
-        args.threads = max(1, (os.cpu_count() or 1) // args.world_size)
+    args.threads = max(1, (os.cpu_count() or 1) // args.world_size)
+    args.memcpy_bytes = MEMCPY_BYTES
 
     labels = backend_labels(args.backends)
     print(f"# collectives: backends {', '.join(labels)} (baseline {labels[-1]}), "
@@ -1078,12 +1033,12 @@ def main(argv=None) -> int:
         print(f"# WARNING: load average {load1:.1f} on {os.cpu_count()} cores: other processes "
               f"are running, timings will be noisy (compare with --rounds 3, or rerun when idle)",
               flush=True)
-    memcpy = measure_memcpy(args.memcpy_bytes)
+    memcpy = measure_copy(args.memcpy_bytes)
     info = machine_info(args, memcpy)
     print(f"# machine: {info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}, "
           f"single-core memcpy {memcpy:.2f} GB/s", flush=True)
     if args.device == "cuda":
-        info.update(cuda_info(args, measure_device_copy(args.memcpy_bytes, "cuda:0"), cuda_note))
+        info.update(cuda_info(args, measure_copy(args.memcpy_bytes, "cuda:0"), cuda_note))
         print(f"# GPU: {info['gpu_name']} x{info['gpu_count']}, {info['ranks_per_gpu']} rank(s) "
               f"per GPU, CUDA {info['torch_cuda_version']}; device-to-device copy "
               f"{info['d2d_copy_gbps']:.1f} GB/s (bytes read + written)", flush=True)

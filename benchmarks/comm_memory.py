@@ -8,27 +8,22 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
-import torch.distributed as dist
 
+from . import training_models as tm
 from .common import RESULTS, md_table, run_ranks, slowest, write_result
 
 VARIANTS = {"torch.empty": False, "communication memory": True}
 
 
 def build(args, from_pg: bool):
-    from torch.distributed.fsdp import fully_shard
-
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Linear(args.width, args.width)
                                   for _ in range(args.layers)])
-    for layer in model:
-        fully_shard(layer)
-        layer.set_allocate_memory_from_process_group_for_comm(from_pg)
-    fully_shard(model)
-    model.set_allocate_memory_from_process_group_for_comm(from_pg)
+    tm.fully_shard_blocks(model, model)
+    for m in (*model, model):
+        m.set_allocate_memory_from_process_group_for_comm(from_pg)
     return model, torch.optim.SGD(model.parameters(), lr=1e-3)
 
 
@@ -41,15 +36,14 @@ def worker(rank: int, world: int, args) -> dict:
     x = torch.randn(args.batch, args.width, generator=torch.Generator().manual_seed(rank))
     for _ in range(args.rounds):
         for name, (model, opt) in runs.items():
-            before = torch_rsdp.comm_stats()["one_copy_ops"]
-            for step in range(args.steps + 1):
-                dist.barrier()
-                t0 = time.perf_counter()
+            def step(_, model=model, opt=opt):
                 model(x).square().mean().backward()
                 opt.step()
                 opt.zero_grad()
-                if step:  # the first step of a batch re-warms this model's buffers
-                    times[name].append(time.perf_counter() - t0)
+
+            before = torch_rsdp.comm_stats()["one_copy_ops"]
+            # the first step of a batch re-warms this model's buffers: untimed
+            times[name] += tm.timed_steps(step, args.steps, warmup=1)
             one_copy[name] += torch_rsdp.comm_stats()["one_copy_ops"] - before
     # The slowest rank's step is the step.
     return {name: dict(step_ms=statistics.median(slowest(times[name])) * 1e3,
