@@ -134,40 +134,32 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def cpu_model() -> str:
+def _proc_field(path: str, key: str) -> str | None:
+    """The value after `key` on its line of a /proc file (cpuinfo, meminfo, status)."""
     try:
-        with open("/proc/cpuinfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("model name"):
+                if line.startswith(key):
                     return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def cpu_model() -> str:
+    return _proc_field("/proc/cpuinfo", "model name") or platform.processor() or "unknown"
 
 
 def memory_bytes() -> int:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        pass
-    return 0
+    return int((_proc_field("/proc/meminfo", "MemTotal:") or "0 kB").split()[0]) * 1024
 
 
 def proc_status_kib(field: str) -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    if field == "VmHWM":
+    value = _proc_field("/proc/self/status", field + ":")
+    if value is None and field == "VmHWM":
         import resource
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return 0
+    return int(value.split()[0]) if value else 0
 
 
 def git_commit() -> str:
@@ -535,25 +527,17 @@ def oneccl_build(libdir: str, incdir: str) -> str:
     return exe
 
 
-def libfabric_missing() -> str | None:
-    """oneCCL's OFI transport loads libfabric.so.1 at run time (dlopen)."""
-    import ctypes
-    try:
-        ctypes.CDLL("libfabric.so.1")
-    except OSError:
-        return ("libfabric.so.1 not found, oneCCL's OFI transport needs it (apt-get install "
-                "libfabric1)")
-    return None
-
-
 def oneccl_unavailable() -> str | None:
+    import ctypes
     try:
         libdir, incdir = oneccl_paths()
     except LookupError as exc:
         return str(exc)
-    why = libfabric_missing()
-    if why:
-        return why
+    try:  # oneCCL's OFI transport loads libfabric.so.1 at run time (dlopen)
+        ctypes.CDLL("libfabric.so.1")
+    except OSError:
+        return ("libfabric.so.1 not found, oneCCL's OFI transport needs it (apt-get install "
+                "libfabric1)")
     try:
         oneccl_build(libdir, incdir)
     except (RuntimeError, OSError) as exc:
@@ -577,12 +561,10 @@ def check_peers(args) -> list[str]:
             args.peers.remove(peer)
     if args.peers and "rsdp" not in args.backends:
         notes.append(f"{WORLD1_LABEL} not measured: rsdp is not among --backends")
-    skipped = [d for d in args.dtypes if d not in MPI_DTYPES]
-    if "mpi" in args.peers and skipped:
-        notes.append(f"mpi: {', '.join(skipped)} not measured (no MPI datatype)")
-    skipped = [d for d in args.dtypes if d not in ONECCL_DTYPES]
-    if "oneccl" in args.peers and skipped:
-        notes.append(f"oneccl: {', '.join(skipped)} not measured (no oneCCL datatype)")
+    for peer, name, dtypes in (("mpi", "MPI", MPI_DTYPES), ("oneccl", "oneCCL", ONECCL_DTYPES)):
+        skipped = [d for d in args.dtypes if d not in dtypes]
+        if peer in args.peers and skipped:
+            notes.append(f"{peer}: {', '.join(skipped)} not measured (no {name} datatype)")
     for note in notes:
         print(f"# NOTE: {note}", flush=True)
     return notes
