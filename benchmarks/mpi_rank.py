@@ -31,48 +31,40 @@ def pattern(count: int, dtype, offset: int) -> np.ndarray:
 
 
 class Point:
-    """Buffers plus run()/check() for one (op, dtype, count) point on one rank."""
+    """Buffers plus run()/check() for one (op, dtype, count) point on one rank, as
+    collectives.Collective: the same inputs, the same expected outputs."""
 
     def __init__(self, comm, op: str, dtype_name: str, count: int):
         n, rank = comm.size, comm.rank
         dt, mt = NUMPY[dtype_name], MPI_TYPES[dtype_name]
         self.op, self.dtype, self.count, self.n, self.rank = op, dt, count, n, rank
         self.chunk = c = count // n
-        if op == "allreduce":
-            self.inp, self.out = pattern(count, dt, rank + 1), np.zeros(count, dt)
-            self.run = lambda s=[self.inp, mt], r=[self.out, mt]: comm.Allreduce(s, r, MPI.SUM)
-        elif op == "allgather":
-            self.inp, self.out = pattern(c, dt, 8 * rank + 1), np.zeros(count, dt)
-            self.run = lambda s=[self.inp, mt], r=[self.out, mt]: comm.Allgather(s, r)
-        elif op == "reduce_scatter":
-            self.inp, self.out = pattern(count, dt, rank + 1), np.zeros(c, dt)
-            self.run = (lambda s=[self.inp, mt], r=[self.out, mt]:
-                        comm.Reduce_scatter_block(s, r, MPI.SUM))
-        elif op == "broadcast":
+        length, offset = {"allreduce": (count, rank + 1), "allgather": (c, 8 * rank + 1),
+                          "reduce_scatter": (count, rank + 1), "broadcast": (count, 1),
+                          "alltoall": (count, 8 * rank + 1)}[op]
+        self.inp = pattern(length, dt, offset)
+        self.out = np.zeros(c if op == "reduce_scatter" else count, dt)
+        s, r = [self.inp, mt], [self.out, mt]
+        if op == "broadcast":
             # Bcast works in place: the root's buffer is the source, the others' the result.
-            self.out = pattern(count, dt, 1) if rank == 0 else np.zeros(count, dt)
-            self.run = lambda b=[self.out, mt]: comm.Bcast(b, root=0)
-        elif op == "alltoall":
-            self.inp, self.out = pattern(count, dt, 8 * rank + 1), np.zeros(count, dt)
-            self.run = lambda s=[self.inp, mt], r=[self.out, mt]: comm.Alltoall(s, r)
-        else:
-            raise ValueError(op)
+            self.out = self.inp if rank == 0 else self.out
+            r = [self.out, mt]
+        self.run = {"allreduce": lambda: comm.Allreduce(s, r, MPI.SUM),
+                    "allgather": lambda: comm.Allgather(s, r),
+                    "reduce_scatter": lambda: comm.Reduce_scatter_block(s, r, MPI.SUM),
+                    "broadcast": lambda: comm.Bcast(r, root=0),
+                    "alltoall": lambda: comm.Alltoall(s, r)}[op]
 
     def expected(self) -> np.ndarray:
-        n, r, c, dt = self.n, self.rank, self.chunk, self.dtype
-        i = np.arange(self.count, dtype=np.int64)
-        if self.op == "allreduce":
-            return (n * (i % 7) + n * (n + 1) // 2).astype(dt)
-        if self.op == "allgather":
-            j = np.arange(c, dtype=np.int64)
-            return np.concatenate([j % 7 + 8 * k + 1 for k in range(n)]).astype(dt)
-        if self.op == "reduce_scatter":
-            j = np.arange(r * c, (r + 1) * c, dtype=np.int64)
-            return (n * (j % 7) + n * (n + 1) // 2).astype(dt)
-        if self.op == "broadcast":
-            return (i % 7 + 1).astype(dt)
-        j = np.arange(r * c, (r + 1) * c, dtype=np.int64)  # alltoall
-        return np.concatenate([j % 7 + 8 * k + 1 for k in range(n)]).astype(dt)
+        n, r, c = self.n, self.rank, self.chunk
+        every = np.arange(self.count, dtype=np.int64)
+        mine = np.arange(r * c, (r + 1) * c, dtype=np.int64)
+        summed = lambda j: n * (j % 7) + n * (n + 1) // 2  # noqa: E731
+        gathered = lambda j: np.concatenate([j % 7 + 8 * k + 1 for k in range(n)])  # noqa: E731
+        return {"allreduce": lambda: summed(every), "broadcast": lambda: every % 7 + 1,
+                "allgather": lambda: gathered(np.arange(c, dtype=np.int64)),
+                "reduce_scatter": lambda: summed(mine),
+                "alltoall": lambda: gathered(mine)}[self.op]().astype(self.dtype)
 
     def check(self) -> bool:
         """One untimed run into a poisoned output; True when this rank's output is exact."""
