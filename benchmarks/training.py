@@ -40,10 +40,6 @@ def parse_args(argv=None):
     p.add_argument("--small", action="store_true",
                    help="preset for a 2-core machine: " + ", ".join(
                        f"{k} {v}" for k, v in SMALL_CONFIG.items()))
-    for k, default in SEED_CONFIG.items():
-        p.add_argument(f"--{k.replace('_', '-')}", type=int, default=None,
-                       help=f"default {default} (seed), {SMALL_CONFIG[k]} with --small"
-                            + ("; sequences per rank per step" if k == "batch" else ""))
     p.add_argument("--runs", default=None,
                    help=f"comma-separated strategy:backend (strategies rsdp, fsdp2, ddp; and "
                         f"'plain', the unwrapped model in one process). Default {DEFAULT_RUNS}; "
@@ -62,17 +58,11 @@ def parse_args(argv=None):
     p.add_argument("--world-size", type=int, default=4)
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first")
     p.add_argument("--steps", type=int, default=8, help="timed steps")
-    p.add_argument("--rounds", type=int, default=1,
-                   help="repeat all runs, alternating, and report each run's median step time "
-                        "over rounds (use 2-3 on a busy machine)")
     p.add_argument("--out", default=RESULTS)
-    p.add_argument("--name", default=None, help="file name stem (default small / seed / custom)")
+    p.add_argument("--name", default=None, help="file name stem (default small / seed)")
     args = p.parse_args(argv)
-    base = SMALL_CONFIG if args.small else SEED_CONFIG
-    custom = any(getattr(args, k) not in (None, base[k]) for k in SEED_CONFIG)
-    for k in SEED_CONFIG:
-        setattr(args, k, base[k] if getattr(args, k) is None else getattr(args, k))
-    args.name = args.name or ("custom" if custom else ("small" if args.small else "seed"))
+    vars(args).update(SMALL_CONFIG if args.small else SEED_CONFIG)
+    args.name = args.name or ("small" if args.small else "seed")
     args.threads = tm.default_threads(args.world_size)
     args.device = "cuda" if args.single_gpu else args.device
     args.notes = []
@@ -293,7 +283,7 @@ def render(args, results, targets, meta) -> str:
              f"{cfg['ffn']}, heads {cfg['heads']}, layers {cfg['layers']}, seq {cfg['seq']}, "
              f"batch {cfg['batch']}/rank; {meta['params'] / 1e6:.2f} M parameters "
              f"({fmt_bytes(meta['params'] * 4)} float32); Adam; {where}; {args.warmup} warm-up + "
-             f"{args.steps} timed steps x {args.rounds} round(s); {meta['rsdp_env']}; "
+             f"{args.steps} timed steps; {meta['rsdp_env']}; "
              f"torch {torch.__version__}; load average before/after: "
              f"{meta['load_before']} / {meta['load_after']}.", "",
              tm.md_table(hdr, rows), "",
@@ -354,19 +344,7 @@ def main(argv=None) -> int:
     for note in args.notes:
         print(f"note: {note}", flush=True)
     t0 = time.perf_counter()
-    rounds = [[run_one(args, s, b) for s, b in args.runs] for _ in range(max(1, args.rounds))]
-    results = []
-    for i in range(len(args.runs)):  # merge rounds: median step time, first round's memory
-        ok = [rd[i] for rd in rounds if "error" not in rd[i]]
-        if not ok:
-            results.append(rounds[0][i])
-            continue
-        r = dict(ok[0], step_s_rounds=[x["step_s"] for x in ok],
-                 rss_peak_bytes=max(x["rss_peak_bytes"] for x in ok),
-                 rss_growth_bytes=max(x["rss_growth_bytes"] for x in ok))
-        r["step_s"] = tm.median(r["step_s_rounds"])
-        r["tokens_per_s"] = r["tokens_per_step"] / r["step_s"]
-        results.append(r)
+    results = [run_one(args, s, b) for s, b in args.runs]
     meta.update(load_after=tm.load_average(), wall_s=time.perf_counter() - t0)
     targets = evaluate_targets(results)
     text = render(args, results, targets, meta)
