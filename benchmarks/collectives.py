@@ -184,11 +184,8 @@ def backend_labels(backends: list[str]) -> list[str]:
 
 
 def size_list(lo: int, hi: int) -> list[int]:
-    sizes, s = [], lo
-    while s <= hi:
-        sizes.append(s)
-        s *= 2
-    return sizes
+    """lo, 2 lo, 4 lo, ... up to hi."""
+    return [lo << i for i in range((hi // lo).bit_length())]
 
 
 def current_cpu() -> int:
