@@ -813,29 +813,33 @@ class Report:
         return [r for r in self.rows if r["backend"] == label and r["op"] == op
                 and r["dtype"] == dtype and lo <= r["bytes"] <= hi]
 
+    @staticmethod
+    def _entry(target, label, op, dtype, rows, key, better, need, fmt=None, detail=None):
+        """A target's verdict over `rows`: the worst row's `key` against `need` ("high": at
+        least, "low": at most); n/a without rows, MISS where a row lacks the value."""
+        e = dict(target=target, backend=label, op=op, dtype=dtype, value=None,
+                 at_bytes=None, need=need)
+        bad = [r for r in rows if r.get(key) is None]
+        if not rows:
+            return dict(e, measured="no sizes in range", result="n/a")
+        if bad:
+            return dict(e, at_bytes=bad[0]["bytes"], result="MISS",
+                        measured=f"failed/missing at {fmt_bytes(bad[0]['bytes'])}")
+        high = better == "high"
+        worst = (min if high else max)(rows, key=lambda r: r[key])
+        v = worst[key]
+        shown = fmt(v) if fmt else f"{v:.3f}x" if v < 1 else f"{v:.2f}x"
+        return dict(e, value=v, at_bytes=worst["bytes"],
+                    measured=f"{'min' if high else 'max'} {shown} at "
+                             f"{fmt_bytes(worst['bytes'])}" + (detail(worst) if detail else ""),
+                    result="PASS" if (v >= need if high else v <= need) else "MISS")
+
     def targets(self) -> list[dict]:
         if self.cuda:
             return []  # the targets are stated for CPU tensors; see physical_limit()
         res = []
         ops_dtypes = self._ops_dtypes()
-
-        def entry(target, label, op, dtype, rows, key, better, need, fmt=None):
-            e = dict(target=target, backend=label, op=op, dtype=dtype, value=None,
-                     at_bytes=None, need=need)
-            bad = [r for r in rows if not self._ok(r) or r.get(key) is None]
-            if not rows or bad:
-                return dict(e, measured="no sizes in range", result="n/a") if not rows else \
-                    dict(e, at_bytes=bad[0]["bytes"], result="MISS",
-                         measured=f"failed/missing at {fmt_bytes(bad[0]['bytes'])}")
-            high = better == "high"
-            worst = (min if high else max)(rows, key=lambda r: r[key])
-            v = worst[key]
-            shown = fmt(v) if fmt else f"{v:.3f}x" if v < 1 else f"{v:.2f}x"
-            return dict(e, value=v, at_bytes=worst["bytes"],
-                        measured=f"{'min' if high else 'max'} {shown} at "
-                                 f"{fmt_bytes(worst['bytes'])}",
-                        result="PASS" if (v >= need if high else v <= need) else "MISS")
-
+        entry = self._entry
         rng = f"{fmt_bytes(BUSBW_RANGE[0])}..{fmt_bytes(BUSBW_RANGE[1])}"
         for lb in self.candidates:
             for op, dt in ops_dtypes:
@@ -899,25 +903,13 @@ class Report:
         if "rsdp" not in self.labels:
             return [dict(target=target, backend="rsdp", op="-", dtype="-", value=None,
                          at_bytes=None, measured="rsdp not measured", need=1.0, result="n/a")]
-        res = []
-        for (op, dt), g in self._peer_points().items():
-            e = dict(target=target, backend="rsdp", op=op, dtype=dt, value=None,
-                     at_bytes=None, need=1.0)
-            bad = [pt for pt in g if pt["ratio"] is None]
-            if not g:
-                e.update(measured="no sizes in range", result="n/a")
-            elif bad:
-                e.update(at_bytes=bad[0]["bytes"], result="MISS",
-                         measured=f"failed/missing at {fmt_bytes(bad[0]['bytes'])}")
-            else:
-                w = max(g, key=lambda pt: pt["ratio"])
-                e.update(value=w["ratio"], at_bytes=w["bytes"],
-                         result="PASS" if w["ratio"] <= 1.0 else "MISS",
-                         measured=f"max {w['ratio']:.2f}x at {fmt_bytes(w['bytes'])}: "
-                                  f"{fmt_num(w['rsdp_us'], 1)} - {fmt_num(w['world1_us'], 1)} = "
-                                  f"{fmt_num(w['diff_us'], 1)} µs vs {fmt_num(w['mpi_us'], 1)} µs")
-            res.append(e)
-        return res
+        def detail(w):
+            return (f": {fmt_num(w['rsdp_us'], 1)} - {fmt_num(w['world1_us'], 1)} = "
+                    f"{fmt_num(w['diff_us'], 1)} µs vs {fmt_num(w['mpi_us'], 1)} µs")
+
+        return [self._entry(target, "rsdp", op, dt, g, "ratio", "low", 1.0,
+                            lambda v: f"{v:.2f}x", detail)
+                for (op, dt), g in self._peer_points().items()]
 
     def world1_markdown(self) -> str:
         groups = {k: g for k, g in self._peer_points().items() if g}
