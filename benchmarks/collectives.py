@@ -762,41 +762,29 @@ class Report:
     def _section(self, op: str, dtype: str) -> str:
         # A peer without this dtype (MPI has no bfloat16) gets no columns here.
         peers = [p for p in self.peers if self._rows(p, op, dtype)]
-        header = ["bytes"]
-        for lb in self.labels + peers:
-            header += [f"{lb} µs", f"{lb} algbw", f"{lb} busbw"]
-        for lb in self.candidates:
-            header += [f"{lb} busbw×", f"{lb} lat×"]
-        header += [f"{lb}/{p}" for lb in self.vs_peer for p in peers]
-        if self.cuda:
-            header += [f"{lb} busbw/copy" for lb in self.labels]
         shown = self.labels + peers
+        get = lambda lb, b: self._index.get((lb, op, dtype, b)) or {}  # noqa: E731
+
+        def measured(r):
+            if not r:
+                return ["-", "-", "-"]
+            if r.get("error"):
+                return ["ERROR", "-", "-"]
+            return [fmt_num(r["time_us"], 1), fmt_num(r["algbw_gbps"], 3),
+                    fmt_num(r["busbw_gbps"], 3) + ("" if r.get("correct") else " WRONG")]
+
+        # (label, row key, column) of the ratios shown after the measured columns
+        ratios = [(lb, k, f"{lb} {h}") for lb in self.candidates
+                  for k, h in (("busbw_ratio", "busbw×"), ("latency_ratio", "lat×"))]
+        ratios += [(lb, f"latency_ratio_{p}", f"{lb}/{p}") for lb in self.vs_peer for p in peers]
+        ratios += [(lb, "copy_fraction", f"{lb} busbw/copy") for lb in self.labels
+                   if self.cuda]
+        header = (["bytes"] + [f"{lb} {c}" for lb in shown for c in ("µs", "algbw", "busbw")]
+                  + [h for _, _, h in ratios])
         sizes = sorted({r["bytes"] for r in self.rows if r["op"] == op and r["dtype"] == dtype
                         and r["backend"] in shown})
-        body = []
-        for b in sizes:
-            line = [fmt_bytes(b)]
-            for lb in shown:
-                r = self._index.get((lb, op, dtype, b))
-                if r is None:
-                    line += ["-", "-", "-"]
-                elif r.get("error"):
-                    line += ["ERROR", "-", "-"]
-                else:
-                    mark = "" if r.get("correct") else " WRONG"
-                    line += [fmt_num(r["time_us"], 1), fmt_num(r["algbw_gbps"], 3),
-                             fmt_num(r["busbw_gbps"], 3) + mark]
-            for lb in self.candidates:
-                r = self._index.get((lb, op, dtype, b)) or {}
-                line += [fmt_num(r.get("busbw_ratio")), fmt_num(r.get("latency_ratio"))]
-            for lb in self.vs_peer:
-                r = self._index.get((lb, op, dtype, b)) or {}
-                line += [fmt_num(r.get(f"latency_ratio_{p}")) for p in peers]
-            if self.cuda:
-                for lb in self.labels:
-                    r = self._index.get((lb, op, dtype, b)) or {}
-                    line.append(fmt_num(r.get("copy_fraction")))
-            body.append(line)
+        body = [[fmt_bytes(b)] + [c for lb in shown for c in measured(get(lb, b))]
+                + [fmt_num(get(lb, b).get(k)) for lb, k, _ in ratios] for b in sizes]
         errors = {r["backend"]: r["error"] for r in self.rows
                   if r["op"] == op and r["dtype"] == dtype and r.get("error")
                   and r["backend"] in shown}
