@@ -41,6 +41,7 @@ LABELS = {"auto": "rsdp auto", "hier": "rsdp hier", "hier_rhd": "rsdp hier_rhd",
 COMPRESSION = {"hier-int8": dict(all_gather="int8", reduce_scatter="int8", all_reduce="int8"),
                "hier-int4": dict(all_gather="int8", reduce_scatter="int4", all_reduce="int4")}
 BLOCK = 512
+RAILS_MIN_BYTES = 32 << 10  # kOneshotBytes (select.h): up to it, the leaders' all-reduce
 TARGET_COMPRESSED = 2.5  # compressed all-gather / reduce-scatter vs fp32 hier, from 16 MiB
 
 
@@ -98,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--rate", default="1gbit", help="tc rate of each node link, per direction")
+    p.add_argument("--delay", default=None,
+                   help="added to every frame on each node link, per direction (tc syntax, "
+                        "e.g. 400us; node to node is twice this); the run then measures the "
+                        "one-way latency of a message and compares ring and rhd with the "
+                        "rails' all-reduce model")
     p.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1M,4M,16M,64M,256M"),
                    help="total tensor sizes (K/M/G binary)")
     p.add_argument("--iters", type=int, default=5, help="timed iterations per point")
@@ -124,7 +130,27 @@ def build_parser() -> argparse.ArgumentParser:
 # --------------------------------------------------------------------------- worker side
 
 
-def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads):
+def one_way_latency(partner: int, trips: int = 20) -> float | None:
+    """Half the median round trip of a 4-byte send/recv between rank 0 and `partner` (the
+    first rank of node 1) over the default group: the model's per-message cost as this
+    transport pays it across one emulated link pair."""
+    import torch
+    import torch.distributed as dist
+
+    r, x, rtts = dist.get_rank(), torch.zeros(1), []
+    for _ in range(trips + 2):
+        t0 = time.perf_counter()
+        if r == 0:
+            dist.send(x, partner)
+            dist.recv(x, partner)
+        elif r == partner:
+            dist.recv(x, 0)
+            dist.send(x, 0)
+        rtts.append(time.perf_counter() - t0)
+    return statistics.median(rtts[2:]) / 2 if r == 0 else None
+
+
+def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads, partner=None):
     """One variant on every rank: returns rank 0's rows (other ranks return None)."""
     import torch
     import torch.distributed as dist
@@ -136,6 +162,7 @@ def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads):
         torch_rsdp.set_compression(**COMPRESSION[variant], block=BLOCK)
     side = dist.new_group(backend="gloo")  # barriers and timing reductions
     W, r = ctx.world_size, ctx.rank
+    alpha = one_way_latency(partner) if partner else None
     rows = []
     for op in ops:
         for size in sizes:
@@ -153,7 +180,7 @@ def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads):
             flags = torch.tensor([0.0 if ok else 1.0, 1.0 if err else 0.0])
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=side)
             row = {"variant": variant, "op": op, "bytes": n * 4, "count": n,
-                   "correct": bool(flags[0] == 0)}
+                   "correct": bool(flags[0] == 0), "alpha_s": alpha}
             if flags[1] > 0:
                 row["error"] = err or "raised on another rank"
                 rows.append(row)
@@ -208,7 +235,8 @@ def run_variant(variant, args, node_of, nodes) -> tuple[list[dict], str, str | N
     try:
         res = launch(bench_worker, len(node_of),
                      (variant, list(args.ops), list(args.sizes), args.iters, args.warmup,
-                      args.threads),
+                      args.threads, args.ranks_per_node if args.delay and backend == "rsdp"
+                      and args.nodes > 1 and variant != "nolink" else None),
                      backend=backend, env=env, node_of=node_of,
                      netns=None if variant == "nolink" else nodes, deadline=deadline,
                      pg_timeout=args.timeout, allow_exit_abort=(backend == "gloo"))
@@ -243,6 +271,40 @@ def annotate(rows: list[dict], args, rate_bps) -> None:
                               if r["speedup_vs_gloo"] and r["bytes_ratio_vs_gloo"] else None)
         h = hier.get((r["op"], r["bytes"]))
         r["speedup_vs_hier"] = (h / t if (t and h and r["variant"] in COMPRESSION) else None)
+    add_rails_model(rows, args, rate_bps)
+
+
+def ring_seconds(nbytes: float, m: int, alpha: float, link_Bps: float) -> float:
+    """The rails' all-reduce model (csrc/algorithms/select.h): the ring across m nodes."""
+    return 2 * (m - 1) * alpha + 2 * (m - 1) / m * nbytes / link_Bps
+
+
+def rhd_seconds(nbytes: float, m: int, alpha: float, link_Bps: float) -> float:
+    """... and recursive halving + doubling, folding the nodes beyond a power of two in."""
+    p = 1 << (m.bit_length() - 1)
+    fold = 2 if m > p else 0
+    return ((2 * (p.bit_length() - 1) + fold) * alpha
+            + (2 * (p - 1) / p + fold) * nbytes / link_Bps)
+
+
+def add_rails_model(rows: list[dict], args, rate_bps) -> None:
+    """With hier and hier_rhd both run behind a delay: each all-reduce row of hier_rhd gets
+    ring / rhd as measured and as the model predicts with this run's own constants (the
+    one-way latency rank 0 measured, the link rate). At RAILS_MIN_BYTES and below forced hier
+    hands the leaders' recursive doubling the op, so those rows have no ring to compare."""
+    alphas = [r["alpha_s"] for r in rows if r.get("alpha_s")]
+    if not (args.delay and rate_bps and alphas):
+        return
+    alpha, m = statistics.median(alphas), args.nodes
+    t = {(r["variant"], r["bytes"]): r.get("time_s") for r in rows if r["op"] == "all_reduce"}
+    for r in rows:
+        ring = t.get(("hier", r["bytes"]))
+        if (r["variant"] != "hier_rhd" or r["op"] != "all_reduce" or not ring
+                or not r.get("time_s") or r["bytes"] <= RAILS_MIN_BYTES):
+            continue
+        r["ring_over_rhd"] = ring / r["time_s"]
+        r["model_ring_over_rhd"] = (ring_seconds(r["bytes"], m, alpha, rate_bps / 8)
+                                    / rhd_seconds(r["bytes"], m, alpha, rate_bps / 8))
 
 
 def targets(rows: list[dict]) -> list[dict]:
@@ -296,6 +358,8 @@ def markdown(rows, variants, info, tgts) -> str:
             head.append(f"{LABELS[v]} x gloo")
         if v in COMPRESSION and "hier" in variants:
             head.append(f"{LABELS[v]} x hier")
+        if v == "hier_rhd" and any("ring_over_rhd" in r for r in rows):
+            head += ["ring / rhd", "model ring / rhd"]
     table = []
     by = {(r["variant"], r["op"], r["bytes"]): r for r in rows}
     points = sorted({(OPS.index(r["op"]), r["bytes"]) for r in rows})
@@ -314,15 +378,24 @@ def markdown(rows, variants, info, tgts) -> str:
             if v in COMPRESSION and "hier" in variants:
                 s = r.get("speedup_vs_hier")
                 line.append("-" if s is None else f"{s:.2f}x")
+            if v == "hier_rhd" and any("ring_over_rhd" in x for x in rows):
+                line += [f"{r[k]:.2f}" if r.get(k) else "-"
+                         for k in ("ring_over_rhd", "model_ring_over_rhd")]
         table.append(line)
+    delay = (f", {info['delay']} delay per link direction (one-way message latency "
+             f"{info['alpha_s'] * 1e3:.2f} ms, rsdp send/recv)" if info.get("alpha_s") and info.get("delay") else "")
     out = [f"# Multi-node collectives: {info['nodes']} nodes x {info['ranks_per_node']} ranks, "
-           f"link {info['rate'] or 'unlimited'} per direction ({info['mode']})", "",
+           f"link {info['rate'] or 'unlimited'} per direction{delay} ({info['mode']})", "",
            f"{info['date']}, {info['cores']} cores, torch {info['torch_version']}, float32, "
            f"median of {info['iters']} iterations. `link` = bytes the algorithm must send "
            f"across a node link / time / link rate (TCP ceiling ~96 %); `x gloo` = gloo time / "
            f"time.", ""]
     if info.get("note"):
         out += [f"**{info['note']}**", ""]
+    if any("ring_over_rhd" in r for r in rows):
+        out += ["`ring / rhd` = rsdp hier time / rsdp hier_rhd time; `model ring / rhd` = the "
+                "rails' all-reduce model (csrc/algorithms/select.h) with this run's one-way "
+                "latency and link rate in place of its data-centre constants.", ""]
     out.append(md_table(head, table, "ll" + "r" * (len(head) - 2)))
     out += ["", "## Targets", "",
             md_table(["target", "op", "measured", "result"],
@@ -376,6 +449,7 @@ def main(argv=None) -> int:
     if stale:
         print(f"# removed leftovers of a crashed earlier run: {stale}")
     info = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "rate": args.rate,
+            "delay": args.delay,
             "iters": args.iters, "warmup": args.warmup, "cores": os.cpu_count(),
             "torch_version": torch.__version__,
             "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
@@ -402,7 +476,7 @@ def main(argv=None) -> int:
                 print(f"# {LABELS[v]} FAILED:\n{err}", file=sys.stderr, flush=True)
 
     if not args.loopback and netns.namespaces_available():
-        with netns.EmulatedNodes(args.nodes, rate=args.rate) as nodes:
+        with netns.EmulatedNodes(args.nodes, rate=args.rate, delay=args.delay) as nodes:
             print(f"# {nodes.describe()}", flush=True)
             run_all(nodes)
         rate_bps = nodes.rate_bps
@@ -411,12 +485,14 @@ def main(argv=None) -> int:
                "network namespaces are not available (needs root)")
         info["note"] = (f"{why}: all ranks ran on the loopback with RSDP_NODE_ID, no link "
                         f"was emulated, so link efficiency is not computed")
-        info["rate"] = None
+        info["rate"] = info["delay"] = None
         print(f"# WARNING: {info['note']}", flush=True)
         run_all(None)
         rate_bps = None
     info.update(mode=mode or "?", errors=errors, elapsed_s=round(time.perf_counter() - t0, 1),
                 peer_commands=dict(PEER_COMMANDS))
+    alphas = [r["alpha_s"] for r in rows if r.get("alpha_s")]
+    info["alpha_s"] = statistics.median(alphas) if alphas else None
     annotate(rows, args, rate_bps)
     tgts = targets(rows)
     text = markdown(rows, variants, info, tgts)

@@ -529,6 +529,12 @@ class EmulatedNodes:
             ns, v, s = self.netns_name(i), self.ifname(i), self._name(f"s{i}")
             _run("ip", "netns", "add", ns)
             _run("ip", "-n", ns, "link", "set", "lo", "up")
+            # TCP's default restarts slow start after an idle gap of one round trip, and a
+            # collective's messages come in bursts with gaps: behind a delay each burst would
+            # pay extra round trips that a data-centre fabric (RDMA, or hosts tuned for
+            # long-lived connections) does not
+            _run("ip", "netns", "exec", ns, "sysctl", "-qw",
+                 "net.ipv4.tcp_slow_start_after_idle=0")
             if self.delay_ns:
                 for name, where in ((v, ns), (s, sw)):
                     taps.append(_open_tap(name))
