@@ -290,22 +290,30 @@ def rhd_seconds(nbytes: float, m: int, alpha: float, link_Bps: float) -> float:
 
 def add_rails_model(rows: list[dict], args, rate_bps) -> None:
     """With hier and hier_rhd both run behind a delay: each all-reduce row of hier_rhd gets
-    ring / rhd as measured and as the model predicts with this run's own constants (the
-    one-way latency rank 0 measured, the link rate). At RAILS_MIN_BYTES and below forced hier
-    hands the leaders' recursive doubling the op, so those rows have no ring to compare."""
-    alphas = [r["alpha_s"] for r in rows if r.get("alpha_s")]
-    if not (args.delay and rate_bps and alphas):
+    ring / rhd as measured and as the rails' model predicts it. The model's message cost is
+    calibrated on the ring alone, at its smallest size (what one of its 2(M-1) steps costs
+    beyond the link's bytes), and then predicts rhd at every size: a check of the model's
+    shape, since a rank's message cost here is mostly waiting for a core (the ranks share a
+    few), which the send/recv ping-pong above sees only in part. At RAILS_MIN_BYTES and
+    below forced hier hands the op to the leaders' recursive doubling: no ring to compare."""
+    if not (args.delay and rate_bps):
         return
-    alpha, m = statistics.median(alphas), args.nodes
+    m, link = args.nodes, rate_bps / 8
     t = {(r["variant"], r["bytes"]): r.get("time_s") for r in rows if r["op"] == "all_reduce"}
+    rings = sorted(b for (v, b), x in t.items() if v == "hier" and x and b > RAILS_MIN_BYTES)
+    if not rings or m < 3:
+        return
+    b0 = rings[0]
+    alpha = (t[("hier", b0)] - 2 * (m - 1) / m * b0 / link) / (2 * (m - 1))
     for r in rows:
         ring = t.get(("hier", r["bytes"]))
         if (r["variant"] != "hier_rhd" or r["op"] != "all_reduce" or not ring
                 or not r.get("time_s") or r["bytes"] <= RAILS_MIN_BYTES):
             continue
         r["ring_over_rhd"] = ring / r["time_s"]
-        r["model_ring_over_rhd"] = (ring_seconds(r["bytes"], m, alpha, rate_bps / 8)
-                                    / rhd_seconds(r["bytes"], m, alpha, rate_bps / 8))
+        r["model_alpha_s"] = alpha
+        r["model_ring_over_rhd"] = (ring_seconds(r["bytes"], m, alpha, link)
+                                    / rhd_seconds(r["bytes"], m, alpha, link))
 
 
 def targets(rows: list[dict]) -> list[dict]:
@@ -395,9 +403,11 @@ def markdown(rows, variants, info, tgts) -> str:
     if info.get("note"):
         out += [f"**{info['note']}**", ""]
     if any("ring_over_rhd" in r for r in rows):
+        alpha = next(r["model_alpha_s"] for r in rows if "model_alpha_s" in r)
         out += ["`ring / rhd` = rsdp hier time / rsdp hier_rhd time; `model ring / rhd` = the "
-                "rails' all-reduce model (csrc/algorithms/select.h) with this run's one-way "
-                "latency and link rate in place of its data-centre constants.", ""]
+                "rails' all-reduce model (csrc/algorithms/select.h) with the link rate and a "
+                f"message cost of {alpha * 1e3:.2f} ms, what one ring step cost at the ring's "
+                "smallest size beyond its bytes, in place of its data-centre constants.", ""]
     out.append(md_table(head, table, "ll" + "r" * (len(head) - 2)))
     out += ["", "## Targets", "",
             md_table(["target", "op", "measured", "result"],

@@ -157,7 +157,8 @@ def worker(rank: int, cfg: dict, port: int, workdir: str) -> None:
     after = snapshot()
     out["init"] = delta(after, before)
     out["topology"] = {k: v for k, v in torch_rsdp.topology().items()
-                       if k in ("node", "num_nodes", "local_rank", "local_size")}
+                       if k in ("node", "num_nodes", "local_rank", "local_size",
+                                "setup_store_requests")}
 
     # A second group of the same ranks: what each further group costs to make.
     t0 = time.time()
@@ -327,6 +328,7 @@ def aggregate(W: int, cfg: dict, workdir: str, killed_at) -> dict:
         d[key].update({k: [round(p[k], 2 if k == "rss_mib" else 3) for p in per]
                        for k in ("rss_mib", "shm_virtual_mib", "shm_resident_mib")})
     d["topology_rank0"] = ranks[0]["topology"]
+    d["setup_store_requests"] = [r["topology"].get("setup_store_requests") for r in ranks]
     d["endpoints"] = [e["endpoints"] for e in errs]
     d["endpoints_other_node"] = [e["endpoints_other_node"] for e in errs]
     e0 = errs[0]
@@ -360,7 +362,7 @@ def notice_summary(notes: list, killed_at) -> dict:
 
 COLUMNS = ["ranks", "nodes x local", "set-up s", "new_group s", "shm/node MiB",
            "shm/rank MiB", "RSS +MiB", "threads +", "fds +", "sockets +", "UCX eps",
-           "8 B µs", "1 MiB µs", "notice ms"]
+           "store req", "8 B µs", "1 MiB µs", "notice ms"]
 
 
 def _rng(values) -> str:
@@ -383,6 +385,8 @@ def table_row(row: dict) -> list:
             _rng(init["rss_mib"]), _rng(ops["threads"]),
             f"{_rng(ops['fds'])} ({max(init['fds'])})",
             f"{_rng(ops['sockets'])} ({max(init['sockets'])})", _rng(row["endpoints"]),
+            _rng(row["setup_store_requests"]) if None not in row.get("setup_store_requests",
+                                                                     [None]) else "-",
             f"{row['allreduce_8B_us']:.0f}", f"{row['allreduce_1MiB_us']:.0f}",
             f"{notice['last_s'] * 1e3:.0f}" if "last_s" in notice else "-"]
 
@@ -393,7 +397,8 @@ def markdown(rows: list, meta: dict) -> str:
               "node's segment reserved up front (staging, p2p rings; the pool is virtual); "
               "RSS: added per rank by the set-up; threads, fds, sockets: added per rank, "
               "held after the all-reduces (min-max over ranks; in brackets the most any rank "
-              "held right after set-up); UCX eps: collective endpoints per rank; 8 B / "
+              "held right after set-up); UCX eps: collective endpoints per rank; store req: "
+              "requests each rank made to the store during set-up; 8 B / "
               "1 MiB: all-reduce median of the slowest rank; notice: SIGKILL of the last "
               "rank to the last survivor's all-reduce raising.", ""]
     return "\n".join(lines)

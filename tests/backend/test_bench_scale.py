@@ -50,6 +50,8 @@ def test_bench_scale_quick(tmp_path):
         assert shm["local_size"] == 2
         assert shm["reserved_bytes"] == 8192 + 2 * 2 * MiB + 4 * (MiB + 128), shm
         assert shm["reserved_per_rank_bytes"] == shm["reserved_bytes"] / 2
+        # set-up asks the store a fixed number of things per rank, whatever W (docs/scale.md)
+        assert all(1 <= q <= 12 for q in r["setup_store_requests"]), (ctx, r)
         note = r["notice"]
         assert note["raised"] == W - 1 and 0 < note["last_s"] < 10, (ctx, note)
     one, two = rows

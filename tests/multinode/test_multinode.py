@@ -442,6 +442,29 @@ def test_bench_multinode_quick(tmp_path, nodes):
 
 
 @pytest.mark.skipif(not netns.namespaces_available(), reason="network namespaces not permitted")
+@pytest.mark.skipif(not RSDP, reason="measures the rsdp backend's rail algorithms")
+def test_bench_multinode_delay_quick(tmp_path):
+    """`python -m benchmarks multinode --delay` on 4 nodes: the ring and rhd on the rails
+    behind a link delay, right, with the one-way latency measured and each rhd row set beside
+    the rails' model (at 4 nodes, a power of two, the model has rhd ahead at every size)."""
+    cmd = [sys.executable, "-m", "benchmarks", "multinode", "--nodes", "4", "--ranks-per-node",
+           "1", "--ops", "all_reduce", "--variants", "hier,hier_rhd", "--sizes", "64K,256K",
+           "--iters", "2", "--warmup", "1", "--delay", "200us", "--no-plot", "--out",
+           str(tmp_path)]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
+    report = json.loads((tmp_path / "multinode.json").read_text())["results"]
+    # a message crosses two links each way: at least twice the delay one way
+    assert report["machine"]["alpha_s"] >= 2 * 200e-6, report["machine"]
+    rhd = [r for r in report["rows"] if r["variant"] == "hier_rhd"]
+    assert len(rhd) == 2 and all(r["correct"] for r in report["rows"]), report["rows"]
+    for r in rhd:
+        assert r["ring_over_rhd"] > 0 and r["model_ring_over_rhd"] > 1, r
+        assert r["model_alpha_s"] > 0, r
+    assert "model ring / rhd" in (tmp_path / "multinode.md").read_text()
+
+
+@pytest.mark.skipif(not netns.namespaces_available(), reason="network namespaces not permitted")
 def test_netns_command_runs_inside_the_node_and_refuses_other_names(nodes):
     """`python netns.py NODE COMMAND...` (mpirun's remote shell in the multinode benchmark suite) runs the
     command in the node's namespace under the node's host name, with ssh's leading options

@@ -3,24 +3,28 @@
  * instance (torch_rsdp/testing/netns.py builds this file and starts it when a delay is asked
  * for).
  *
- *     link_delay DELAY_NS MTU FD_A0 FD_B0 [FD_A1 FD_B1 ...]
+ *     link_delay DELAY_NS FD_A0 FD_B0 [FD_A1 FD_B1 ...]
  *
  * Each pair is one node link: A is the TAP inside the node's namespace, B its partner on the
  * switch's bridge. A frame read from A leaves on B DELAY_NS later, and one read from B leaves
  * on A, so a message between two nodes crosses the delay twice, as it would cross two cables.
  *
  * Why a program and not the kernel's netem: netem is a build option that some kernels leave
- * out, and a delay that exists on one host and not another is not a test. Why C: a frame
- * costs two system calls here and nothing more, so at the emulated link rates the relay stays
- * far from being the bottleneck, and its own latency is a few microseconds against delays of
- * hundreds.
+ * out, and a delay that exists on one host and not another is not a test.
+ *
+ * The TAP devices carry a virtio-net header and TCP segmentation offload (netns.py opens them
+ * so), as a virtual machine's do: a frame is a segment of up to 64 KiB that the kernel cuts
+ * into packets on its way out, not a 1.5 KB packet. The relay copies each frame once, header
+ * included, so its work per message is a few system calls, not one pair per packet: on a
+ * machine whose cores the emulated nodes share, per-packet work would be a switch that slows
+ * down as the nodes send more, which no real switch does.
  *
  * The delay is the same for every frame, so each direction is a FIFO: a frame's departure is
  * its arrival plus the delay, and departures come out in arrival order. One timerfd is armed
- * at the earliest departure over all directions. A full queue drops the frame, as a NIC's
- * full queue would (TCP recovers); the tbf on each TAP keeps the queue short in practice.
- * The relay ends when its parent does (PR_SET_PDEATHSIG) or on SIGTERM; closing the TAP file
- * descriptors removes the devices.
+ * at the earliest departure over all directions. Frames queue in a byte ring per direction;
+ * a full ring drops the frame, as a NIC's full queue would (TCP recovers), and the tbf on each
+ * TAP keeps the queue far below that in practice. The relay ends when its parent does
+ * (PR_SET_PDEATHSIG) or on SIGTERM; closing the TAP file descriptors removes the devices.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -35,15 +39,19 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { kSlots = 2048, kFrameMax = 65536 + 64 };
+enum {
+  kRingBytes = 4 << 20,         /* queued bytes per direction: 32 ms at 1 Gbit/s */
+  kRecords = 4096,              /* queued frames per direction */
+  kFrameMax = 65536 + 64 + 128, /* a TSO segment, its Ethernet and virtio-net headers */
+};
 
 typedef struct {
   int from, to;           /* file descriptors: read from `from`, write to `to` */
-  uint64_t *due;          /* departure times, ns on CLOCK_MONOTONIC */
-  uint32_t *len;
-  unsigned char *frames;  /* kSlots frames of up to `frame_max` bytes */
-  size_t frame_max;
-  unsigned head, count;
+  unsigned char *ring;    /* kRingBytes of queued frames */
+  uint64_t due[kRecords]; /* departure, ns on CLOCK_MONOTONIC */
+  uint32_t off[kRecords], len[kRecords];
+  unsigned head, count;   /* records */
+  size_t tail;            /* where the next frame's bytes go */
   unsigned long dropped;
 } Direction;
 
@@ -58,30 +66,40 @@ static void die(const char *what) {
   exit(1);
 }
 
+/* Where `len` contiguous bytes fit after the newest frame without reaching the oldest, or
+ * -1 when the ring is full. */
+static long place(const Direction *d, size_t len) {
+  if (d->count == 0) return len <= kRingBytes ? 0 : -1;
+  size_t start = d->off[d->head], end = d->tail;
+  if (end > start) { /* used: [start, end) */
+    if (len <= kRingBytes - end) return (long)end;
+    return len < start ? 0 : -1;
+  }
+  return len < start - end ? (long)end : -1; /* used: [start, cap) and [0, end) */
+}
+
 /* Reads every frame waiting on d->from into the queue. */
 static void take(Direction *d, uint64_t delay) {
-  static unsigned char scratch[kFrameMax];
+  static unsigned char frame[kFrameMax];
   for (;;) {
-    unsigned char *slot = scratch;
-    size_t cap = sizeof scratch;
-    if (d->count < kSlots) {
-      slot = d->frames + (size_t)((d->head + d->count) % kSlots) * d->frame_max;
-      cap = d->frame_max;
-    }
-    ssize_t n = read(d->from, slot, cap);
+    ssize_t n = read(d->from, frame, sizeof frame);
     if (n < 0) {
       if (errno == EAGAIN || errno == EINTR) return;
       if (errno == EBADFD || errno == EIO) return; /* device going away at teardown */
       die("read");
     }
     if (n == 0) return;
-    if (slot == scratch) { /* queue full: the frame is dropped, as by a full NIC queue */
+    long at = d->count < kRecords ? place(d, (size_t)n) : -1;
+    if (at < 0) { /* queue full: dropped, as by a full NIC queue */
       d->dropped++;
       continue;
     }
-    unsigned i = (d->head + d->count) % kSlots;
+    memcpy(d->ring + at, frame, (size_t)n);
+    unsigned i = (d->head + d->count) % kRecords;
     d->due[i] = now_ns() + delay;
+    d->off[i] = (uint32_t)at;
     d->len[i] = (uint32_t)n;
+    d->tail = (size_t)at + (size_t)n;
     d->count++;
   }
 }
@@ -90,10 +108,11 @@ static void take(Direction *d, uint64_t delay) {
 static uint64_t give(Direction *d, uint64_t now) {
   while (d->count && d->due[d->head] <= now) {
     unsigned i = d->head;
-    ssize_t n = write(d->to, d->frames + (size_t)i * d->frame_max, d->len[i]);
-    if (n < 0 && errno != EAGAIN && errno != EINTR && errno != EIO && errno != EBADFD)
+    ssize_t n = write(d->to, d->ring + d->off[i], d->len[i]);
+    if (n < 0 && errno != EAGAIN && errno != EINTR && errno != EIO && errno != EBADFD &&
+        errno != EINVAL)
       die("write");
-    d->head = (d->head + 1) % kSlots;
+    d->head = (d->head + 1) % kRecords;
     d->count--;
   }
   return d->count ? d->due[d->head] : 0;
@@ -103,8 +122,8 @@ static volatile sig_atomic_t stop;
 static void on_term(int sig) { (void)sig; stop = 1; }
 
 int main(int argc, char **argv) {
-  if (argc < 5 || (argc - 3) % 2) {
-    fprintf(stderr, "usage: link_delay DELAY_NS MTU FD_A FD_B [FD_A FD_B ...]\n");
+  if (argc < 4 || (argc - 2) % 2) {
+    fprintf(stderr, "usage: link_delay DELAY_NS FD_A FD_B [FD_A FD_B ...]\n");
     return 2;
   }
   prctl(PR_SET_PDEATHSIG, SIGTERM);
@@ -112,24 +131,17 @@ int main(int argc, char **argv) {
   signal(SIGTERM, on_term);
   signal(SIGINT, on_term);
   uint64_t delay = strtoull(argv[1], NULL, 10);
-  /* a TAP without a virtio header hands over one Ethernet frame at a time: the MTU plus
-   * its header and a VLAN tag at most */
-  size_t frame_max = strtoull(argv[2], NULL, 10) + 18;
-  if (frame_max > kFrameMax) frame_max = kFrameMax;
-  int links = (argc - 3) / 2, dirs = 2 * links;
+  int links = (argc - 2) / 2, dirs = 2 * links;
   Direction *d = calloc((size_t)dirs, sizeof *d);
   int ep = epoll_create1(EPOLL_CLOEXEC);
   int tfd = timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
   if (!d || ep < 0 || tfd < 0) die("set-up");
   for (int k = 0; k < dirs; k++) {
-    int a = atoi(argv[3 + 2 * (k / 2)]), b = atoi(argv[4 + 2 * (k / 2)]);
+    int a = atoi(argv[2 + 2 * (k / 2)]), b = atoi(argv[3 + 2 * (k / 2)]);
     d[k].from = (k % 2) ? b : a;
     d[k].to = (k % 2) ? a : b;
-    d[k].frame_max = frame_max;
-    d[k].due = calloc(kSlots, sizeof *d[k].due);
-    d[k].len = calloc(kSlots, sizeof *d[k].len);
-    d[k].frames = malloc((size_t)kSlots * d[k].frame_max);
-    if (!d[k].due || !d[k].len || !d[k].frames) die("malloc");
+    d[k].ring = malloc(kRingBytes);
+    if (!d[k].ring) die("malloc");
     struct epoll_event ev = {.events = EPOLLIN, .data.u32 = (uint32_t)k};
     if (epoll_ctl(ep, EPOLL_CTL_ADD, d[k].from, &ev) < 0) die("epoll_ctl");
   }
