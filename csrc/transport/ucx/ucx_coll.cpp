@@ -6,6 +6,9 @@
 #include <cstring>
 #include <iostream>
 
+#include <dirent.h>
+#include <sys/resource.h>
+
 #include "transport/ucx/ucx_wire.h"
 #include "transport/ucx/wire_lie.h"
 
@@ -499,6 +502,22 @@ void UcxCollectives::spread() {
   peer_error_.clear();
 }
 
+namespace {
+// File descriptors this process may still open below its soft limit, less a
+// reserve for everything else it does.
+long fd_headroom() {
+  constexpr long kReserve = 64;
+  struct rlimit lim {};
+  if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY) return 1L << 30;
+  long open = 0;
+  if (DIR* d = opendir("/proc/self/fd")) {
+    while (readdir(d)) ++open;
+    closedir(d);
+  }
+  return static_cast<long>(lim.rlim_cur) - open - kReserve;
+}
+}  // namespace
+
 void UcxCollectives::tell_others(const Failure& f) {
   if (told_) return;
   told_ = true;
@@ -522,10 +541,28 @@ void UcxCollectives::tell_others(const Failure& f) {
   std::vector<Sent> sent;
   int nodes = 0;
   for (int n : node_of_) nodes = std::max(nodes, n + 1);
-  for (int r = 0; r < group_.size; ++r) {
-    if (r == group_.rank || node_of_[r] == node_of_[group_.rank]) continue;
+  // One member per node is enough (it posts the notice on its node), more make
+  // it likelier that one of them is progressing UCX. So: members already
+  // connected first, then one fresh member of each node still uncovered, then
+  // the others; fresh endpoints only within the file descriptors this process
+  // may still open (an endpoint over TCP is a socket), so that at thousands of
+  // ranks every node is reached before the limit, not the first nodes only.
+  std::vector<int> order;
+  std::vector<char> covered(nodes, 0), queued(group_.size, 0);
+  auto add = [&](int r) { order.push_back(r), queued[r] = 1, covered[node_of_[r]] = 1; };
+  for (int r = 0; r < group_.size; ++r)
+    if (r != group_.rank && node_of_[r] == node_of_[group_.rank]) queued[r] = 1;
+  queued[group_.rank] = 1;
+  for (int r = 0; r < group_.size; ++r)
+    if (!queued[r] && peers_[r]->ep) add(r);
+  for (int r = 0; r < group_.size; ++r)
+    if (!queued[r] && !covered[node_of_[r]]) add(r);
+  for (int r = 0; r < group_.size; ++r)
+    if (!queued[r]) add(r);
+  long fd_budget = fd_headroom();
+  for (int r : order) {
     const bool fresh = !peers_[r]->ep;
-    if (fresh && !connecting.expired()) {
+    if (fresh && !connecting.expired() && fd_budget-- > 0) {
       try {
         UcxAddressBook::Pair a;
         if (book_.try_get(r, a)) connect(r, a.coll);
