@@ -212,3 +212,41 @@ def test_abort_and_frozen_rank_tell_the_rest(victim):
         assert re.search("Timed out", o["msg"]), f"rank {r}: {o['msg'][:600]}"
 
         assert o["error"] == "ErrorType.TIMEOUT", f"rank {r}: {o['error']}"
+
+
+def _first_op_worker(ctx, victim):
+    """`victim` dies right after set-up, before any op, so its node mate, which reports it,
+    has no endpoint to anyone yet. Returns (seconds from the kill to the raise, the
+    message)."""
+    if ctx.rank == victim:
+        ctx.store.set("killed_at", repr(time.time()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        dist.all_reduce(torch.ones(8))
+        return {"after_kill_s": None, "msg": "completed"}
+    except RuntimeError as e:
+        raised, msg = time.time(), str(e)
+    killed = float(ctx.store.get("killed_at"))
+    ctx.store_sync("raised", ranks=[q for q in range(ctx.world_size) if q != victim])
+    return {"after_kill_s": raised - killed, "msg": msg[:1000]}
+
+
+def test_notice_reaches_every_node_first():
+    """The rank reporting a failure reaches one member of every other node before a second
+    member of any: allowed only as many new endpoints as there are other nodes (as a low
+    open-file limit would; RSDP_TEST_NOTICE_ENDPOINTS), it still tells every node (4 x 2,
+    the victim dead before the first op), and every survivor raises within a second (the
+    group's timeout is 30 s). Reaching the members in rank order would leave the last node
+    to its timeout."""
+    node_of, W, victim = [0, 0, 1, 1, 2, 2, 3, 3], 8, 1
+    res = launch(_first_op_worker, W, (victim,), pg_timeout=LONG_TIMEOUT, deadline=120,
+                 expect_killed=[victim], node_of=node_of,
+                 env={"RSDP_TEST_NOTICE_ENDPOINTS": "3"})
+    survivors = [r for r in range(W) if r != victim]
+    print("\n[notice] 4x2, 3 new endpoints: "
+          + ", ".join(f"rank {r} {res[r]['after_kill_s']:.3f}s" for r in survivors))
+    for r in survivors:
+        o = res[r]
+        assert o["after_kill_s"] is not None and o["after_kill_s"] <= NOTICE_S, (
+            f"rank {r} (node {node_of[r]}): {o}")
+        assert names_rank(o["msg"], victim), f"rank {r}: {o['msg'][:600]}"

@@ -559,7 +559,10 @@ void UcxCollectives::tell_others(const Failure& f) {
     if (!queued[r] && !covered[node_of_[r]]) add(r);
   for (int r = 0; r < group_.size; ++r)
     if (!queued[r]) add(r);
-  long fd_budget = fd_headroom();
+  // An endpoint over TCP opens a socket and may open a second (UCX connects
+  // from both sides when both send): two descriptors each.
+  long fd_budget = fd_headroom() / 2;
+  if (opts_.test.notice_endpoints >= 0) fd_budget = std::min(fd_budget, opts_.test.notice_endpoints);
   for (int r : order) {
     const bool fresh = !peers_[r]->ep;
     if (fresh && !connecting.expired() && fd_budget-- > 0) {
