@@ -531,31 +531,38 @@ class EmulatedNodes:
         _run("ip", "-n", sw, "link", "set", us, "master", br, "up")
         _run("ip", "link", "set", up, "up")
         taps: list[int] = []  # with a delay: node half, switch half, per link
-        for i in range(self.num_nodes):
-            ns, v, s = self.netns_name(i), self.ifname(i), self._name(f"s{i}")
-            _run("ip", "netns", "add", ns)
-            _run("ip", "-n", ns, "link", "set", "lo", "up")
-            # TCP's default restarts slow start after an idle gap of one round trip, and a
-            # collective's messages come in bursts with gaps: behind a delay each burst would
-            # pay extra round trips that a data-centre fabric (RDMA, or hosts tuned for
-            # long-lived connections) does not
-            _run("ip", "netns", "exec", ns, "sysctl", "-qw",
-                 "net.ipv4.tcp_slow_start_after_idle=0")
-            if self.delay_ns:
-                for name, where in ((v, ns), (s, sw)):
-                    taps.append(_open_tap(name))
-                    _run("ip", "link", "set", name, "mtu", str(self.mtu), "netns", where)
-            else:
-                _run("ip", "link", "add", v, "mtu", str(self.mtu), "netns", ns, "type", "veth",
-                     "peer", "name", s, "netns", sw)
-            _run("ip", "-n", ns, "addr", "add", f"{self.node_addr(i)}/{plen}", "dev", v)
-            _run("ip", "-n", sw, "link", "set", s, "master", br, "up")
-            _run("ip", "-n", ns, "link", "set", v, "up")
-            self._shape(ns, v)
-            self._shape(sw, s)
-        _run("ip", "-n", sw, "link", "set", br, "up")
-        if taps:
-            self._start_relay(taps)
+        handed = False
+        try:
+            for i in range(self.num_nodes):
+                ns, v, s = self.netns_name(i), self.ifname(i), self._name(f"s{i}")
+                _run("ip", "netns", "add", ns)
+                _run("ip", "-n", ns, "link", "set", "lo", "up")
+                # TCP's default restarts slow start after an idle gap of one round trip, and a
+                # collective's messages come in bursts with gaps: behind a delay each burst would
+                # pay extra round trips that a data-centre fabric (RDMA, or hosts tuned for
+                # long-lived connections) does not
+                _run("ip", "netns", "exec", ns, "sh", "-c",
+                     "echo 0 > /proc/sys/net/ipv4/tcp_slow_start_after_idle")
+                if self.delay_ns:
+                    for name, where in ((v, ns), (s, sw)):
+                        taps.append(_open_tap(name))
+                        _run("ip", "link", "set", name, "mtu", str(self.mtu), "netns", where)
+                else:
+                    _run("ip", "link", "add", v, "mtu", str(self.mtu), "netns", ns, "type", "veth",
+                         "peer", "name", s, "netns", sw)
+                _run("ip", "-n", ns, "addr", "add", f"{self.node_addr(i)}/{plen}", "dev", v)
+                _run("ip", "-n", sw, "link", "set", s, "master", br, "up")
+                _run("ip", "-n", ns, "link", "set", v, "up")
+                self._shape(ns, v)
+                self._shape(sw, s)
+            _run("ip", "-n", sw, "link", "set", br, "up")
+            handed = True  # _start_relay closes them, whatever happens
+            if taps:
+                self._start_relay(taps)
+        finally:
+            if not handed:  # a step above failed: the devices go with their descriptors
+                for fd in taps:
+                    os.close(fd)
         self._write_hosts()
         self._wait_up([(None, up)] + [(self.netns_name(i), self.ifname(i))
                                       for i in range(self.num_nodes)])
