@@ -457,6 +457,13 @@ def main(argv=None) -> int:
     import torch
     from torch_rsdp.testing import netns
 
+    try:
+        netns.parse_delay(args.delay) if args.delay else None
+        netns.parse_rate(args.rate)
+    except ValueError as e:
+        print(f"bad arguments: {e}", file=sys.stderr)
+        return 2
+
     stale = netns.cleanup_stale()
     if stale:
         print(f"# removed leftovers of a crashed earlier run: {stale}")
