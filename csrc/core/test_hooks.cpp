@@ -65,12 +65,6 @@ TestHooks TestHooks::from_env() {
                "' names no header field; choose one of: bytes step dtype op bits count");
     h.wire_lie = v;
   }
-  if (const char* v = env_parse::env("RSDP_TEST_NOTICE_ENDPOINTS")) {
-    const Decimal n = parse_decimal(v, 1 << 20);
-    RSDP_CHECK(n.digits && !n.too_big && *n.end == '\0', "environment variable ",
-               "RSDP_TEST_NOTICE_ENDPOINTS='", v, "' is not a count of endpoints");
-    h.notice_endpoints = static_cast<long>(n.value);
-  }
   return h;
 }
 

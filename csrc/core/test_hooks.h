@@ -42,14 +42,6 @@ struct TestHooks {
   // refuses them (transport/ucx/wire_lie.h). Empty: off.
   std::string wire_lie;
 
-  // RSDP_TEST_NOTICE_ENDPOINTS (tests/backend/test_failure_notice.py): at
-  // most this many new endpoints for a rank that tells the other nodes of a
-  // failure, as a low limit on open files would allow
-  // (transport/ucx/ucx_coll.cpp, tell_others), so that the order it reaches
-  // them in is checked without the peers' own connections to it racing for
-  // the same descriptors. -1: the file-descriptor headroom alone.
-  long notice_endpoints = -1;
-
   // Reads the RSDP_TEST_* variables; a malformed value raises a ValueError
   // naming the variable, as a user setting's does.
   static TestHooks from_env();

@@ -562,7 +562,6 @@ void UcxCollectives::tell_others(const Failure& f) {
   // An endpoint over TCP opens a socket and may open a second (UCX connects
   // from both sides when both send): two descriptors each.
   long fd_budget = fd_headroom() / 2;
-  if (opts_.test.notice_endpoints >= 0) fd_budget = std::min(fd_budget, opts_.test.notice_endpoints);
   for (int r : order) {
     const bool fresh = !peers_[r]->ep;
     if (fresh && !connecting.expired() && fd_budget-- > 0) {
