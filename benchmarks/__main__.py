@@ -14,21 +14,16 @@ SUITES = {
                                    "gloo/nccl, optionally Open MPI and oneCCL"),
     "launches": ("launches", "alternating launches of rsdp (or rsdp under --variants of its "
                              "environment) and its peers: per-launch medians"),
-    "async-wait": ("async_wait", "what an op costs when waited on: blocking, async, future, "
-                                 "overlapped with compute"),
     "comm-memory": ("comm_memory", "FSDP2 steps with buffers from communication memory against "
                                    "torch.empty"),
     "training": ("training", "RSDP, FSDP2 and DDP training steps: time, tokens/s, memory"),
     "rsdp-fsdp2": ("rsdp_fsdp2", "RSDP variants against FSDP2 in one process group: speed and "
                                  "memory per setting"),
-    "ring-costs": ("ring_costs", "where an RSDP step's time goes: hops, phases, one rank alone"),
     "finetune": ("finetune", "LoRA fine-tuning of a Llama shape: RSDP, RSDP units and FSDP2, "
                              "with and without checkpointing"),
     "plans": ("plans", "the planner's plan against every uniform strategy on emulated nodes"),
     "strategies": ("strategies", "every sharding plan (and compression) on 1x4 and 2x2 "
                                  "emulated nodes: step time and memory"),
-    "predict-compression": ("predict_compression", "what the planner predicts compression "
-                                                   "gains at scale (no ranks started)"),
     "checkpoint": ("checkpoint", "distributed checkpoint save and load times per plan"),
     "multinode": ("multinode", "collectives across emulated nodes behind a rate-limited link, "
                                "with Open MPI as a peer"),

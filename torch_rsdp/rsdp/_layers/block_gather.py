@@ -6,7 +6,7 @@ A layer no larger than its activations is computed whole anyway ([Note: whole sm
 twice that in backward, each a point where the rank waits for its neighbour's turn on a core.
 In a transformer block made of such layers (q, k, v, o, gate, up, down of a small model with a
 long batch) those waits, not the arithmetic, set the step time when ranks share cores (63 hops
-a block at 4 ranks against FSDP2's 3 collectives: ``python -m benchmarks ring-costs``).
+a block at 4 ranks against FSDP2's 3 collectives).
 
 So the sharded Linears (and ``Conv1D``) of one *block* (an element of an ``nn.ModuleList`` or
 ``nn.Sequential``: the decoder layers of every transformers model) that are small take part in
