@@ -49,6 +49,10 @@ void allreduce(Staging& c, void* buf, size_t count, DType dt, RedOp op, size_t o
 // The two bodies, for an op already begun (group size > 1).
 void allreduce_oneshot(Staging& c, void* buf, size_t count, DType dt, RedOp op);
 void allreduce_rs_ag(Staging& c, void* buf, size_t count, DType dt, RedOp op);
+// The reduce-scatter + gather both use: every rank reduces its chunk of each
+// segment; the reduced chunks reach every rank (root < 0) or only root, whose
+// buffer alone is then written.
+void reduce_scatter_gather(Staging& c, void* buf, size_t count, DType dt, RedOp op, int root);
 
 // Only root's buffer is written.
 void reduce(Staging& c, void* buf, size_t count, DType dt, RedOp op, int root,

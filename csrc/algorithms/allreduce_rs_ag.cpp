@@ -19,8 +19,9 @@
 namespace rsdp {
 namespace algo {
 
-void allreduce_rs_ag(Staging& c, void* buf, size_t count, DType dt, RedOp op) {
+void reduce_scatter_gather(Staging& c, void* buf, size_t count, DType dt, RedOp op, int root) {
   const int n = c.size(), me = c.rank();
+  const bool every = root < 0, gets = every || me == root;
   const size_t es = dtype_size(dt);
   const size_t sub = slot_elems(c.half_bytes(), n, es);
   char* data = static_cast<char*>(buf);
@@ -38,13 +39,23 @@ void allreduce_rs_ag(Staging& c, void* buf, size_t count, DType dt, RedOp op) {
     c.exchange((seg - len(me)) * es);
 
     for (int q = 0; q < n; ++q) srcs[q] = q == me ? at(me) : c.peer(q) + me * sub * es;
-    c.reduce_and_stage(at(me), c.stage() + me * sub * es, srcs.data(), n, len(me), dt, op, n);
-    c.exchange(len(me) * es);
+    char* mine = c.stage() + me * sub * es;  // this rank's slot of the next half
+    if (every)  // the result goes home and to the half
+      c.reduce_and_stage(at(me), mine, srcs.data(), n, len(me), dt, op, n);
+    else  // staged for the root by the others; scratch for the root, whose result aliases at(me)
+      c.reduce(me == root ? static_cast<void*>(at(me)) : mine, srcs.data(), n, len(me), dt, op,
+               n, mine);
+    c.exchange(me == root ? 0 : len(me) * es);
 
-    for (int p = 0; p < n; ++p)
-      if (p != me) c.copy(at(p), c.peer(p) + p * sub * es, len(p) * es);
+    if (gets)
+      for (int p = 0; p < n; ++p)
+        if (p != me) c.copy(at(p), c.peer(p) + p * sub * es, len(p) * es);
     base += seg;
   } while (base < count);
+}
+
+void allreduce_rs_ag(Staging& c, void* buf, size_t count, DType dt, RedOp op) {
+  reduce_scatter_gather(c, buf, count, dt, op, -1);
 }
 
 }  // namespace algo

@@ -8,6 +8,25 @@
 
 namespace rsdp {
 
+namespace {
+
+// What ring_shift and ring_step refuse alike: the op's name says which.
+void check_ring_args(const OpContext& c, const at::Tensor& send, const at::Tensor& recv,
+                     int direction, const std::optional<at::Tensor>& add) {
+  check_tensor(c, send, "tensor");
+  check_same_dtype(c, send, {recv}, "output");
+  RSDP_CHECK(recv.numel() == send.numel(), "rsdp rank ", c.rank, ": ", c.op, ": output ",
+             describe(recv), " must have as many elements as the tensor ", describe(send));
+  RSDP_CHECK(direction == 1 || direction == -1, "rsdp rank ", c.rank, ": ", c.op,
+             ": direction must be +1 or -1, got ", direction);
+  if (!add) return;
+  check_same_dtype(c, send, {*add}, "local contribution");
+  RSDP_CHECK(add->numel() == send.numel(), "rsdp rank ", c.rank, ": ", c.op,
+             ": local contribution ", describe(*add), " must match the tensor ", describe(send));
+}
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> BackendRSDP::ring_shift(const at::Tensor& send,
                                                        const at::Tensor& recv, int direction,
                                                        const std::optional<at::Tensor>& add,
@@ -16,20 +35,9 @@ c10::intrusive_ptr<c10d::Work> BackendRSDP::ring_shift(const at::Tensor& send,
   return translate_errors([&] {
     const char* name = add ? "ring_shift_reduce" : "ring_shift";
     auto c = ctx(name);
-    check_tensor(c, send, "tensor");
-    check_same_dtype(c, send, {recv}, "output");
-    RSDP_CHECK(recv.numel() == send.numel(), "rsdp rank ", global_rank_, ": ", name, ": output ",
-               describe(recv), " must have as many elements as the tensor ", describe(send));
-    RSDP_CHECK(direction == 1 || direction == -1, "rsdp rank ", global_rank_, ": ", name,
-               ": direction must be +1 or -1, got ", direction);
+    check_ring_args(c, send, recv, direction, add);
     at::Tensor local;
-    if (add) {
-      check_same_dtype(c, send, {*add}, "local contribution");
-      RSDP_CHECK(add->numel() == send.numel(), "rsdp rank ", global_rank_, ": ", name,
-                 ": local contribution ", describe(*add), " must match the tensor ",
-                 describe(send));
-      local = add->contiguous();
-    }
+    if (add) local = add->contiguous();
     at::Tensor res;
     if (residual) {
       res = *residual;
@@ -73,18 +81,7 @@ std::shared_ptr<RingStep> BackendRSDP::ring_step(const at::Tensor& send, const a
   return translate_errors([&]() -> std::shared_ptr<RingStep> {
     const char* name = add ? "ring_shift_reduce" : "ring_shift";
     auto c = ctx(name);
-    check_tensor(c, send, "tensor");
-    check_same_dtype(c, send, {recv}, "output");
-    RSDP_CHECK(recv.numel() == send.numel(), "rsdp rank ", global_rank_, ": ", name, ": output ",
-               describe(recv), " must have as many elements as the tensor ", describe(send));
-    RSDP_CHECK(direction == 1 || direction == -1, "rsdp rank ", global_rank_, ": ", name,
-               ": direction must be +1 or -1, got ", direction);
-    if (add) {
-      check_same_dtype(c, send, {*add}, "local contribution");
-      RSDP_CHECK(add->numel() == send.numel(), "rsdp rank ", global_rank_, ": ", name,
-                 ": local contribution ", describe(*add), " must match the tensor ",
-                 describe(send));
-    }
+    check_ring_args(c, send, recv, direction, add);
     if (!send.is_cpu() || !recv.is_cpu() || !send.is_contiguous() || !recv.is_contiguous() ||
         (add && (!add->is_cpu() || !add->is_contiguous())))
       return nullptr;
