@@ -11,6 +11,7 @@ import argparse
 import datetime
 import importlib
 import importlib.util
+import itertools
 import json
 import os
 import statistics
@@ -60,8 +61,7 @@ MEMCPY_BYTES = 256 << 20
 
 def warmup_seconds(args) -> float:
     """How long each point keeps warming up: longer when ranks outnumber the usable cores."""
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    oversubscribed = args.device == "cpu" and args.world_size > (cores or 1)
+    oversubscribed = args.device == "cpu" and args.world_size > len(os.sched_getaffinity(0))
     return SETTLE_SECONDS if oversubscribed else WARMUP_SECONDS
 
 
@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--backends", type=csv_list(), default=None,
                    help=f"comma-separated backends; the LAST one is the baseline. Default "
-                        f"{DEFAULT_BACKENDS} (just gloo when torch_rsdp is not importable); with "
+                        f"{DEFAULT_BACKENDS}; with "
                         f"--device cuda {DEFAULT_BACKENDS_CUDA} (nccl left out when there are "
                         f"more ranks than GPUs). "
                         f"A backend X other than gloo/nccl/mpi/ucc is loaded with 'import torch_X'.")
@@ -121,28 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "built on first use), and rsdp on 1 rank")
     p.add_argument("--out", default=common.RESULTS, help="output directory")
     p.add_argument("--name", default="results", help="result file stem (NAME.md, NAME.json)")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG plots")
-    p.add_argument("--cpu-probes", action="store_true",
-                   help="time an interpreter loop on each CPU alone and together (common.probe) "
-                        "before the torch backends, before each peer and at the end; "
-                        "results.json's machine.cpu_probes (the launches suite uses them)")
     return p
 
 
 def resolve_backends(args, parser) -> list[str]:
-    cuda = getattr(args, "device", "cpu") == "cuda"
-    if args.backends is not None:
-        backends = args.backends
-    else:
-        backends = (DEFAULT_BACKENDS_CUDA if cuda else DEFAULT_BACKENDS).split(",")
-        fallback = "nccl" if cuda else "gloo"
-        try:
-            import_backend("rsdp")
-        except Exception as exc:  # noqa: BLE001 - any import failure means "not available"
-            print(f"note: torch_rsdp is not importable ({type(exc).__name__}: {exc}); "
-                  f"benchmarking {fallback} only. Pass --backends to choose explicitly.",
-                  file=sys.stderr)
-            backends = [fallback]
+    backends = args.backends or (DEFAULT_BACKENDS_CUDA if args.device == "cuda"
+                                 else DEFAULT_BACKENDS).split(",")
     for name in backends:
         try:
             import_backend(name)
@@ -186,30 +170,6 @@ def backend_labels(backends: list[str]) -> list[str]:
 def size_list(lo: int, hi: int) -> list[int]:
     """lo, 2 lo, 4 lo, ... up to hi."""
     return [lo << i for i in range((hi // lo).bit_length())]
-
-
-def current_cpu() -> int:
-    """The CPU this process runs on now (/proc/self/stat, field 39); -1 where unreadable."""
-    try:
-        with open("/proc/self/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[36])
-    except (OSError, ValueError, IndexError):
-        return -1
-
-
-def stacked_share(cpus: torch.Tensor, n: int, side) -> float:
-    """The share of a point's timed iterations after which more ranks were on one CPU than an
-    even spread puts there (4 ranks on 2 cores: 3 on one), from every rank's CPU read after each
-    iteration; unpinned ranks are placed by the kernel, which now and then stacks them."""
-    every = torch.empty(n * cpus.numel(), dtype=torch.int64)
-    all_gather_single(every, cpus, group=side)
-    per_iter = every.view(n, -1).t().tolist()
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    even = -(-n // max(1, min(n, cores or 1)))  # ceil(n / cores)
-    if not per_iter or any(c < 0 for row in per_iter for c in row):
-        return float("nan")
-    stacked = sum(1 for row in per_iter if max(row.count(c) for c in row) > even)
-    return round(stacked / len(per_iter), 3)
 
 
 def iters_for(nbytes: int, args) -> tuple[int, int, int]:
@@ -270,7 +230,7 @@ def cuda_info(args, copy_gbps: float, note: str) -> dict:
         # a copy reads and writes every byte: the memory traffic is twice the bytes copied
         "d2d_copy_gbps": round(2 * copy_gbps, 2),
         "d2d_copy_gbps_bytes_copied": round(copy_gbps, 2),
-        "d2d_copy_method": (f"torch copy_ of a {fmt_bytes(args.memcpy_bytes)} "
+        "d2d_copy_method": (f"torch copy_ of a {fmt_bytes(MEMCPY_BYTES)} "
                             f"buffer on GPU 0, fastest of 8, CUDA events; bytes read + written"),
         "baseline_note": note,
     }
@@ -302,27 +262,10 @@ def check_cuda(args, parser) -> str:
 
 
 def machine_info(args, memcpy_gbps: float) -> dict:
-    import platform
-    info = {
-        "cpu_model": common.cpu_model(),
-        "cores": os.cpu_count(),
-        "cores_usable": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-        "torch_version": torch.__version__,
-        "python_version": platform.python_version(),
-        "platform": platform.platform(),
-        "memcpy_gbps_single_core": round(memcpy_gbps, 3),
-        "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-        "memcpy_bytes": args.memcpy_bytes,
-        "world_size": args.world_size,
-        "threads_per_rank": args.threads,
-        "date": datetime.datetime.now().isoformat(timespec="seconds"),
-    }
-    try:
-        import torch_rsdp  # noqa: F401
-        info["torch_rsdp_version"] = getattr(torch_rsdp, "__version__", "unknown")
-    except Exception:  # noqa: BLE001
-        pass
-    return info
+    """The machine (common.machine) and what this run's figures are relative to."""
+    return dict(common.machine(), memcpy_gbps_single_core=round(memcpy_gbps, 3),
+                memcpy_bytes=MEMCPY_BYTES, world_size=args.world_size,
+                threads_per_rank=args.threads)
 
 
 # --------------------------------------------------------------------------- one collective
@@ -411,83 +354,89 @@ class Collective:
 # --------------------------------------------------------------------------- worker
 
 
-def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) -> None:
-    n = args.world_size
-    sizes = size_list(args.min_bytes, args.max_bytes)
-    cuda = args.device == "cuda"
-    device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
+def points(args, dtypes) -> list[dict]:
+    """Every point of the sweep in its order (op, dtype, size), with its element count and
+    iteration counts: the torch side and the peers (common.py) measure exactly these."""
+    out = []
     for op in args.ops:
-        for dtype_name in args.dtypes:
-            dtype = DTYPES[dtype_name]
-            esize = torch.empty((), dtype=dtype).element_size()
-            t_start = time.perf_counter()
-            last_count = None
-            failed = None
-            for nbytes in sizes:
-                count = element_count(op, nbytes, esize, n)
-                if count == last_count:
-                    continue  # rounding made this size equal to the previous one
-                last_count = count
-                row = {"backend": label, "backend_name": name, "op": op, "dtype": dtype_name,
-                       "bytes": count * esize, "count": count, "world_size": n, "round": rnd}
-                coll = Collective(op, dtype, count, rank, n, device, comm_alloc(label))
-                # 1. correctness (also catches "op not supported": every rank raises the same way)
-                err = ""
-                try:
-                    ok = coll.check()
-                except Exception as exc:  # noqa: BLE001
-                    ok, err = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-                flags = torch.tensor([0.0 if ok else 1.0, 1.0 if err else 0.0], dtype=torch.float64)
-                dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=side)
-                if flags[1] > 0:
-                    row.update(error=err or "failed on another rank", correct=False)
-                    emit(row)
-                    failed = row["error"]
-                    break  # skip the larger sizes of this op x dtype
-                row["correct"] = bool(flags[0] == 0)
-                # 2. warm-up, 3. timed iterations
+        for dtype in dtypes:
+            esize = DTYPES[dtype].itemsize
+            # rounding may make a size equal to the previous one: measured once
+            counts = dict.fromkeys(element_count(op, b, esize, args.world_size)
+                                   for b in size_list(args.min_bytes, args.max_bytes))
+            for count in counts:
                 iters, reps, warmup = iters_for(count * esize, args)
-                t_warm = time.perf_counter()
-                for _ in range(warmup):
-                    coll.prepare()
-                    coll.run()
-                per_op = torch.tensor([(time.perf_counter() - t_warm) / max(1, warmup)])
-                dist.all_reduce(per_op, op=dist.ReduceOp.MAX, group=side)
-                settle = warmup_seconds(args)
-                more = 0 if warmup == 0 else \
-                    int(min(warmup_max_ops(settle), settle / max(per_op.item(), 1e-7)))
-                for _ in range(more):
-                    coll.prepare()
-                    coll.run()
-                times = torch.empty(iters, dtype=torch.float64)
-                if cuda:
-                    time_cuda(coll, iters, reps, side, times)
-                else:
-                    cpus = torch.empty(iters, dtype=torch.int64)
-                    for it in range(iters):
-                        coll.prepare()  # untimed; within a batch in-place inputs keep growing
-                        # The group's own barrier, as the MPI peer uses MPI's: a barrier of
-                        # another library releases the ranks with its own skew (tens of µs
-                        # for gloo's), which the first op would then pay for.
-                        dist.barrier()
-                        t0 = time.perf_counter()
-                        for _ in range(reps):
-                            coll.run()
-                        times[it] = (time.perf_counter() - t0) / reps
-                        cpus[it] = current_cpu()
-                    row["stacked"] = stacked_share(cpus, n, side)
-                gathered = torch.empty(n * iters, dtype=torch.float64)
-                all_gather_single(gathered, times, group=side)
-                per_iter = gathered.view(n, iters).max(dim=0).values  # slowest rank
-                row.update(iters=iters, reps=reps, warmup=warmup,
-                           samples_us=[round(t * 1e6, 3) for t in per_iter.tolist()])
+                out.append(dict(op=op, dtype=dtype, count=count, bytes=count * esize,
+                                iters=iters, reps=reps, warmup=warmup))
+    return out
+
+
+def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) -> None:
+    n, cuda = args.world_size, args.device == "cuda"
+    device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
+    by_op = itertools.groupby(points(args, args.dtypes), key=lambda p: (p["op"], p["dtype"]))
+    for (op, dtype_name), pts in by_op:
+        t_start, failed = time.perf_counter(), None
+        for p in pts:
+            count, iters, reps, warmup = p["count"], p["iters"], p["reps"], p["warmup"]
+            row = {"backend": label, "backend_name": name, "op": op, "dtype": dtype_name,
+                   "bytes": p["bytes"], "count": count, "world_size": n, "round": rnd}
+            coll = Collective(op, DTYPES[dtype_name], count, rank, n, device, comm_alloc(label))
+            # 1. correctness (also catches "op not supported": every rank raises the same way)
+            err = ""
+            try:
+                ok = coll.check()
+            except Exception as exc:  # noqa: BLE001
+                ok, err = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            flags = torch.tensor([0.0 if ok else 1.0, 1.0 if err else 0.0], dtype=torch.float64)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=side)
+            if flags[1] > 0:
+                row.update(error=err or "failed on another rank", correct=False)
                 emit(row)
-                del coll
-            if rank == 0:
-                status = f"  ERROR: {failed}" if failed else ""
-                tag = f" round {rnd + 1}/{args.rounds}" if args.rounds > 1 else ""
-                print(f"[{label}{tag}] {op:<14} {dtype_name:<9} done in "
-                      f"{time.perf_counter() - t_start:6.1f} s{status}", flush=True)
+                failed = row["error"]
+                break  # skip the larger sizes of this op x dtype
+            row["correct"] = bool(flags[0] == 0)
+            # 2. warm-up: `warmup` ops, then more for about warmup_seconds (an op count from
+            # the slowest rank's warm-up time, so that every rank agrees on it)
+            t_warm = time.perf_counter()
+            for _ in range(warmup):
+                coll.prepare()
+                coll.run()
+            per_op = torch.tensor([(time.perf_counter() - t_warm) / max(1, warmup)])
+            dist.all_reduce(per_op, op=dist.ReduceOp.MAX, group=side)
+            settle = warmup_seconds(args)
+            more = 0 if warmup == 0 else \
+                int(min(warmup_max_ops(settle), settle / max(per_op.item(), 1e-7)))
+            for _ in range(more):
+                coll.prepare()
+                coll.run()
+            # 3. timed iterations
+            times = torch.empty(iters, dtype=torch.float64)
+            if cuda:
+                time_cuda(coll, iters, reps, side, times)
+            else:
+                for it in range(iters):
+                    coll.prepare()  # untimed; within a batch in-place inputs keep growing
+                    # The group's own barrier, as the MPI peer uses MPI's: a barrier of
+                    # another library releases the ranks with its own skew (tens of µs for
+                    # gloo's), which the first op would then pay for.
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(reps):
+                        coll.run()
+                    times[it] = (time.perf_counter() - t0) / reps
+            gathered = torch.empty(n * iters, dtype=torch.float64)
+            all_gather_single(gathered, times, group=side)
+            per_iter = gathered.view(n, iters).max(dim=0).values  # slowest rank
+            row.update(iters=iters, reps=reps, warmup=warmup,
+                       samples_us=[round(t * 1e6, 3) for t in per_iter.tolist()])
+            emit(row)
+            del coll
+        if rank == 0:
+            status = f"  ERROR: {failed}" if failed else ""
+            tag = f" round {rnd + 1}/{args.rounds}" if args.rounds > 1 else ""
+            print(f"[{label}{tag}] {op:<14} {dtype_name:<9} done in "
+                  f"{time.perf_counter() - t_start:6.1f} s{status}", flush=True)
 
 
 def time_cuda(coll, iters: int, reps: int, side, times) -> None:
@@ -507,19 +456,6 @@ def time_cuda(coll, iters: int, reps: int, side, times) -> None:
         end.record()
         end.synchronize()
         times[it] = start.elapsed_time(end) / 1e3 / reps
-
-
-def record_handoff(label: str, raw_path: str) -> None:
-    """What a hand-off between the ranks cost when this group was made (the backend's own
-    probe, torch_rsdp.topology()["handoff"]): the launch's mode, "near" or "far", decides
-    how fast any library's collectives can be in it (docs/benchmarks.md, "launches")."""
-    import torch_rsdp
-
-    path = raw_path + ".handoff.json"
-    seen = json.load(open(path)) if os.path.exists(path) else {}
-    seen[label] = torch_rsdp.topology().get("handoff") or {}
-    with open(path, "w") as f:
-        json.dump(seen, f)
 
 
 def worker(rank: int, args, port: int, raw_path: str) -> None:
@@ -542,8 +478,6 @@ def worker(rank: int, args, port: int, raw_path: str) -> None:
                                     store=dist.PrefixStore(f"bench/{rnd}/{idx}", store),
                                     rank=rank, world_size=n, timeout=timeout)
             side = dist.new_group(backend="gloo")  # barriers and timing reductions
-            if rank == 0 and base_backend(name) == "rsdp":
-                record_handoff(label, raw_path)
             try:
                 sweep_backend(label, name, args, rank, side, rows.append, rnd)
                 dist.barrier(group=side)
@@ -558,7 +492,7 @@ def worker(rank: int, args, port: int, raw_path: str) -> None:
 #
 # A row is one measured point: {"backend", "op", "dtype", "bytes", "count", "time_us",
 # "algbw_gbps", "busbw_gbps", "correct", ...}. Report adds the ratios to the baseline (the last
-# backend label), renders the markdown report, evaluates the targets and draws one PNG per op.
+# backend label), renders the markdown report and evaluates the targets.
 
 # busbw = algbw x this factor (nccl-tests), as text and as a function of the world size
 BUSBW_FACTOR = {"allreduce": ("2(n-1)/n", lambda n: 2 * (n - 1) / n),
@@ -577,7 +511,7 @@ MEMCPY_TARGETS = ((("allreduce",), 0.6, 16 * MiB), (("allgather", "broadcast"), 
 # With --peers mpi: rsdp's time minus its own world-size-1 time ("rsdp@1", the cost of the call
 # itself) <= Open MPI's time, for every size in this range, for these ops.
 PEER = "mpi"
-WORLD1 = "rsdp@1"
+WORLD1 = common.WORLD1_LABEL
 PEER_RANGE = (8, 64 * KiB)
 PEER_OPS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
 
@@ -609,7 +543,6 @@ def aggregate(raw: list[dict]) -> list[dict]:
     for m in rows:
         if m["samples_us"] and not m.get("error"):
             med = m["time_us"] = statistics.median(m["samples_us"])
-            m["time_us_min"] = min(m["samples_us"])
             m.update(bandwidths(m["op"], m["bytes"], med * 1e-6, m["world_size"]))
     return rows
 
@@ -677,7 +610,7 @@ class Report:
         out = [
             f"# Collective benchmark: {vs}, {self.n} ranks, {'CUDA' if cuda else 'CPU'} tensors",
             "",
-            f"{where}{info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}"
+            f"{where}{info['cpu_model']}, {info['vcpus']} vCPUs, torch {info['torch']}"
             + ("" if cuda else f", single-core memcpy {self.memcpy:.2f} GB/s") + ". "
             f"Sizes {fmt_bytes(cfg['min_bytes'])}..{fmt_bytes(cfg['max_bytes'])}, "
             f"up to {cfg['iters']} timed iterations (at least {cfg['min_iters']}) of up to "
@@ -686,20 +619,15 @@ class Report:
             + f"run took {info.get('elapsed_s', '?')} s."]
         if cuda and info.get("baseline_note"):
             out += ["", f"Note: {info['baseline_note']}."]
-        if cuda:
-            out += ["", "time = per-op GPU time in µs (CUDA events on each rank's current stream "
-                    "from right after a barrier to after the last op of the iteration): median "
-                    "over iterations of the slowest rank's iteration time / ops per iteration; "
-                    "algbw = bytes / time, busbw = algbw × factor, in GB/s (1e9 B/s); "
-                    "`busbw/copy` = busbw / the device-to-device copy bandwidth above"
-                    + (f"; {ratios}" if self.candidates else "")
-                    + ". `WRONG` marks a point whose result did not match."]
-        else:
-            out += ["", "time = per-op time in µs: median over iterations of the slowest rank's "
-                    "iteration time / ops per iteration; algbw = bytes / time, busbw = algbw × "
-                    f"factor, in GB/s (1e9 B/s); {ratios}. `WRONG` marks a point whose result "
-                    "did not match."]
-            out += self._peers_header()
+        when = (" GPU time (CUDA events on each rank's current stream from right after a "
+                "barrier to after the last op of the iteration)" if cuda else " time")
+        out += ["", f"time = per-op{when} in µs: median over iterations of the slowest rank's "
+                "iteration time / ops per iteration; algbw = bytes / time, busbw = algbw × "
+                "factor, in GB/s (1e9 B/s)"
+                + ("; `busbw/copy` = busbw / the device-to-device copy bandwidth above"
+                   if cuda else "") + (f"; {ratios}" if self.candidates else "")
+                + ". `WRONG` marks a point whose result did not match."]
+        out += [] if cuda else self._peers_header()
         if not self.rows:
             out += ["", "**No results: the run failed before the first point was measured.**"]
             return "\n".join(out) + "\n"
@@ -855,70 +783,33 @@ class Report:
                                      lambda v: f"{v:.0%}"))
         return res + self.world1_targets()
 
-    def _peer_points(self) -> dict:
-        """The peer target's data, {(op, dtype): points}: per op and dtype the peer measured,
-        every size in PEER_RANGE that rsdp measured, with rsdp@1, the difference and the
-        peer's time."""
-        out = {}
-        if PEER not in self.peers or "rsdp" not in self.labels:
-            return out
-        us = lambda x: x["time_us"] if x is not None and self._ok(x) else None  # noqa: E731
-        for op, dt in self._ops_dtypes():
-            if op not in PEER_OPS or not self._rows(PEER, op, dt):
-                continue  # e.g. bfloat16: MPI has no such datatype
-            g = out[(op, dt)] = []
-            for r in sorted(self._rows("rsdp", op, dt, *PEER_RANGE), key=lambda r: r["bytes"]):
-                pt = dict(op=op, dtype=dt, bytes=r["bytes"], rsdp_us=us(r),
-                          world1_us=us(self._index.get((WORLD1, op, dt, r["bytes"]))),
-                          diff_us=None, mpi_us=us(self._index.get((PEER, op, dt, r["bytes"]))),
-                          ratio=None)
-                if pt["rsdp_us"] is not None and pt["world1_us"] is not None:
-                    pt["diff_us"] = pt["rsdp_us"] - pt["world1_us"]
-                    if pt["mpi_us"]:
-                        pt["ratio"] = pt["diff_us"] / pt["mpi_us"]
-                g.append(pt)
-        return out
-
-    def world1_points(self) -> list[dict]:
-        return [pt for g in self._peer_points().values() for pt in g]
-
     def world1_targets(self) -> list[dict]:
-        """PASS when, at every size in PEER_RANGE, (rsdp - rsdp@1) / mpi <= 1."""
-        if PEER not in self.peers:
+        """rsdp - rsdp@1 <= mpi at every size of PEER_RANGE, per op and dtype the peer measured
+        (MPI has no bfloat16)."""
+        if PEER not in self.peers or "rsdp" not in self.labels:
             return []
         target = (f"rsdp - {WORLD1} <= {PEER}, "
                   f"{fmt_bytes(PEER_RANGE[0])}..{fmt_bytes(PEER_RANGE[1])}")
-        if "rsdp" not in self.labels:
-            return [dict(target=target, backend="rsdp", op="-", dtype="-", value=None,
-                         at_bytes=None, measured="rsdp not measured", need=1.0, result="n/a")]
-        def detail(w):
-            return (f": {fmt_num(w['rsdp_us'], 1)} - {fmt_num(w['world1_us'], 1)} = "
-                    f"{fmt_num(w['diff_us'], 1)} µs vs {fmt_num(w['mpi_us'], 1)} µs")
 
-        return [self._entry(target, "rsdp", op, dt, g, "ratio", "low", 1.0,
-                            lambda v: f"{v:.2f}x", detail)
-                for (op, dt), g in self._peer_points().items()]
+        def us(label, r):
+            x = self._index.get((label, r["op"], r["dtype"], r["bytes"]))
+            return x["time_us"] if x and self._ok(x) else None
 
-    def world1_markdown(self) -> str:
-        groups = {k: g for k, g in self._peer_points().items() if g}
-        if not groups:
-            return ""
-        out = [f"### rsdp - {WORLD1} vs {PEER}",
-               "",
-               f"`{WORLD1}` is rsdp on a 1-rank group (the same call, nothing to communicate); "
-               f"`rsdp - {WORLD1}` is what the communication adds, compared with {PEER}'s whole "
-               f"time. Target: at most 1.00 at every size from {fmt_bytes(PEER_RANGE[0])} to "
-               f"{fmt_bytes(PEER_RANGE[1])}."]
-        for (op, dt), g in groups.items():
-            body = [[fmt_bytes(pt["bytes"]), fmt_num(pt["rsdp_us"], 1),
-                     fmt_num(pt["world1_us"], 1),
-                     "-" if pt["diff_us"] is None else f"{pt['diff_us']:.1f}",
-                     fmt_num(pt["mpi_us"], 1),
-                     "-" if pt["ratio"] is None else f"{pt['ratio']:.2f}"] for pt in g]
-            out += ["", f"#### {op}, {dt}", "",
-                    md_table(["bytes", "rsdp µs", f"{WORLD1} µs", f"rsdp − {WORLD1}",
-                              f"{PEER} µs", f"(rsdp − {WORLD1})/{PEER}"], body, "lrrrrr")]
-        return "\n".join(out)
+        res = []
+        for op, dt in self._ops_dtypes():
+            if op not in PEER_OPS or not self._rows(PEER, op, dt):
+                continue
+            pts = []
+            for r in self._rows("rsdp", op, dt, *PEER_RANGE):
+                rsdp, one, mpi = (us(lb, r) for lb in ("rsdp", WORLD1, PEER))
+                ok = rsdp is not None and one is not None and mpi
+                pts.append(dict(bytes=r["bytes"], ratio=(rsdp - one) / mpi if ok else None,
+                                detail=f": {fmt_num(rsdp, 1)} - {fmt_num(one, 1)} = "
+                                       f"{fmt_num(rsdp - one, 1)} µs vs {fmt_num(mpi, 1)} µs"
+                                if ok else ""))
+            res.append(self._entry(target, "rsdp", op, dt, pts, "ratio", "low", 1.0,
+                                   lambda v: f"{v:.2f}x", lambda w: w["detail"]))
+        return res
 
     def targets_markdown(self) -> str:
         out = ["## Targets"]
@@ -935,9 +826,6 @@ class Report:
                                  rows, "llllll")]
             n_pass = sum(t["result"] == "PASS" for t in self.targets())
             out.append(f"\n{n_pass} of {len(rows)} PASS.")
-        world1 = self.world1_markdown()
-        if world1:
-            out += ["", world1]
         return "\n".join(out)
 
     # ------------------------------------------------------------------ json
@@ -947,40 +835,7 @@ class Report:
                "targets": self.targets()}
         if self.cuda:
             out["physical_limit"] = self.physical_limit()
-        if self.peers:
-            out["world1_vs_peer"] = self.world1_points()
         return out
-
-    # ------------------------------------------------------------------ plots
-
-    def plots(self, out_dir: str) -> list[str]:
-        """busbw_<op>.png: busbw against size per backend and dtype, and the ratio to the
-        baseline, with the single-core memcpy (or device copy) bandwidth as a line."""
-        ref = (self.copy, "device copy") if self.cuda and self.copy else (self.memcpy,
-                                                                           "1-core memcpy")
-        written = []
-        for op in self.config["ops"]:
-            bw, ratio = {}, {}
-            for lb in self.labels + self.peers:
-                for dt in self.config["dtypes"]:
-                    rows = sorted((r for r in self._rows(lb, op, dt) if self._ok(r)),
-                                  key=lambda r: r["bytes"])
-                    if rows:
-                        bw[f"{lb} {dt}"] = ([r["bytes"] for r in rows],
-                                            [r["busbw_gbps"] for r in rows])
-                    pts = [(r["bytes"], r["busbw_ratio"]) for r in rows if r.get("busbw_ratio")]
-                    if lb in self.candidates and pts:
-                        ratio[f"{lb} {dt}"] = tuple(zip(*pts))
-            panels = [dict(title=f"{op}, {self.n} ranks", ylabel="busbw (GB/s)", lines=bw,
-                           logx=True, logy=True, bytes=True, hline=(ref[0], ref[1]))]
-            if ratio:
-                panels.append(dict(title=f"busbw / {self.baseline}", lines=ratio, logx=True,
-                                   logy=True, bytes=True,
-                                   hline=(BUSBW_SPEEDUP, "goal") if op in BUSBW_OPS else None))
-            name = f"busbw_{op}.png"
-            if common.plot(os.path.join(out_dir, name), panels):
-                written.append(name)
-        return written
 
 
 # --------------------------------------------------------------------------- main
@@ -993,29 +848,20 @@ def main(argv=None) -> int:
         parser.error("--min-bytes is larger than --max-bytes")
     if args.warmup < 0:
         parser.error("--warmup must be >= 0")
-    if args.min_iters > args.iters:
-        args.min_iters = args.iters
+    args.min_iters = min(args.min_iters, args.iters)
     args.backends = resolve_backends(args, parser)
     cuda_note = check_cuda(args, parser) if args.device == "cuda" else ""
     args.threads = max(1, (os.cpu_count() or 1) // args.world_size)
-    args.memcpy_bytes = MEMCPY_BYTES
 
     labels = backend_labels(args.backends)
     print(f"# collectives: backends {', '.join(labels)} (baseline {labels[-1]}), "
           f"{args.world_size} ranks, ops {','.join(args.ops)}, dtypes {','.join(args.dtypes)}, "
-          f"{fmt_bytes(args.min_bytes)}..{fmt_bytes(args.max_bytes)}",
-          flush=True)
-    load1 = os.getloadavg()[0]
-    if load1 > 0.5 * (os.cpu_count() or 1):
-        print(f"# WARNING: load average {load1:.1f} on {os.cpu_count()} cores: other processes "
-              f"are running, timings will be noisy (compare with --rounds 3, or rerun when idle)",
-              flush=True)
-    memcpy = measure_copy(args.memcpy_bytes)
-    info = machine_info(args, memcpy)
-    print(f"# machine: {info['cpu_model']}, {info['cores']} cores, torch {info['torch_version']}, "
-          f"single-core memcpy {memcpy:.2f} GB/s", flush=True)
+          f"{fmt_bytes(args.min_bytes)}..{fmt_bytes(args.max_bytes)}", flush=True)
+    info = machine_info(args, measure_copy(MEMCPY_BYTES))
+    print(f"# machine: {info['cpu_model']}, {info['vcpus']} vCPUs, torch {info['torch']}, "
+          f"single-core memcpy {info['memcpy_gbps_single_core']:.2f} GB/s", flush=True)
     if args.device == "cuda":
-        info.update(cuda_info(args, measure_copy(args.memcpy_bytes, "cuda:0"), cuda_note))
+        info.update(cuda_info(args, measure_copy(MEMCPY_BYTES, "cuda:0"), cuda_note))
         print(f"# GPU: {info['gpu_name']} x{info['gpu_count']}, {info['ranks_per_gpu']} rank(s) "
               f"per GPU, CUDA {info['torch_cuda_version']}; device-to-device copy "
               f"{info['d2d_copy_gbps']:.1f} GB/s (bytes read + written)", flush=True)
@@ -1023,10 +869,7 @@ def main(argv=None) -> int:
             print(f"# {cuda_note}", flush=True)
     peer_notes = common.check_peers(args) if args.peers else []
 
-    os.makedirs(args.out, exist_ok=True)
     t0 = time.perf_counter()
-    if args.cpu_probes:
-        info["cpu_probes"] = [["torch", common.probe()]]
     with tempfile.TemporaryDirectory() as tmp:
         raw_path = os.path.join(tmp, "raw.json")
         crashed = None
@@ -1035,43 +878,24 @@ def main(argv=None) -> int:
         except Exception as exc:  # noqa: BLE001 - report, keep partial results, exit non-zero
             crashed = exc
         raw = json.load(open(raw_path)) if os.path.exists(raw_path) else []
-        if os.path.exists(raw_path + ".handoff.json"):
-            info["handoff"] = json.load(open(raw_path + ".handoff.json"))
-            for label, h in info["handoff"].items():
-                print(f"# {label}: hand-off between ranks {h.get('mode', '?')} (step "
-                      f"{h.get('step_ns', float('nan')):.0f} ns, pull "
-                      f"{h.get('pull_gbps', float('nan')):.1f} GB/s)", flush=True)
     peer_errors = []
     if args.peers and crashed is None:
         peer_raw, peer_info, peer_errors = common.run_peers(args, sys.modules[__name__],
-                                                                 peer_notes)
+                                                            peer_notes)
         raw += peer_raw
-        info.setdefault("cpu_probes", []).extend(peer_info.pop("cpu_probes", []))
         info.update(peer_info)
     elif peer_notes:
         info["peer_notes"] = peer_notes
-    if args.cpu_probes:
-        info["cpu_probes"].append(["end", common.probe()])
     rows = aggregate(raw)
-    elapsed = time.perf_counter() - t0
-    info["elapsed_s"] = round(elapsed, 1)
+    info["elapsed_s"] = round(time.perf_counter() - t0, 1)
 
-    config = {k: v for k, v in vars(args).items() if k not in ("out",)}
-    if args.device == "cpu":
-        del config["device"]  # CPU results.json stays as it was before --device existed
-    if args.peers is None:
-        del config["peers"]  # likewise without --peers
+    config = {k: v for k, v in vars(args).items() if k != "out"}
     config.update(baseline=labels[-1], labels=labels, iter_bytes=ITER_BYTES,
                   warmup_bytes=WARMUP_BYTES)
     report = Report(rows, labels, info, config)
     text = report.markdown()
-    print()
-    print(text)
-    written = [os.path.basename(p) for p in
-               common.write_result(args.out, args.name, report.to_json(), text, argv)]
-    if not args.no_plot and rows:
-        written += report.plots(args.out)
-    print(f"\n# sweep took {elapsed:.1f} s; wrote {', '.join(written)} to {args.out}")
+    print("\n" + text)
+    common.write_result(args.out, args.name, report.to_json(), text, argv)
 
     if crashed is not None:
         print(f"\nERROR: the benchmark crashed ({type(crashed).__name__}: {crashed}); "

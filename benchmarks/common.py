@@ -327,51 +327,47 @@ def verdicts(checks: list[dict]) -> str:
 # A vCPU may share its host core with another hardware thread for seconds at a time, unseen by
 # the guest; the interpreter (and every fixed cost of a call) then runs at about half speed.
 # probe() times a fixed interpreter loop on each CPU alone, then on all at once (each pinned),
-# the fastest of `reps`; a probe is contended when either takes more than THRESHOLD times the
+# the fastest of 3; a probe is contended when either takes more than THRESHOLD times the
 # fastest alone time of the run.
 
 LOOP = 1_000_000
 THRESHOLD = 1.25
 
 
-def _spin(n: int) -> float:
-    t0 = time.perf_counter()
-    s = 0
-    for i in range(n):
-        s += i
-    return time.perf_counter() - t0
-
-
-def _pinned(cpu: int, n: int, reps: int, start, q) -> None:
+def _pinned(cpu: int, start, q) -> None:
     os.sched_setaffinity(0, {cpu})
     start.wait()
-    q.put(min(_spin(n) for _ in range(reps)))
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        s = 0
+        for i in range(LOOP):
+            s += i
+        best = min(best, time.perf_counter() - t0)
+    q.put(best * 1e3)
 
 
-def probe(reps: int = 3, loop: int = LOOP) -> dict:
-    """{"alone_ms": {cpu: ms}, "together_ms": ms (slowest CPU), "cpus": [...]}."""
-    cpus = sorted(os.sched_getaffinity(0))
+def _loop_ms(cpus: list[int]) -> float:
+    """The slowest of the interpreter loops run at once, one pinned to each of `cpus`."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("fork")
-    alone = {}
-    for cpu in cpus:
-        q, start = ctx.Queue(), ctx.Event()
-        p = ctx.Process(target=_pinned, args=(cpu, loop, reps, start, q))
-        p.start()
-        start.set()
-        alone[cpu] = q.get() * 1e3
-        p.join()
     q, start = ctx.Queue(), ctx.Event()
-    procs = [ctx.Process(target=_pinned, args=(c, loop, reps, start, q)) for c in cpus]
+    procs = [ctx.Process(target=_pinned, args=(c, start, q)) for c in cpus]
     for p in procs:
         p.start()
     time.sleep(0.05)  # all started and waiting
     start.set()
-    together = max(q.get() for _ in procs) * 1e3
+    worst = max(q.get() for _ in procs)
     for p in procs:
         p.join()
-    return {"cpus": cpus, "alone_ms": alone, "together_ms": together}
+    return worst
+
+
+def probe() -> dict:
+    """{"alone_ms": {cpu: ms}, "together_ms": ms (slowest CPU)}."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return {"alone_ms": {c: _loop_ms([c]) for c in cpus}, "together_ms": _loop_ms(cpus)}
 
 
 def reference_ms(probes: list[dict]) -> float:
@@ -570,25 +566,6 @@ def check_peers(args) -> list[str]:
     return notes
 
 
-def plan_points(args, bc, dtypes) -> list[dict]:
-    """Every point collectives.sweep_backend measures (same element counts, same
-    iteration counts), in its order: op, dtype, size."""
-    points = []
-    for op in args.ops:
-        for dtype_name in dtypes:
-            esize = bc.torch.empty((), dtype=bc.DTYPES[dtype_name]).element_size()
-            last = None
-            for nbytes in bc.size_list(args.min_bytes, args.max_bytes):
-                count = bc.element_count(op, nbytes, esize, args.world_size)
-                if count == last:
-                    continue
-                last = count
-                iters, reps, warmup = bc.iters_for(count * esize, args)
-                points.append(dict(op=op, dtype=dtype_name, count=count, bytes=count * esize,
-                                   iters=iters, reps=reps, warmup=warmup))
-    return points
-
-
 def run_world1(args, bc, tmp: str) -> list[dict]:
     """rsdp on a 1-rank group, through collectives.worker (the same timing code).
 
@@ -613,7 +590,7 @@ def run_mpi(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
         settle = bc.warmup_seconds(args)
         json.dump({"world_size": args.world_size, "rounds": args.rounds,
                    "warmup_seconds": settle, "warmup_max_ops": bc.warmup_max_ops(settle),
-                   "points": plan_points(args, bc, dtypes)}, f)
+                   "points": bc.points(args, dtypes)}, f)
     cmd = mpirun_command(args.world_size, plan, out, getattr(args, "bind", False))
     launcher = " ".join(cmd[:cmd.index(sys.executable)])
     print(f"# mpi: {launcher} python benchmarks/mpi_rank.py ...", flush=True)
@@ -661,7 +638,7 @@ def run_oneccl(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
     with open(plan, "w") as f:
         settle = bc.warmup_seconds(args)
         f.write(f"{n} {args.rounds} {settle} {bc.warmup_max_ops(settle)} {args.timeout}\n")
-        for p in plan_points(args, bc, dtypes):
+        for p in bc.points(args, dtypes):
             f.write(f"{p['op']} {p['dtype']} {p['count']} {p['bytes']} {p['iters']} "
                     f"{p['reps']} {p['warmup']}\n")
     cores = sorted(os.sched_getaffinity(0))
@@ -730,8 +707,6 @@ def run_peers(args, bc, notes: list[str]) -> tuple[list[dict], dict, list[str]]:
         for peer, runner in (("mpi", run_mpi), ("oneccl", run_oneccl)):
             if peer not in args.peers:
                 continue
-            if getattr(args, "cpu_probes", False):
-                info.setdefault("cpu_probes", []).append([peer, probe()])
             try:
                 peer_rows, peer_info, error = runner(args, bc, tmp)
                 rows += peer_rows
@@ -742,74 +717,6 @@ def run_peers(args, bc, notes: list[str]) -> tuple[list[dict], dict, list[str]]:
                 errors.append(f"{peer}: {type(exc).__name__}: {exc}")
     info["peer_notes"] = notes + [f"ERROR {e}" for e in errors]
     return rows, info, errors
-
-
-# Across emulated nodes (the multinode suite): Open MPI's mpirun starts one daemon per node
-# through torch_rsdp/testing/netns.py as its remote shell (the host names are the namespaces'),
-# as ssh would on a cluster; vader inside a node, TCP between nodes on the node's interface,
-# mpi_yield_when_idle (polling ranks outnumbering the cores would starve each other).
-
-NETNS_COMMAND = [sys.executable, os.path.join(ROOT, "torch_rsdp", "testing", "netns.py")]
-# oneCCL across namespaces: its libfabric endpoints bind to and connect to 127.0.0.1 whatever
-# FI_TCP_IFACE names, and each namespace has its own loopback, so nodes never reach each other.
-ONECCL_ACROSS_NODES = ("oneCCL's libfabric endpoints bind to 127.0.0.1 inside each node's "
-                       "namespace whatever FI_TCP_IFACE says, so ranks on different emulated "
-                       "nodes cannot connect (benchmarks/common.py)")
-# the multinode suite's op names -> the peers' (mpi_rank.py and oneccl_peer.cpp agree)
-PEER_OP = {"all_reduce": "allreduce", "all_gather": "allgather",
-           "reduce_scatter": "reduce_scatter"}
-
-
-def unavailable_across_nodes(peer: str, nodes) -> str | None:
-    """Why `peer` cannot run across the emulated nodes, or None."""
-    if nodes is None:
-        return "no emulated nodes (--loopback, or namespaces not available)"
-    if peer == "oneccl":
-        return ONECCL_ACROSS_NODES
-    return unavailable(peer)
-
-
-def multinode_plan(ops, sizes, count_of, world_size, iters, warmup) -> list[dict]:
-    return [{"op": PEER_OP[op], "dtype": "float32", "count": count_of(size, world_size),
-             "bytes": 4 * count_of(size, world_size), "iters": iters, "reps": 1,
-             "warmup": warmup} for op in ops for size in sizes]
-
-
-def multinode_rows(peer: str, raw: list[dict]) -> list[dict]:
-    """The peers' raw rows (samples in microseconds, slowest rank per iteration) as
-    multinode rows."""
-    back = {v: k for k, v in PEER_OP.items()}
-    out = []
-    for r in raw:
-        row = {"variant": peer, "op": back[r["op"]], "bytes": r["bytes"], "count": r["count"],
-               "correct": bool(r.get("correct"))}
-        if r.get("error"):
-            row["error"] = r["error"]
-        elif r.get("samples_us"):
-            row["samples_s"] = [t * 1e-6 for t in r["samples_us"]]
-            row["time_s"] = statistics.median(row["samples_s"])
-        out.append(row)
-    return out
-
-
-def run_across_nodes(peer: str, nodes, node_of: list[int], points: list[dict], timeout: float
-        ) -> tuple[list[dict], str | None, str]:
-    """(rows, error or None, the command shown in the report) of one peer's run."""
-    with tempfile.TemporaryDirectory() as tmp:
-        plan_path, out = os.path.join(tmp, "plan.json"), os.path.join(tmp, "result.json")
-        with open(plan_path, "w") as f:
-            json.dump({"world_size": len(node_of), "rounds": 1, "points": points}, f)
-        hosts = [f"{nodes.netns_name(i)}:{node_of.count(i)}" for i in range(max(node_of) + 1)]
-        subnet = nodes.store_addr.rsplit(".", 1)[0] + ".0/24"
-        cmd = mpirun_command(len(node_of), plan_path, out, hosts=hosts, mca={
-            "plm_rsh_agent": " ".join(NETNS_COMMAND), "plm_rsh_no_tree_spawn": "1",
-            "oob_tcp_if_include": subnet, "btl_tcp_if_include": subnet,
-            "btl": "self,vader,tcp", "mpi_yield_when_idle": "1"})
-        shown = " ".join(cmd[:cmd.index(sys.executable)])
-        print(f"# mpi: {shown} python benchmarks/mpi_rank.py ...", flush=True)
-        error = run_mpirun(cmd, timeout, capture=True)
-        raw = json.load(open(out)).get("rows", []) if os.path.exists(out) else []
-    return multinode_rows(peer, raw), error, shown
 
 
 # --------------------------------------------------------------------------- plots

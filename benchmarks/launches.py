@@ -57,11 +57,11 @@ def probe_mode() -> dict:
 def one_launch(args, out_dir: str, label: str = "rsdp", env: dict | None = None,
                peers=()) -> dict:
     """The collectives suite at the chosen sizes: rsdp (under `env`, reported as `label`),
-    then each of `peers` as its own launch."""
+    then each of `peers`; {library: {size: µs}}."""
     cmd = [sys.executable, "-m", "benchmarks", "collectives", "--backends", "rsdp",
            "--world-size", str(args.world_size), "--ops", args.op, "--dtypes", "float32",
            "--min-bytes", str(min(args.sizes)), "--max-bytes", str(max(args.sizes)),
-           "--out", out_dir, "--no-plot", "--cpu-probes"]
+           "--out", out_dir]
     if args.iters:
         cmd += ["--iters", str(args.iters), "--min-iters", str(args.iters)]
     if peers:
@@ -72,42 +72,37 @@ def one_launch(args, out_dir: str, label: str = "rsdp", env: dict | None = None,
         raise RuntimeError(f"collectives ({label}) failed ({proc.returncode}):\n"
                            f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     with open(os.path.join(out_dir, "results.json")) as f:
-        res = json.load(f)["results"]
-    times, stacked = {}, {}
-    for row in res["rows"]:
-        if row["bytes"] in args.sizes and row["op"] == args.op and row.get("time_us"):
-            if row["backend"] == "rsdp@1":
-                continue
+        rows = json.load(f)["results"]["rows"]
+    times = {}
+    for row in rows:  # rsdp@1 is no launch's
+        if (row["bytes"] in args.sizes and row["op"] == args.op and row.get("time_us")
+                and row["backend"] != "rsdp@1"):
             who = label if row["backend"] == "rsdp" else row["backend"]
             times.setdefault(who, {})[row["bytes"]] = row["time_us"]
-            if who == label and "stacked" in row:
-                stacked[row["bytes"]] = row["stacked"]
-    probes = [[label if who == "torch" else who, p]
-              for who, p in res["machine"].get("cpu_probes", [])]
-    return {"times": times, "stacked": {label: stacked},
-            "handoff": {label: res["machine"].get("handoff", {}).get("rsdp")},
-            "cpu_probes": [probes]}
+    return times
 
 
 def one_round(args, order: list[tuple[str, dict]]) -> dict:
-    """One launch per variant in `order`, the peers with the last; merged into one record."""
-    ln = {"times": {}, "stacked": {}, "handoff": {}, "cpu_probes": []}
+    """One launch per variant in `order`, the peers with the last, a CPU probe before each
+    launch and after the last; merged into one record."""
+    ln = {"times": {}, "launched": [], "cpu_probes": [common.probe()]}
     for i, (label, env) in enumerate(order):
+        peers = args.peers if i == len(order) - 1 else []
         with tempfile.TemporaryDirectory() as tmp:
-            part = one_launch(args, tmp, label, env, args.peers if i == len(order) - 1 else ())
-        for key in ("times", "stacked", "handoff"):
-            ln[key].update(part[key])
-        ln["cpu_probes"] += part["cpu_probes"]
+            ln["times"].update(one_launch(args, tmp, label, env, peers))
+        ln["launched"].append([label, *peers])
+        ln["cpu_probes"].append(common.probe())
     return ln
 
 
 def cpu_states(ln: dict, ref_ms: float) -> dict:
-    """Each library's CPU state in round `ln`: from the probes just before and after its run."""
+    """Each library's CPU state in round `ln`, from the probes just before and after its
+    launch."""
     states = {}
-    for probes in ln["cpu_probes"]:  # per launch: [[who, probe]], who's run follows its probe
-        for i, (who, p) in enumerate(probes[:-1]):
-            pair = {common.contended(p, ref_ms), common.contended(probes[i + 1][1], ref_ms)}
-            states[who] = "changed" if len(pair) > 1 else "contended" if pair.pop() else "clear"
+    for i, libs in enumerate(ln["launched"]):
+        pair = {common.contended(p, ref_ms) for p in ln["cpu_probes"][i:i + 2]}
+        state = "changed" if len(pair) > 1 else "contended" if pair.pop() else "clear"
+        states.update(dict.fromkeys(libs, state))
     return states
 
 
@@ -191,8 +186,6 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=ITERS,
                    help="timed iterations at every size, for every library (collectives "
                         "--iters and --min-iters); 0: the collectives suite's own scaling")
-    p.add_argument("--pause", type=float, default=0.0,
-                   help="seconds idle between rounds (lets the host move the vCPUs)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per launch")
     p.add_argument("--out", default=RESULTS)
     p.add_argument("--name", default="launches", help="result file stem")
@@ -211,15 +204,12 @@ def main(argv=None) -> int:
         print(f"[launch {i + 1}/{args.launches}] hand-off {probe.get('mode', '?')} (step "
               f"{probe.get('step_ns', float('nan')):.0f} ns, pull "
               f"{probe.get('pull_gbps', float('nan')):.1f} GB/s); CPU probes: "
-              + "; ".join(f"{who} {common.describe(p)}" for run in ln["cpu_probes"]
-                          for who, p in run)
+              + "; ".join(common.describe(p) for p in ln["cpu_probes"])
               + "; " + "; ".join(f"{b} " + " ".join(f"{fmt_bytes(s)} {t:.0f}"
                                              for s, t in sorted(v.items()))
                           for b, v in sorted(ln["times"].items())) + " µs", flush=True)
         launches.append(ln)
-        if args.pause:
-            time.sleep(args.pause)
-    ref = common.reference_ms([p for ln in launches for run in ln["cpu_probes"] for _, p in run])
+    ref = common.reference_ms([p for ln in launches for p in ln["cpu_probes"]])
     for ln in launches:
         ln["states"] = cpu_states(ln, ref)
     table, verdicts = summarize(launches, args.sizes, names)

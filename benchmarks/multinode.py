@@ -10,10 +10,11 @@ they move into their node's namespace, and torch must not start threads before t
 from __future__ import annotations
 
 import argparse
-import datetime
+import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 
 from . import common
@@ -27,7 +28,6 @@ VARIANTS = {  # (what runs, the traffic theory charged for its link bytes)
     "ring": ("rsdp", "ring"),
     "gloo": ("gloo", "ring"),
     "mpi": ("mpi", "ring"),
-    "oneccl": ("oneccl", "ring"),
     "nolink": ("rsdp", "hier"),
     # hier with torch_rsdp.set_compression: int8 everywhere; int4 for the reductions (the
     # all-gather stays int8)
@@ -36,13 +36,20 @@ VARIANTS = {  # (what runs, the traffic theory charged for its link bytes)
 }
 LABELS = {"auto": "rsdp auto", "hier": "rsdp hier", "hier_rhd": "rsdp hier_rhd",
           "ring": "rsdp ring", "gloo": "gloo",
-          "mpi": "Open MPI", "oneccl": "oneCCL", "nolink": "rsdp auto, no link",
+          "mpi": "Open MPI", "nolink": "rsdp auto, no link",
           "hier-int8": "rsdp hier int8", "hier-int4": "rsdp hier int4"}
 COMPRESSION = {"hier-int8": dict(all_gather="int8", reduce_scatter="int8", all_reduce="int8"),
                "hier-int4": dict(all_gather="int8", reduce_scatter="int4", all_reduce="int4")}
 BLOCK = 512
 RAILS_MIN_BYTES = 32 << 10  # kOneshotBytes (select.h): up to it, the leaders' all-reduce
 TARGET_COMPRESSED = 2.5  # compressed all-gather / reduce-scatter vs fp32 hier, from 16 MiB
+TARGET_MIN_BYTES = 16 << 20  # the speed-up and compression targets
+TARGET_EFFICIENCY_MIN_BYTES = 1 << 20
+TARGET_EFFICIENCY = 0.9
+# rsdp's allreduce against gloo's flat ring: at least this share of the speed-up its bytes
+# allow (gloo's link bytes / its own: 1.5x on 2 nodes, 1.25x on 4, towards 1x on many)
+TARGET_SPEEDUP_SHARE = 0.9
+QUICK_SIZES = "256K,1M"
 
 
 def inter_node_bytes_per_node(*args):
@@ -74,25 +81,11 @@ def tolerance(variant: str, op: str) -> float:
         return 0.0
     t = 1 / (2 * {"int8": 126, "int4": 6}[comp[op]])
     return (t + 1 / (2 * 126) if op == "all_reduce" else t) * 1.01
-TARGET_MIN_BYTES = 16 << 20  # the speed-up and compression targets
-TARGET_EFFICIENCY_MIN_BYTES = 1 << 20
-TARGET_EFFICIENCY = 0.9
-# rsdp's allreduce against gloo's flat ring: at least this share of the speed-up its bytes
-# allow (gloo's link bytes / its own: 1.5x on 2 nodes, 1.25x on 4, towards 1x on many)
-TARGET_SPEEDUP_SHARE = 0.9
-QUICK_SIZES = "256K,1M"
 
 
 def count_of(size: int, world_size: int) -> int:
     """float32 elements of a point's total buffer: a multiple of the world size."""
     return max(world_size, size // 4 // world_size * world_size)
-
-
-def parse_sizes(text: str) -> list[int]:
-    sizes = common.parse_sizes(text)
-    if not sizes:
-        raise argparse.ArgumentTypeError("empty size list")
-    return sizes
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,12 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
                         "e.g. 400us; node to node is twice this); the run then measures the "
                         "one-way latency of a message and compares ring and rhd with the "
                         "rails' all-reduce model")
-    p.add_argument("--sizes", type=parse_sizes, default=parse_sizes("1M,4M,16M,64M,256M"),
+    p.add_argument("--sizes", type=common.parse_sizes, default="1M,4M,16M,64M,256M",
                    help="total tensor sizes (K/M/G binary)")
-    p.add_argument("--iters", type=int, default=5, help="timed iterations per point")
+    p.add_argument("--iters", type=common.positive_int, default=5,
+                   help="timed iterations per point")
     p.add_argument("--warmup", type=int, default=1, help="untimed iterations per point")
-    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated from {','.join(OPS)}")
-    p.add_argument("--variants", default="auto,ring,gloo",
+    p.add_argument("--ops", type=common.csv_list(OPS), default=list(OPS),
+                   help=f"comma-separated from {','.join(OPS)}")
+    p.add_argument("--variants", type=common.csv_list(list(VARIANTS)),
+                   default=["auto", "ring", "gloo"],
                    help=f"comma-separated from {','.join(VARIANTS)}")
     p.add_argument("--nodes", type=int, default=2, help="emulated nodes")
     p.add_argument("--ranks-per-node", type=int, default=2)
@@ -123,7 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
                         "permitted); link efficiency is not computed")
     p.add_argument("--out", default=RESULTS, help="output directory")
     p.add_argument("--name", default="multinode", help="result file stem")
-    p.add_argument("--no-plot", action="store_true")
     return p
 
 
@@ -168,7 +163,7 @@ def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads, partner=None)
         for size in sizes:
             n = count_of(size, W)
             ctx.set_progress(f"{variant} {op} {size}")
-            coll = Collective(common.PEER_OP[op], torch.float32, n, r, W)
+            coll = Collective(PEER_OP[op], torch.float32, n, r, W)
             err = ""
             try:
                 coll.prepare()
@@ -221,11 +216,8 @@ def run_variant(variant, args, node_of, nodes) -> tuple[list[dict], str, str | N
                                           args.nodes, args.ranks_per_node)
                 for op in args.ops for s in args.sizes)
     deadline = 120 + 4 * total / rate_Bps * (args.iters + args.warmup + 1)
-    if backend in ("mpi", "oneccl"):
-        points = common.multinode_plan(args.ops, args.sizes, count_of, len(node_of), args.iters,
-                                       args.warmup)
-        rows, error, shown = common.run_across_nodes(backend, nodes, node_of, points, deadline)
-        PEER_COMMANDS[variant] = shown
+    if backend == "mpi":
+        rows, error = run_mpi(args, nodes, node_of, deadline)
         return rows, "network namespaces", error
     env = {"OMP_NUM_THREADS": str(args.threads)}
     if variant == "hier_rhd":
@@ -247,7 +239,49 @@ def run_variant(variant, args, node_of, nodes) -> tuple[list[dict], str, str | N
     return res[0], res.mode, None
 
 
+# Open MPI across the emulated nodes: mpirun starts one daemon per node through
+# torch_rsdp/testing/netns.py as its remote shell (the host names are the namespaces'), as ssh
+# would on a cluster; vader inside a node, TCP between nodes on the node's interface,
+# mpi_yield_when_idle (polling ranks outnumbering the cores would starve each other).
+NETNS_COMMAND = [sys.executable, os.path.join(common.ROOT, "torch_rsdp", "testing", "netns.py")]
+PEER_OP = {"all_reduce": "allreduce", "all_gather": "allgather",  # as mpi_rank.py names them
+           "reduce_scatter": "reduce_scatter"}
 PEER_COMMANDS: dict[str, str] = {}  # variant -> the launch command shown in the report
+
+
+def run_mpi(args, nodes, node_of: list[int], timeout: float) -> tuple[list[dict], str | None]:
+    """(rows, error or None) of mpi_rank.py on the same nodes and points, timed as
+    bench_worker times them (one op per timed iteration)."""
+    W = len(node_of)
+    points = [{"op": PEER_OP[op], "dtype": "float32", "count": count_of(size, W),
+               "bytes": 4 * count_of(size, W), "iters": args.iters, "reps": 1,
+               "warmup": args.warmup} for op in args.ops for size in args.sizes]
+    with tempfile.TemporaryDirectory() as tmp:
+        plan, out = os.path.join(tmp, "plan.json"), os.path.join(tmp, "result.json")
+        with open(plan, "w") as f:
+            json.dump({"world_size": W, "rounds": 1, "points": points}, f)
+        hosts = [f"{nodes.netns_name(i)}:{node_of.count(i)}" for i in range(args.nodes)]
+        subnet = nodes.store_addr.rsplit(".", 1)[0] + ".0/24"
+        cmd = common.mpirun_command(W, plan, out, hosts=hosts, mca={
+            "plm_rsh_agent": " ".join(NETNS_COMMAND), "plm_rsh_no_tree_spawn": "1",
+            "oob_tcp_if_include": subnet, "btl_tcp_if_include": subnet,
+            "btl": "self,vader,tcp", "mpi_yield_when_idle": "1"})
+        PEER_COMMANDS["mpi"] = " ".join(cmd[:cmd.index(sys.executable)])
+        print(f"# mpi: {PEER_COMMANDS['mpi']} python benchmarks/mpi_rank.py ...", flush=True)
+        error = common.run_mpirun(cmd, timeout, capture=True)
+        raw = json.load(open(out)).get("rows", []) if os.path.exists(out) else []
+    op_of = {v: k for k, v in PEER_OP.items()}
+    rows = []
+    for r in raw:  # samples in µs, the slowest rank's per iteration
+        row = {"variant": "mpi", "op": op_of[r["op"]], "bytes": r["bytes"], "count": r["count"],
+               "correct": bool(r.get("correct"))}
+        if r.get("error"):
+            row["error"] = r["error"]
+        elif r.get("samples_us"):
+            row["samples_s"] = [t * 1e-6 for t in r["samples_us"]]
+            row["time_s"] = statistics.median(row["samples_s"])
+        rows.append(row)
+    return rows, error
 
 
 def annotate(rows: list[dict], args, rate_bps) -> None:
@@ -355,49 +389,39 @@ def targets(rows: list[dict]) -> list[dict]:
 
 
 def markdown(rows, variants, info, tgts) -> str:
-    fmt_ms = lambda t: "-" if t is None else f"{t * 1e3:,.1f}"  # noqa: E731
-    pct = lambda v: "-" if v is None else f"{v:.0%}"  # noqa: E731
-    head = ["op", "bytes"]
-    linked = lambda v: v != "nolink"  # noqa: E731  (no link, no efficiency or speed-up)
+    def cell(key, spec, unit=""):
+        return lambda r: "-" if r.get(key) is None else format(r[key], spec) + unit
+
+    def ms(r):
+        if r.get("error"):
+            return "ERROR"
+        if r and not r.get("correct"):
+            return "WRONG"
+        return "-" if r.get("time_s") is None else f"{r['time_s'] * 1e3:,.1f}"
+
+    cols = []  # (variant, header, the cell of that variant's row)
     for v in variants:
-        head.append(f"{LABELS[v]} ms")
-        if linked(v):
-            head.append(f"{LABELS[v]} link")
-        if v != "gloo" and "gloo" in variants and linked(v):
-            head.append(f"{LABELS[v]} x gloo")
+        cols.append((v, f"{LABELS[v]} ms", ms))
+        if v != "nolink":  # no link, no efficiency or speed-up
+            cols.append((v, f"{LABELS[v]} link", cell("link_efficiency", ".0%")))
+            if v != "gloo" and "gloo" in variants:
+                cols.append((v, f"{LABELS[v]} x gloo", cell("speedup_vs_gloo", ".2f", "x")))
         if v in COMPRESSION and "hier" in variants:
-            head.append(f"{LABELS[v]} x hier")
+            cols.append((v, f"{LABELS[v]} x hier", cell("speedup_vs_hier", ".2f", "x")))
         if v == "hier_rhd" and any("ring_over_rhd" in r for r in rows):
-            head += ["ring / rhd", "model ring / rhd"]
-    table = []
+            cols += [(v, "ring / rhd", cell("ring_over_rhd", ".2f")),
+                     (v, "model ring / rhd", cell("model_ring_over_rhd", ".2f"))]
     by = {(r["variant"], r["op"], r["bytes"]): r for r in rows}
     points = sorted({(OPS.index(r["op"]), r["bytes"]) for r in rows})
-    for opi, nbytes in points:
-        op = OPS[opi]
-        line = [op, fmt_bytes(nbytes)]
-        for v in variants:
-            r = by.get((v, op, nbytes), {})
-            bad = r and (r.get("error") or not r.get("correct"))
-            line.append("ERROR" if r.get("error") else "WRONG" if bad else fmt_ms(r.get("time_s")))
-            if linked(v):
-                line.append(pct(r.get("link_efficiency")))
-            if v != "gloo" and "gloo" in variants and linked(v):
-                s = r.get("speedup_vs_gloo")
-                line.append("-" if s is None else f"{s:.2f}x")
-            if v in COMPRESSION and "hier" in variants:
-                s = r.get("speedup_vs_hier")
-                line.append("-" if s is None else f"{s:.2f}x")
-            if v == "hier_rhd" and any("ring_over_rhd" in x for x in rows):
-                line += [f"{r[k]:.2f}" if r.get(k) else "-"
-                         for k in ("ring_over_rhd", "model_ring_over_rhd")]
-        table.append(line)
+    table = [[OPS[o], fmt_bytes(b)] + [f(by.get((v, OPS[o], b), {})) for v, _, f in cols]
+             for o, b in points]
+    head = ["op", "bytes"] + [h for _, h, _ in cols]
     delay = (f", {info['delay']} delay per link direction (one-way message latency "
              f"{info['alpha_s'] * 1e3:.2f} ms, rsdp send/recv)"
              if info.get("alpha_s") and info.get("delay") else "")
     out = [f"# Multi-node collectives: {info['nodes']} nodes x {info['ranks_per_node']} ranks, "
            f"link {info['rate'] or 'unlimited'} per direction{delay} ({info['mode']})", "",
-           f"{info['date']}, {info['cores']} cores, torch {info['torch_version']}, float32, "
-           f"median of {info['iters']} iterations. `link` = bytes the algorithm must send "
+           f"float32, median of {info['iters']} iterations. `link` = bytes the algorithm must send "
            f"across a node link / time / link rate (TCP ceiling ~96 %); `x gloo` = gloo time / "
            f"time.", ""]
     if info.get("note"):
@@ -423,38 +447,16 @@ def markdown(rows, variants, info, tgts) -> str:
     return "\n".join(out) + "\n"
 
 
-def plot(rows, variants, path) -> None:
-    panels = []
-    for op in OPS:
-        times, eff = {}, {}
-        for v in variants:
-            pts = sorted((r["bytes"], r) for r in rows
-                         if r["variant"] == v and r["op"] == op and r.get("time_s"))
-            if pts:
-                times[LABELS[v]] = ([b for b, _ in pts], [r["time_s"] * 1e3 for _, r in pts])
-            e = [(b, r["link_efficiency"] * 100) for b, r in pts if r.get("link_efficiency")]
-            if e:
-                eff[LABELS[v]] = tuple(zip(*e))
-        panels.append(dict(title=op, ylabel="time (ms)", lines=times, logx=True, logy=True,
-                           bytes=True))
-        panels.append(dict(title=op, ylabel="link efficiency (%)", lines=eff, logx=True,
-                           bytes=True, ylim=(0, 105), hline=(TARGET_EFFICIENCY * 100, "goal")))
-    common.plot(path, panels, cols=2)
-
-
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if args.quick:
-        args.sizes, args.iters, args.warmup = parse_sizes(QUICK_SIZES), 1, 0
-    args.ops = [o.strip() for o in args.ops.split(",") if o.strip()]
-    variants = [v.strip() for v in args.variants.split(",") if v.strip()]
-    bad = [o for o in args.ops if o not in OPS] + [v for v in variants if v not in VARIANTS]
-    if bad or args.iters < 1 or args.warmup < 0:
-        print(f"bad arguments: {bad or 'iters/warmup'}", file=sys.stderr)
-        return 2
+        args.sizes, args.iters, args.warmup = common.parse_sizes(QUICK_SIZES), 1, 0
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    variants = list(args.variants)
     node_of = [n for n in range(args.nodes) for _ in range(args.ranks_per_node)]
 
-    import torch
     from torch_rsdp.testing import netns
 
     try:
@@ -468,19 +470,16 @@ def main(argv=None) -> int:
     if stale:
         print(f"# removed leftovers of a crashed earlier run: {stale}")
     info = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node, "rate": args.rate,
-            "delay": args.delay,
-            "iters": args.iters, "warmup": args.warmup, "cores": os.cpu_count(),
-            "torch_version": torch.__version__,
-            "load_average_at_start": [round(x, 2) for x in os.getloadavg()],
-            "date": datetime.datetime.now().isoformat(timespec="seconds")}
+            "delay": args.delay, "iters": args.iters, "warmup": args.warmup}
     rows, errors, mode = [], {}, ""
     t0 = time.perf_counter()
 
     def run_all(nodes):
         nonlocal mode
         for v in list(variants):
-            if v in ("mpi", "oneccl"):
-                why = common.unavailable_across_nodes(v, nodes)
+            if v == "mpi":
+                why = ("no emulated nodes (--loopback, or namespaces not available)"
+                       if nodes is None else common.unavailable("mpi"))
                 if why:
                     print(f"# NOTE: {LABELS[v]} not measured: {why}", flush=True)
                     info.setdefault("peer_notes", {})[v] = why
@@ -521,8 +520,6 @@ def main(argv=None) -> int:
     config.update(variants=variants, mode=info["mode"], node_of=node_of)
     common.write_result(args.out, args.name, {"machine": info, "config": config, "rows": rows,
                                               "targets": tgts}, text, argv)
-    if not args.no_plot and rows:
-        plot(rows, variants, os.path.join(args.out, args.name + ".png"))
     print(f"# took {info['elapsed_s']} s")
     wrong = [r for r in rows if r.get("error") or not r.get("correct")]
     if errors or wrong:

@@ -79,9 +79,9 @@ def run_one_launch(monkeypatch, tmp_path, iters: int) -> list[str]:
     monkeypatch.setattr(bench_launches.subprocess, "run", fake_run)
     args = SimpleNamespace(world_size=4, op="allreduce", sizes=[K64], peers=["mpi"],
                            iters=iters, timeout=60)
-    ln = bench_launches.one_launch(args, str(tmp_path), "on", {"RSDP_SHM_ADAPT": "once"},
-                                   peers=["mpi"])
-    assert ln["times"] == {"on": {K64: 9.0}, "mpi": {K64: 18.0}}  # rsdp@1 is no launch's
+    times = bench_launches.one_launch(args, str(tmp_path), "on", {"RSDP_SHM_ADAPT": "once"},
+                                      peers=["mpi"])
+    assert times == {"on": {K64: 9.0}, "mpi": {K64: 18.0}}  # rsdp@1 is no launch's
     assert seen["env"]["RSDP_SHM_ADAPT"] == "once"
     assert seen["cmd"][1:4] == ["-m", "benchmarks", "collectives"]
     return seen["cmd"]
@@ -124,12 +124,15 @@ def test_a_round_alternates_variants_and_runs_the_peers_last(monkeypatch):
 
     def fake(args, out_dir, label, env, peers):
         calls.append((label, env, tuple(peers)))
-        times = {label: {K64: 1.0}, **{p: {K64: 2.0} for p in peers}}
-        return {"times": times, "stacked": {label: {}}, "handoff": {label: None},
-                "cpu_probes": [[]]}
+        return {label: {K64: 1.0}, **{p: {K64: 2.0} for p in peers}}
 
+    # the CPUs contended around the second launch only (its probes 30 ms against 10 ms)
+    probes = iter({"alone_ms": {0: ms}, "together_ms": ms} for ms in (10, 10, 30))
     monkeypatch.setattr(bench_launches, "one_launch", fake)
+    monkeypatch.setattr(bench_launches.common, "probe", lambda: next(probes))
     args = SimpleNamespace(peers=["mpi"])
     ln = bench_launches.one_round(args, [("on", {"A": "1"}), ("off", {"A": "0"})])
     assert calls == [("on", {"A": "1"}, ()), ("off", {"A": "0"}, ("mpi",))]
     assert set(ln["times"]) == {"on", "off", "mpi"}
+    assert bench_launches.cpu_states(ln, 10.0) == {"on": "clear", "off": "changed",
+                                                   "mpi": "changed"}

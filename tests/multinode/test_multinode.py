@@ -405,9 +405,9 @@ def test_no_ucx_warnings(nodes):
 def test_bench_multinode_quick(tmp_path, nodes):
     """`python -m benchmarks multinode --quick` runs every variant and writes a complete JSON
     report: rsdp as it chooses, the flat ring, gloo, Open MPI on the same emulated nodes (its daemons
-    started through netns.py as a remote shell) and rsdp without a link; a peer that cannot
-    run across nodes (oneCCL) is left out with its reason in the report."""
-    variants = "auto,ring,gloo,mpi,oneccl,nolink" if RSDP else "gloo"
+    started through netns.py as a remote shell) and rsdp without a link; without emulated nodes
+    Open MPI is left out with its reason in the report."""
+    variants = "auto,ring,gloo,mpi,nolink" if RSDP else "gloo"
     cmd = [sys.executable, "-m", "benchmarks", "multinode", "--quick",
            "--variants", variants, "--out", str(tmp_path)]
     cmd += ["--loopback"] if nodes is None else []
@@ -421,12 +421,11 @@ def test_bench_multinode_quick(tmp_path, nodes):
     ops = {"all_reduce", "all_gather", "reduce_scatter"}
     ran = set(report["config"]["variants"])
     if RSDP:
-        # Open MPI runs wherever the nodes are namespaces (setup.sh installs it); oneCCL never
-        # across them, and says why
+        # Open MPI runs wherever the nodes are namespaces (setup.sh installs it)
         expected = {"auto", "ring", "gloo", "nolink"} | ({"mpi"} if nodes is not None else set())
         assert ran == expected, (ran, report["machine"].get("peer_notes"))
-        assert "oneccl" in report["machine"]["peer_notes"], report["machine"]
-        assert "oneCCL not measured" in (tmp_path / "multinode.md").read_text()
+        if nodes is None:
+            assert "Open MPI not measured" in (tmp_path / "multinode.md").read_text()
     for v in ran:
         for op in ops:
             got = [row for row in rows if row["variant"] == v and row["op"] == op]
@@ -438,7 +437,6 @@ def test_bench_multinode_quick(tmp_path, nodes):
                 has_eff = row["link_efficiency"] is not None
                 assert has_eff == (v != "nolink" and nodes is not None), row
     assert (tmp_path / "multinode.md").exists()
-    assert (tmp_path / "multinode.png").exists()
 
 
 @pytest.mark.skipif(not netns.namespaces_available(), reason="network namespaces not permitted")
@@ -449,7 +447,7 @@ def test_bench_multinode_delay_quick(tmp_path):
     the rails' model (at 4 nodes, a power of two, the model has rhd ahead at every size)."""
     cmd = [sys.executable, "-m", "benchmarks", "multinode", "--nodes", "4", "--ranks-per-node",
            "1", "--ops", "all_reduce", "--variants", "hier,hier_rhd", "--sizes", "64K,256K",
-           "--iters", "2", "--warmup", "1", "--delay", "200us", "--no-plot", "--out",
+           "--iters", "2", "--warmup", "1", "--delay", "200us", "--out",
            str(tmp_path)]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert p.returncode == 0, f"{p.stdout[-3000:]}\n{p.stderr[-3000:]}"
