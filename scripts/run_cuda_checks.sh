@@ -177,7 +177,7 @@ run_stage rest "$REST_S" rest.log pytest "${PYTEST[@]}" \
 # Its results.md/json go to a temporary folder: the tables are in the log already.
 bench_out=$(mktemp -d)
 run_stage bench "$BENCH_S" bench.log plain $PY -m benchmarks collectives --device cuda \
-  --world-size 2 --no-plot --ops allreduce,allgather --dtypes float32 --min-bytes 4K \
+  --world-size 2 --ops allreduce,allgather --dtypes float32 --min-bytes 4K \
   --max-bytes 256M --iters 10 --out "$bench_out"
 rm -rf "$bench_out"
 # Last, in what time is left: the emulated device's 2-rank batch with small staging (the whole

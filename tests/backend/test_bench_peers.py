@@ -38,7 +38,7 @@ def test_peers_mpi_and_oneccl_measure_every_point(tmp_path):
     cmd = [sys.executable, "-m", "benchmarks", "collectives", "--backends", "rsdp", "--peers",
            "mpi,oneccl", "--ops", ",".join(OPS), "--dtypes", "float32,bfloat16",
            "--min-bytes", "1K", "--max-bytes", "2K", "--iters", "3", "--min-iters", "2",
-           "--reps", "2", "--warmup", "1", "--timeout", "60", "--no-plot", "--out",
+           "--reps", "2", "--warmup", "1", "--timeout", "60", "--out",
            str(tmp_path)]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
