@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib
-import importlib.util
 import itertools
 import json
 import os
@@ -30,7 +28,6 @@ from .common import (KiB, MiB, csv_list, fmt_bytes, fmt_num, free_port, md_table
 OPS = ("allreduce", "allgather", "reduce_scatter", "broadcast", "alltoall")
 DTYPES = {n: getattr(torch, n) for n in ("float32", "bfloat16", "float16", "float64", "int32",
                                          "int64")}
-BUILTIN_BACKENDS = {"gloo", "nccl", "mpi", "ucc", "xccl"}
 DEFAULT_BACKENDS = "rsdp,gloo"
 DEFAULT_BACKENDS_CUDA = "rsdp,nccl"
 
@@ -83,8 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated backends; the LAST one is the baseline. Default "
                         f"{DEFAULT_BACKENDS}; with "
                         f"--device cuda {DEFAULT_BACKENDS_CUDA} (nccl left out when there are "
-                        f"more ranks than GPUs). "
-                        f"A backend X other than gloo/nccl/mpi/ucc is loaded with 'import torch_X'.")
+                        f"more ranks than GPUs)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where the tensors live; cuda: rank r uses GPU r %% device count")
     p.add_argument("--ops", type=csv_list(OPS), default=list(OPS),
@@ -131,7 +127,8 @@ def resolve_backends(args, parser) -> list[str]:
         try:
             import_backend(name)
         except Exception as exc:  # noqa: BLE001
-            parser.error(f"backend {name!r}: cannot load torch_{name} ({type(exc).__name__}: {exc})")
+            parser.error(f"backend {name!r}: cannot import torch_rsdp ({type(exc).__name__}: "
+                         f"{exc})")
     return backends
 
 
@@ -149,16 +146,10 @@ def comm_alloc(label: str):
 
 
 def import_backend(name: str) -> None:
-    """Plugin backends register themselves on import (torch_rsdp registers 'rsdp').
-
-    A compiled extension torch_<name>._C, when the package has one, is imported too, so a
-    broken build fails here, before any process is spawned.
-    """
-    name = base_backend(name)
-    if name not in BUILTIN_BACKENDS:
-        importlib.import_module(f"torch_{name}")
-        if importlib.util.find_spec(f"torch_{name}._C") is not None:
-            importlib.import_module(f"torch_{name}._C")
+    """rsdp registers itself when torch_rsdp is imported (and a broken build fails here,
+    before any process is spawned); the others are torch's own."""
+    if base_backend(name) == "rsdp":
+        import torch_rsdp  # noqa: F401
 
 
 def backend_labels(backends: list[str]) -> list[str]:
@@ -633,7 +624,8 @@ class Report:
             return "\n".join(out) + "\n"
         for op, dtype in self._ops_dtypes():
             out += ["", self._section(op, dtype)]
-        out += ["", self.limit_markdown() if cuda else self.targets_markdown()]
+        if not cuda:  # the goals are stated for CPU tensors; busbw/copy is the CUDA reference
+            out += ["", self.targets_markdown()]
         return "\n".join(out) + "\n"
 
     def _peers_header(self) -> list[str]:
@@ -657,35 +649,6 @@ class Report:
             world1 = ""  # said once
         out += [f"\nNote: {n}." for n in info.get("peer_notes", [])]
         return out
-
-    def physical_limit(self) -> list[dict]:
-        """CUDA: per backend, op and dtype, the best busbw and its fraction of the copy
-        bandwidth (no PASS/MISS)."""
-        res = []
-        for lb in self.labels:
-            for op, dt in self._ops_dtypes():
-                rows = [r for r in self._rows(lb, op, dt) if self._ok(r)]
-                if not rows:
-                    continue
-                best = max(rows, key=lambda r: r["busbw_gbps"])
-                res.append(dict(backend=lb, op=op, dtype=dt, busbw_gbps=best["busbw_gbps"],
-                                at_bytes=best["bytes"], copy_gbps=self.copy,
-                                fraction=best.get("copy_fraction")))
-        return res
-
-    def limit_markdown(self) -> str:
-        out = ["## Physical limit",
-               "",
-               f"The GPU's device-to-device copy moves {fmt_num(self.copy)} GB/s (bytes read + "
-               f"written). Ranks that share a GPU share that bandwidth. No PASS/MISS targets are "
-               f"stated for CUDA tensors."]
-        rows = [[t["backend"], t["op"], t["dtype"], fmt_num(t["busbw_gbps"], 3),
-                 fmt_bytes(t["at_bytes"]), fmt_num(t["fraction"])]
-                for t in self.physical_limit()]
-        if rows:
-            out += ["", md_table(["backend", "op", "dtype", "best busbw", "at", "busbw/copy"],
-                                 rows, "lllrrr")]
-        return "\n".join(out)
 
     def _section(self, op: str, dtype: str) -> str:
         # A peer without this dtype (MPI has no bfloat16) gets no columns here.
@@ -752,7 +715,7 @@ class Report:
 
     def targets(self) -> list[dict]:
         if self.cuda:
-            return []  # the targets are stated for CPU tensors; see physical_limit()
+            return []  # the targets are stated for CPU tensors
         res = []
         ops_dtypes = self._ops_dtypes()
         entry = self._entry
@@ -831,11 +794,8 @@ class Report:
     # ------------------------------------------------------------------ json
 
     def to_json(self) -> dict:
-        out = {"machine": self.info, "config": self.config, "rows": self.rows,
-               "targets": self.targets()}
-        if self.cuda:
-            out["physical_limit"] = self.physical_limit()
-        return out
+        return {"machine": self.info, "config": self.config, "rows": self.rows,
+                "targets": self.targets()}
 
 
 # --------------------------------------------------------------------------- main

@@ -50,27 +50,10 @@ def fd_kinds() -> dict:
     return kinds
 
 
-def shm_mappings() -> dict:
-    """Virtual size and resident bytes of this process's mappings of rsdp segments."""
-    size = rss = n = 0
-    current = False
-    with open("/proc/self/smaps") as f:
-        for line in f:
-            if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
-                current = "/rsdp-" in line
-                n += current
-            elif current and line.startswith("Size:"):
-                size += int(line.split()[1]) * 1024
-            elif current and line.startswith("Rss:"):
-                rss += int(line.split()[1]) * 1024
-    return {"mappings": n, "virtual_bytes": size, "resident_bytes": rss}
-
-
 def snapshot() -> dict:
     kinds = fd_kinds()
     return {"threads": len(os.listdir("/proc/self/task")), "fds": sum(kinds.values()),
-            "fd_kinds": kinds, "rss_kib": proc_status_kib("VmRSS"),
-            "rss_shmem_kib": proc_status_kib("RssShmem"), "shm": shm_mappings()}
+            "fd_kinds": kinds, "rss_kib": proc_status_kib("VmRSS")}
 
 
 def delta(after: dict, before: dict) -> dict:
@@ -78,12 +61,7 @@ def delta(after: dict, before: dict) -> dict:
              for k in set(after["fd_kinds"]) | set(before["fd_kinds"])}
     return {"threads": after["threads"] - before["threads"], "fds": after["fds"] - before["fds"],
             "fd_kinds": {k: v for k, v in sorted(kinds.items()) if v},
-            "rss_mib": (after["rss_kib"] - before["rss_kib"]) / 1024,
-            "rss_shmem_mib": (after["rss_shmem_kib"] - before["rss_shmem_kib"]) / 1024,
-            "shm_virtual_mib": (after["shm"]["virtual_bytes"]
-                                - before["shm"]["virtual_bytes"]) / MiB,
-            "shm_resident_mib": (after["shm"]["resident_bytes"]
-                                 - before["shm"]["resident_bytes"]) / MiB}
+            "rss_mib": (after["rss_kib"] - before["rss_kib"]) / 1024}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,14 +146,11 @@ def worker(rank: int, cfg: dict, port: int, workdir: str) -> None:
     out["new_group"] = delta(snapshot(), after)
     dist.destroy_process_group(g)
 
-    # Only the all-reduces (the node stages, the network ring, its helper thread) now.
-    mid = snapshot()
     out["allreduce_8B_s"] = _time_allreduce(dist, torch, 2, cfg["reps_small"], cfg["iters"],
                                             cfg["warmup"])
     out["allreduce_1MiB_s"] = _time_allreduce(dist, torch, MiB // 4, 1, cfg["iters"],
                                               cfg["warmup"])
     out["after_ops"] = delta(snapshot(), before)
-    out["ops_added"] = delta(snapshot(), mid)
     with open(os.path.join(workdir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
 
@@ -281,10 +256,7 @@ def run_size(W: int, args, base_env: dict) -> dict:
     try:
         row.update(aggregate(W, cfg, workdir, killed_at))
     finally:
-        if args.keep:
-            row["workdir"] = workdir
-        else:
-            shutil.rmtree(workdir, ignore_errors=True)
+        shutil.rmtree(workdir, ignore_errors=True)
     return row
 
 
@@ -320,13 +292,12 @@ def aggregate(W: int, cfg: dict, workdir: str, killed_at) -> dict:
          "allreduce_8B_us": statistics.median(ranks[0]["allreduce_8B_s"]) * 1e6,
          "allreduce_1MiB_us": statistics.median(ranks[0]["allreduce_1MiB_s"]) * 1e6,
          "iters": iters}
-    for key in ("init", "after_ops", "ops_added", "new_group"):
+    for key in ("init", "after_ops", "new_group"):
         per = [v[key] for v in ranks]
         d[key] = {k: [p[k] for p in per] for k in ("threads", "fds")}
         d[key].update({k + "s": [p["fd_kinds"].get(k, 0) for p in per]
                        for k in ("socket", "pidfd")}, fd_kinds_rank0=per[0]["fd_kinds"])
-        d[key].update({k: [round(p[k], 2 if k == "rss_mib" else 3) for p in per]
-                       for k in ("rss_mib", "shm_virtual_mib", "shm_resident_mib")})
+        d[key]["rss_mib"] = [round(p["rss_mib"], 2) for p in per]
     d["topology_rank0"] = ranks[0]["topology"]
     d["setup_store_requests"] = [r["topology"].get("setup_store_requests") for r in ranks]
     d["endpoints"] = [e["endpoints"] for e in errs]
@@ -438,7 +409,6 @@ def main(argv=None) -> int:
                     help="2 and 4 ranks, 2 per node (one node, then two), few iterations")
     ap.add_argument("--append", action="store_true",
                     help="keep the other world sizes' rows already in <out>/scale.json")
-    ap.add_argument("--keep", action="store_true", help="keep the ranks' files")
     ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args(argv)
     if args.quick:
