@@ -334,25 +334,6 @@ def markdown(results, info, chk):
     return "\n".join(lines) + "\n"
 
 
-def plot(results, path):
-    from .common import plot as draw
-
-    panels = []
-    for res in (r for r in results if "error" not in r):
-        lines = {}
-        for u in (r for r in res["rows"] if r["kind"] == "uniform"):
-            xs = [b / 2**20 for b in res["budgets"] if u["peak_bytes"] <= b]
-            if xs:
-                lines[u["plan"]] = (xs, [1 / u["step_s"]] * len(xs))
-        autos = [r for r in res["rows"] if r["kind"] == "auto"]
-        lines["auto"] = ([r["budget_bytes"] / 2**20 for r in autos],
-                         [1 / r["step_s"] for r in autos])
-        panels.append(dict(title=f"{res['setting']}: throughput against budget", lines=lines,
-                           xlabel="memory budget per rank (MiB)", ylabel="steps/s"))
-    if panels:
-        draw(path, panels)
-
-
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--settings", default="1x2,1x4,2x2")
@@ -415,6 +396,5 @@ def main(argv=None) -> int:
                 print(f"# {res['setting']} budget {r['budget_bytes']}:\n{r['explain']}\n")
     write_result(args.out, "plans", {"info": info, "results": results, "checks": chk}, text,
                  argv)
-    plot(results, os.path.join(args.out, "plans.png"))
     print(f"# took {info['elapsed_s']} s")
     return 1 if any("error" in r for r in results) else 0

@@ -1,7 +1,7 @@
-"""RSDP variants against FSDP2 on a Hugging Face Llama, every variant in the same processes,
-taking turns step by step: step time, its spread, the same under --load N busy loops, peak
-memory (MemTracker) and final losses. --quick is the CI guard. See docs/benchmarks.md,
-rsdp-fsdp2.
+"""RSDP variants against FSDP2 and DDP on a Hugging Face Llama, every variant in the same
+processes, taking turns step by step: step time, its spread, the same under --load N busy
+loops, peak memory per rank (torch's MemTracker on CPU, torch.cuda.max_memory_allocated with
+--device cuda) and final losses. --quick is the CI guard. See docs/benchmarks.md, rsdp-fsdp2.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ SETTINGS = {
 VARIANTS = {"rsdp": dict(), "rsdp-units": dict(tp_plan="auto"),
             "rsdp-units-recompute": dict(tp_plan="auto", unit_recompute=True), "fsdp2": None,
             "rsdp-pershard": dict(), "rsdp-perlayer": dict(),
-            "rsdp-units-pershard": dict(tp_plan="auto")}
+            "rsdp-units-pershard": dict(tp_plan="auto"), "ddp": None}
 #: variants that compute every layer shard by shard ([Note: whole small layers] off)
 PER_SHARD = {"rsdp-pershard"}
 #: variants whose small layers rotate one by one, not as their block ([Note: block gathers])
@@ -31,6 +31,11 @@ PER_LAYER = {"rsdp-pershard", "rsdp-perlayer"}
 #: computed whole] off)
 UNITS_PER_SHARD = {"rsdp-units-pershard"}
 MEM_CATS = ("params", "grads+optim", "rest")
+MEM_NAME = {"cpu": "MemTracker", "cuda": "CUDA"}
+MEM_METHOD = {"cpu": "torch's MemTracker (every tensor allocated)",
+              "cuda": "torch.cuda.max_memory_allocated() less what the process held before the "
+                      "step, plus the variant's parameters and optimizer state (the caching "
+                      "allocator's; not what NCCL or rsdp allocate themselves)"}
 _BUSY = "import time\nt = time.time() + 3600\nx = 0\nwhile time.time() < t:\n    x += 1\n"
 
 
@@ -52,46 +57,33 @@ def build_model(cfg):
                     use_cache=False, bos_token_id=0, eos_token_id=1)
 
 
-def wrap(model, variant, group=None):
+def wrap(model, variant, group, device):
     """``variant`` over ``group`` (None: the default group)."""
-    import torch.distributed as dist
-    if VARIANTS[variant] is not None:
-        import torch_rsdp.rsdp as rsdp
-        return rsdp.shard(model, group, **VARIANTS[variant])
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-    mesh = (init_device_mesh("cpu", (dist.get_world_size(),)) if group is None
-            else DeviceMesh.from_group(group, "cpu"))
-    return tm.fully_shard_blocks(model, model.model.layers, mesh)
-
-
-def step_fn(model, opt, cfg, rank, losses=None):
-    """step(i): one training step on batch i of this rank (the same for every variant)."""
-    def step(i):
-        loss = tm.hf_step(model, opt, tm.token_batch(cfg["vocab"], cfg["batch"], cfg["seq"],
-                                                     1000 * i + rank))
-        if losses is not None:
-            losses.append(loss)
-    return step
+    if VARIANTS[variant] is None:
+        return tm.wrap(model, variant, device, group)
+    import torch_rsdp.rsdp as rsdp
+    return rsdp.shard(model, group, **VARIANTS[variant])
 
 
 def _worker(rank, world, cfg, runs, a):
     """``runs``: (key, variant, backend) triples; the first backend is the default group's."""
     import torch
     import torch.distributed as dist
+    cuda = a.device == "cuda"
+    dev = torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
     groups = {a.backends[0]: None, **{b: dist.new_group(backend=b) for b in a.backends[1:]}}
     losses = {k: [] for k, _, _ in runs}
-    steps, held = {}, {}
-    for k, v, b in runs:
-        model = wrap(build_model(cfg), v, groups[b])
-        held[k] = (model, torch.optim.AdamW(model.parameters(), lr=1e-4))
-        steps[k] = step_fn(*held[k], cfg, rank, losses[k])
+    held = {k: wrap(build_model(cfg).to(dev), v, groups[b], dev) for k, v, b in runs}
+    held = {k: (m, torch.optim.AdamW(m.parameters(), lr=1e-4)) for k, m in held.items()}
     kind = {k: v for k, v, _ in runs}
 
     def step(k, i):
+        """One training step of run ``k`` on batch i of this rank (the same for every run)."""
         use_variant(kind[k])
-        steps[k](i)
+        ids = tm.token_batch(cfg["vocab"], cfg["batch"], cfg["seq"], 1000 * i + rank)
+        losses[k].append(tm.hf_step(*held[k], ids.to(dev)))  # .item() waits for the device
 
-    keys = list(steps)
+    keys = list(held)
     take_turns(keys, a.warmup, step)
     res = {"quiet": take_turns(keys, a.steps, step, a.warmup), "loaded": None, "memory": {}}
     if a.load:
@@ -109,9 +101,12 @@ def _worker(rank, world, cfg, runs, a):
     res["final_loss"] = {k: sum(losses[k][-3:]) / 3 for k in keys}
     for k in keys if not a.no_memory else ():
         dist.barrier()
-        # gradients that are views of a strategy's flat buffers (RSDP's) land in MemTracker's
-        # optimizer-state category: the two are reported together
-        peak = tm.memtracker_peak(lambda: step(k, 10_000), *held[k])
+        if cuda:
+            peak = _cuda_peak(lambda: step(k, 10_000), *held[k])
+        else:
+            # gradients that are views of a strategy's flat buffers (RSDP's) land in
+            # MemTracker's optimizer-state category: the two are reported together
+            peak = tm.memtracker_peak(lambda: step(k, 10_000), *held[k])
         cats = [peak.get("Parameter", 0), peak.get("Gradient", 0) + peak.get("Optstate", 0)]
         total = peak.get("Total", 0)
         every = [None] * world
@@ -121,6 +116,23 @@ def _worker(rank, world, cfg, runs, a):
     if a.allreduce:
         res["allreduce"] = _allreduce_times()
     return res
+
+
+def _cuda_peak(fn, model, opt) -> dict:
+    """What MemTracker's peak is, from the caching allocator: torch.cuda.max_memory_allocated
+    over ``fn()`` less what the process held before it (the other variants' share too), plus
+    this variant's parameters and optimizer state."""
+    import torch
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    fn()
+    torch.cuda.synchronize()
+    params = tm.resident_bytes(model)
+    state = sum(t.numel() * t.element_size() for st in opt.state.values()
+                for t in st.values() if torch.is_tensor(t))
+    return {"Total": torch.cuda.max_memory_allocated() - before + params + state,
+            "Parameter": params, "Optstate": state}
 
 
 def _allreduce_times(nbytes=4 << 20, iters=10):
@@ -192,8 +204,8 @@ def render(results, a) -> str:
     lines = ["# RSDP vs FSDP2", "",
              f"{time.strftime('%Y-%m-%d %H:%M')}, {os.cpu_count()} cores, load average at "
              f"start {a.load_at_start}, {a.steps} timed steps after {a.warmup} warm-up, "
-             f"competing processes in the loaded phase: {a.load}. Memory: torch's MemTracker "
-             f"(every tensor allocated) over one step, peak per rank, max over ranks.", ""]
+             f"competing processes in the loaded phase: {a.load}. Memory: {MEM_METHOD[a.device]} "
+             f"over one step, peak per rank, max over ranks.", ""]
     if multi:
         lines += [f"Backends: {', '.join(a.backends)} (default group: {a.backends[0]}); "
                   f"ratios against FSDP2 over {a.baseline}.", ""]
@@ -211,8 +223,9 @@ def render(results, a) -> str:
                + ["step ms", "tokens/s", f"x {base}", "spread", f"spread / {base}'s"]
                + (["loaded ms", f"loaded x {base}", "loaded spread", f"/ {base}'s"]
                   if a.load else [])
-               + ([] if a.no_memory else ["peak/rank (MemTracker)", f"x {base} mem", "params",
-                                          "grads + optim", "activations, buffers, temporaries"])
+               + ([] if a.no_memory else [f"peak/rank ({MEM_NAME[a.device]})",
+                                          f"x {base} mem", "params", "grads + optim",
+                                          "activations, buffers, temporaries"])
                + ["final loss"])
         body = []
         for k, r in res["rows"].items():
@@ -257,9 +270,21 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true",
                    help="the CI guard: act, 2 ranks, rsdp and fsdp2, no memory, and a 4 MiB "
                         "all-reduce over rsdp and gloo")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: rank r on GPU r %% device count")
+    p.add_argument("--single-gpu", action="store_true", help="--device cuda, every rank on GPU 0")
     p.add_argument("--out", default=RESULTS)
     a = p.parse_args(argv)
     a.allreduce = a.quick
+    a.device = "cuda" if a.single_gpu else a.device
+    gpus = 0
+    if a.device == "cuda":
+        import torch
+        import torch_rsdp
+        if not torch.cuda.is_available() or not torch_rsdp.cuda_available():
+            p.error(f"--device cuda: torch.cuda.is_available() {torch.cuda.is_available()}, "
+                    f"torch_rsdp.cuda_available() {torch_rsdp.cuda_available()}")
+        gpus = 1 if a.single_gpu else torch.cuda.device_count()
     if a.quick:
         a.settings, a.world_sizes, a.variants = "act", "2", "rsdp,fsdp2"
         a.steps, a.warmup, a.no_memory = min(a.steps, 6), 2, True
@@ -270,6 +295,8 @@ def main(argv=None) -> int:
     a.backends = (a.backend or "rsdp").split(",")
     if len(set(a.backends)) != len(a.backends):
         p.error(f"--backend lists a backend twice: {a.backend}")
+    if "nccl" in a.backends and max(map(int, a.world_sizes.split(","))) > gpus:
+        p.error("nccl refuses ranks that share a GPU: more ranks than GPUs")
     a.baseline = "gloo" if "gloo" in a.backends else a.backends[0]
     if a.allreduce and a.backends[0] != "rsdp":
         p.error("--quick times the default group against gloo: list rsdp first")
@@ -282,7 +309,8 @@ def main(argv=None) -> int:
     for setting in a.settings.split(","):
         for w in (int(x) for x in a.world_sizes.split(",")):
             t0 = time.time()
-            raw = run_ranks(_worker, w, SETTINGS[setting], runs, a, backend=a.backends[0])
+            raw = run_ranks(_worker, w, SETTINGS[setting], runs, a, backend=a.backends[0],
+                            cuda_devices=gpus)
             res = summarise(setting, w, runs, raw, SETTINGS[setting], base_key)
             res["wall_s"] = time.time() - t0
             results.append(res)

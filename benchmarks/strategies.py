@@ -1,6 +1,6 @@
 """Every sharding strategy of torch_rsdp.plan, alone, mixed and compressed (`PLAN+int8`), on
-1x4 ranks and 2x2 emulated nodes behind a `tc`-limited link: tokens/s, memory by category,
-bytes across the link, losses. See docs/benchmarks.md, strategies.
+1x4 ranks and 2x2 emulated nodes behind a `tc`-limited link: tokens/s, memory by category
+(torch's MemTracker), bytes across the link, losses. See docs/benchmarks.md, strategies.
 
 Only the standard library is imported at the top: worker processes import this file before
 they move into their node's namespace.
@@ -22,7 +22,7 @@ MIXED = {"tok": "rotate", "pos": "no_shard", "blocks.0": "full_shard",
          "out": "shard_optim"}
 SETTINGS = {"1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
 SMALL = dict(vocab=2048, d_model=256, ffn=512, heads=4, layers=4, seq=32, batch=8)
-CATS = ("params", "grads", "optim", "buffers", "activations")
+CATS = ("params", "buffers", "grads", "optim", "activations", "temp")  # MemTracker's
 
 
 #: ``PLAN+SUFFIX``: the plan with ``plan.apply(compression=...)``
@@ -86,14 +86,16 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
     curve = list(losses)  # the tracked step's loss is not the curve's
     for g in groups:
         torch_rsdp.reset_comm_stats(g)
-    tracker = tm.ParamMemoryTracker(model, opt)
+    # error-feedback residuals (compressed plans) are held all along, made before this step
+    mt = tm.memtracker(model, opt, *plan.feedback_state_dict(model).values())
     dist.barrier()
-    with tracker:
+    with mt:
         step(warmup + steps)
+    peak = tm.tracked_peak(mt)
     stats = [torch_rsdp.comm_stats(g) for g in groups]
     mine = {"step_s": sorted(times)[len(times) // 2], "loss": curve[-1],
-            "mem": tracker.peak_all, "mem_breakdown": tracker.peak_all_breakdown,
-            "param_mem": tracker.peak,
+            "mem": peak.get("Total", 0),
+            "mem_breakdown": {c: peak.get(k, 0) for k, c in tm.MEM_CATS.items()},
             "inter_node_bytes": sum(s["inter_node_bytes"] for s in stats),
             "intra_node_bytes": sum(s["intra_node_bytes"] for s in stats)}
     every = [None] * W
@@ -105,7 +107,6 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
     return {"step_s": step_s, "tokens_per_s": W * B * cfg["seq"] / step_s,
             "loss": every[0]["loss"], "losses": curve,
             "mem_peak_bytes": peak["mem"], "mem_breakdown_bytes": peak["mem_breakdown"],
-            "param_mem_peak_bytes": max(e["param_mem"] for e in every),
             "inter_node_bytes": sum(e["inter_node_bytes"] for e in every) / W,
             "intra_node_bytes": sum(e["intra_node_bytes"] for e in every) / W,
             "report": str(plan.report(model, opt))}
@@ -194,33 +195,13 @@ def markdown(rows, info, chk):
                          f"{r['loss']:.4f}"])
         lines += [f"### {setting} ({'one node' if setting == '1x4' else '2 nodes x 2 ranks'})",
                   "", md_table(hdr, body), ""]
-    lines += ["Memory: peak over one step of the distinct live storages of parameters, "
-              "gradients, optimizer state, communication buffers and activations (saved for "
-              "backward), sampled after every op (benchmarks/training_models.py "
-              "ParamMemoryTracker); max over ranks. Link/node bytes: what one rank sent across "
-              "its node link / to its own node in that step (comm_stats over every group the "
-              "plan uses), mean over ranks.", ""]
+    lines += ["Memory: torch's MemTracker over one step, its categories at the peak "
+              "(benchmarks/training_models.py, METHOD); max over ranks. Link/node bytes: what "
+              "one rank sent across its node link / to its own node in that step (comm_stats "
+              "over every group the plan uses), mean over ranks.", ""]
     for c in chk:
         lines.append(f"- {'PASS' if c['ok'] else 'MISS'}: {c['check']} (ratio {c['ratio']:.2f})")
     return "\n".join(lines) + "\n"
-
-
-def plot(rows, path):
-    from .common import plot as draw
-
-    panels = []
-    for s in dict.fromkeys(r["setting"] for r in rows):
-        sub = [r for r in rows if r["setting"] == s and "error" not in r]
-        labels = [r["plan"] for r in sub]
-        panels += [dict(title=f"{s}: throughput", ylabel="tokens/s",
-                        bars=[("tokens/s", labels, [r["tokens_per_s"] for r in sub])]),
-                   dict(title=f"{s}: peak memory", ylabel="MiB per rank",
-                        bars=[(c, labels, [r["mem_breakdown_bytes"][c] / 2**20 for r in sub])
-                              for c in CATS]),
-                   dict(title=f"{s}: loss curves (same batches)", xlabel="step",
-                        lines={r["plan"]: (list(range(len(r["losses"]))), r["losses"])
-                               for r in sub})]
-    draw(path, panels, cols=3)
 
 
 def main(argv=None) -> int:
@@ -287,6 +268,5 @@ def main(argv=None) -> int:
     text = markdown(rows, info, chk)
     print("\n" + text)
     write_result(args.out, "strategies", {"info": info, "rows": rows, "checks": chk}, text, argv)
-    plot(rows, os.path.join(args.out, "strategies.png"))
     print(f"# took {info['elapsed_s']} s")
     return 1 if any("error" in r for r in rows) else 0

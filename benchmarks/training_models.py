@@ -1,20 +1,17 @@
 """What the training-style suites and the examples share: the seed's TransformerLM (only
 Linear, Embedding and LayerNorm, so RSDP can shard every large weight), `wrap` (one strategy:
-rsdp, fsdp2 per block and root, ddp, or a torch_rsdp.plan), the memory measurements
-(ParamMemoryTracker, MemTracker's peak) and process helpers.
+rsdp, fsdp2 per block and root, ddp, or a torch_rsdp.plan), memory as torch's MemTracker
+measures it, and process helpers.
 """
 from __future__ import annotations
 
 import math
 import os
-from typing import Optional
 
 import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 # the examples reach these through this module
 from .common import (default_threads, fmt_bytes, free_port, md_table, median,  # noqa: F401
@@ -122,24 +119,33 @@ def backend_import(backend: str):
     return f"unknown backend {backend!r}"
 
 
-def wrap(model: nn.Module, strategy: str, device: torch.device) -> nn.Module:
-    """Applies ``strategy`` to ``model`` (identically initialised on every rank). Collective."""
-    world = dist.get_world_size()
+def wrap(model: nn.Module, strategy: str, device: torch.device, group=None) -> nn.Module:
+    """Applies ``strategy`` to ``model`` (identically initialised on every rank) over ``group``
+    (None: the default group). Collective."""
     if strategy == "rsdp":
         rsdp, why = rsdp_import()
         if rsdp is None:
             raise RuntimeError(f"rsdp: not available: {why}")
-        return rsdp.shard(model)
+        return rsdp.shard(model, group)
     if strategy == "fsdp2":
-        from torch.distributed.device_mesh import init_device_mesh
-        return fully_shard_blocks(model, model.blocks, init_device_mesh(device.type, (world,)))
+        from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+        mesh = (init_device_mesh(device.type, (dist.get_world_size(),)) if group is None
+                else DeviceMesh.from_group(group, device.type))
+        return fully_shard_blocks(model, blocks_of(model), mesh)
     if strategy.startswith("plan="):
-        return wrap_plan(model, strategy[len("plan="):])
+        import torch_rsdp.plan as plan
+        return plan.apply(model, load_plan(strategy[len("plan="):]), group=group)
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
-        return DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
-                   gradient_as_bucket_view=True)
+        return DDP(model, process_group=group, gradient_as_bucket_view=True,
+                   device_ids=[device.index] if device.type == "cuda" else None)
     raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
+
+
+def blocks_of(model: nn.Module):
+    """The repeated blocks (FSDP2's units) of a TransformerLM or a Hugging Face Llama."""
+    inner = getattr(model, "module", model)
+    return inner.model.layers if hasattr(inner, "model") else inner.blocks
 
 
 def fully_shard_blocks(model: nn.Module, blocks, mesh=None) -> nn.Module:
@@ -199,11 +205,6 @@ def load_plan(spec: str):
     return spec
 
 
-def wrap_plan(model: nn.Module, spec: str) -> nn.Module:
-    import torch_rsdp.plan as plan
-    return plan.apply(model, load_plan(spec))
-
-
 def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
     """Adam over ``model``; for a planned model through ``plan.make_optimizer`` (which shards
     the state of ``shard_optim`` units)."""
@@ -216,203 +217,30 @@ def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
 # ------------------------------------------------------------------------------------ memory
 
 
-def _local(t):
-    if t is None:
-        return None
-    loc = getattr(t, "_local_tensor", None)  # DTensor
-    return loc if loc is not None else t
+# ------------------------------------------------------------------------------------ memory
 
+#: torch's MemTracker categories, as the tables name them
+MEM_CATS = {"Parameter": "params", "Buffer": "buffers", "Gradient": "grads",
+            "Optstate": "optim", "Activation": "activations", "Temp": "temp", "Other": "other"}
 
-class ParamMemoryTracker(TorchDispatchMode):
-    """Peak bytes of parameters + gradients + optimizer state + gathered/communication buffers.
-
-    Method: while active (one training step), after **every** dispatched aten/c10d op, and
-    after every RSDP rotation-buffer allocation, the tracker sums the bytes of the distinct
-    live storages (each storage counted once, at its current size) of
-
-    * ``params``: every tensor in any module's ``_parameters`` (so FSDP2's unsharded
-      parameters while a block is unsharded, DDP's full replicas, RSDP's local shards) and
-      ``model.parameters()`` (FSDP2: the local shard of each DTensor);
-    * ``grads``: their ``.grad`` (DDP: views of the gradient buckets);
-    * ``optim``: every tensor in ``optimizer.state``;
-    * ``buffers``: FSDP2's per-parameter all-gather outputs and unsharded parameters (also
-      while not registered on a module, e.g. prefetched) and their gradients; every tensor
-      passed to or returned by a c10d / functional-collective / fsdp op (all-gather and
-      reduce-scatter flat buffers, DDP buckets); and RSDP's rotation / gradient-accumulator
-      buffers (reported by ``torch_rsdp.rsdp._rotation.memory.alloc_buffer``);
-    * ``activations``: every tensor autograd saves for backward (a saved-tensors hook), unless
-      it is one of the above (a weight saved by a matmul is a parameter). ``peak`` and
-      ``peak_breakdown`` are the parameter-related peak (the first four categories);
-      ``peak_all`` and ``peak_all_breakdown`` the peak of all five.
-
-    Buffers and activations are held through storage weak references, so tracking never
-    extends a lifetime. Memory only grows at allocations, and every allocation is an op (or an
-    RSDP buffer), so sampling after each op sees the peak, up to temporaries internal to one
-    op and to tensors that are neither saved nor communicated (peak RSS covers everything).
-    """
-
-    CATS = ("params", "grads", "optim", "buffers")  # parameter-related: ``peak``
-    ALL_CATS = CATS + ("activations",)               # everything tracked: ``peak_all``
-
-    def __init__(self, model: nn.Module, optimizer: Optional[torch.optim.Optimizer] = None):
-        super().__init__()
-        self.model = model
-        self.optimizer = optimizer
-        self.modules = list(model.modules())
-        self.fsdp_params = []
-        for m in self.modules:
-            get_state = getattr(m, "_get_fsdp_state", None)
-            if get_state is not None:
-                pg = get_state()._fsdp_param_group
-                if pg is not None:
-                    self.fsdp_params.extend(pg.fsdp_params)
-        self._refs: dict = {}  # storage cdata -> StorageWeakRef
-        self._acts: dict = {}  # the same, for tensors saved for backward
-        self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-        self.peak = 0
-        self.peak_breakdown = dict.fromkeys(self.CATS, 0)
-        self.peak_all = 0
-        self.peak_all_breakdown = dict.fromkeys(self.ALL_CATS, 0)
-        self.samples = 0
-        self._prev_rsdp = None
-
-    def _pack(self, t):
-        self.track(t, self._acts)
-        return t
-
-    # --- registration of communication / rotation buffers
-    def track(self, t, into: Optional[dict] = None) -> None:
-        from torch.multiprocessing.reductions import StorageWeakRef
-        t = _local(t)
-        if not isinstance(t, torch.Tensor) or t.is_meta:
-            return
-        try:
-            s = t.untyped_storage()
-        except Exception:  # noqa: BLE001  (exotic subclasses)
-            return
-        ref = StorageWeakRef(s)
-        (self._refs if into is None else into).setdefault(ref.cdata, ref)
-
-    # Hooks called by torch_rsdp.rsdp._rotation.memory while this tracker is installed as its _ACTIVE.
-    def _on_alloc(self, t) -> None:
-        self.track(t)
-        self.sample()
-
-    def __getattr__(self, name):
-        # every other hook (_on_release: storage counts while it is really alive, through the
-        # weak references, not while RSDP holds it; a hook added later) does nothing
-        if name.startswith("_on_"):
-            return lambda *a, **k: None
-        raise AttributeError(name)
-
-    def _install(self, active: bool) -> None:
-        try:
-            import torch_rsdp.rsdp._rotation.memory as rmem
-        except Exception:  # noqa: BLE001
-            return
-        if active:
-            self._prev_rsdp, rmem._ACTIVE = rmem._ACTIVE, self
-        else:
-            rmem._ACTIVE = self._prev_rsdp
-
-    def __enter__(self):
-        self._install(True)
-        self.sample()
-        self._saved_hooks.__enter__()
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        self._install(False)
-        self.sample()
-        self._saved_hooks.__exit__(*exc)
-        self._refs.clear()
-        self._acts.clear()
-        return super().__exit__(*exc)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if func.namespace in ("c10d", "_c10d_functional", "c10d_functional", "fsdp"):
-            for t in tree_flatten((args, kwargs, out))[0]:
-                if isinstance(t, torch.Tensor):
-                    self.track(t)
-        self.sample()
-        return out
-
-    # --- sampling
-    def sample(self) -> int:
-        seen: dict = {}
-        by_cat = dict.fromkeys(self.ALL_CATS, 0)
-
-        def count(s, cat):
-            ptr, n = s.data_ptr(), s.nbytes()
-            if n and ptr not in seen:
-                seen[ptr] = cat
-                by_cat[cat] += n
-
-        def add(t, cat):
-            t = _local(t)
-            if isinstance(t, torch.Tensor):
-                try:
-                    count(t.untyped_storage(), cat)
-                except Exception:  # noqa: BLE001  (exotic subclasses)
-                    pass
-
-        params = []
-        for m in self.modules:
-            params.extend(m._parameters.values())
-        params.extend(self.model.parameters())
-        for p in params:
-            add(p, "params")
-        for p in params:
-            add(getattr(p, "grad", None), "grads")
-        if self.optimizer is not None:
-            for st in self.optimizer.state.values():
-                for v in st.values():
-                    add(v, "optim")
-        for fp in self.fsdp_params:
-            for t in getattr(fp, "all_gather_outputs", ()):
-                add(t, "buffers")
-            up = getattr(fp, "_unsharded_param", None)
-            if up is not None:
-                add(up, "buffers")
-                add(up.grad, "buffers")
-        for refs, cat in ((self._refs, "buffers"), (self._acts, "activations")):
-            dead = []
-            for key, ref in refs.items():
-                if ref.expired():
-                    dead.append(key)
-                    continue
-                count(torch.UntypedStorage._new_with_weak_ptr(ref.cdata), cat)
-            for key in dead:
-                del refs[key]
-        total = sum(by_cat[c] for c in self.CATS)
-        self.samples += 1
-        if total > self.peak:
-            self.peak, self.peak_breakdown = total, {c: by_cat[c] for c in self.CATS}
-        everything = total + by_cat["activations"]
-        if everything > self.peak_all:
-            self.peak_all, self.peak_all_breakdown = everything, by_cat
-        return total
-
-
-METHOD = ("peak parameter-related memory = max over one training step of the bytes of distinct "
-          "live storages of parameters + gradients + optimizer state + gathered/communication "
-          "buffers (FSDP2 all-gather outputs and unsharded params/grads, collective in/out "
-          "buffers, RSDP rotation/accumulator buffers), sampled after every dispatched op "
-          "(TorchDispatchMode) and every RSDP buffer allocation; max over ranks (with "
-          "activations, the tensors saved for backward, where a table says so). Peak RSS: VmHWM from /proc/self/status (reset via clear_refs "
-          "after start-up where allowed), max over ranks.")
-
-
-# ------------------------------------------------------------------------------------ process
+METHOD = ("peak memory/rank = torch's MemTracker (torch.distributed._tools.mem_tracker) over the "
+          "last training step: the model's parameters and buffers and the optimizer's state "
+          "held from before it, plus every tensor storage torch allocates during it, each "
+          "storage counted once, at the step's peak; max over ranks. Its split at that peak: "
+          "params, buffers (the modules' registered buffers), grads (what parameters' gradient "
+          "hooks receive), optim (optimizer state and the optimizer step's temporaries), "
+          "activations (allocated in forward, gathered weights and communication buffers "
+          "included), temp (allocated in backward: activations' gradients, gradients a "
+          "strategy accumulates in its own buffers, communication buffers). Memory a backend "
+          "allocates outside torch (its staging) is not counted. Peak RSS: VmHWM from "
+          "/proc/self/status (reset via clear_refs after start-up where allowed), max over ranks.")
 
 
 class NoModuleTracking:
-    """Stands in for MemTracker's module tracker, for a benchmark that needs a step's peak, not
-    its split by module: the module tracker's gradient hooks raise inside a rotation unit's
-    backward (it runs ``autograd.grad`` on each shard's graph) and on frozen parameters. Without
-    it every allocation outside parameters, gradients and optimizer state counts as an
-    activation."""
+    """Stands in for MemTracker's module tracker where that cannot run: its gradient hooks
+    raise inside a rotation unit's backward (it runs ``autograd.grad`` on each shard's graph)
+    and on frozen parameters. Without it gradients count as activations and nothing as temp;
+    the peak is the same."""
 
     is_bw = False
     parents: set = set()
@@ -433,32 +261,31 @@ class NoModuleTracking:
         return False
 
 
-def resident_bytes(model: nn.Module) -> int:
-    """Bytes of this rank's share of ``model``: its parameters' local tensors (a DTensor's
-    shard) and its buffers, each storage counted once."""
-    seen, n = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        loc = _local(t)
-        if id(loc) not in seen:
-            seen.add(id(loc))
-            n += loc.numel() * loc.element_size()
-    return n
-
-
-def memtracker_peak(fn, *held) -> dict:
-    """torch's MemTracker over ``fn()``, its categories at the peak (Total, Parameter,
-    Gradient, Optstate, ...), without its per-module split (NoModuleTracking). ``held``
-    (modules, optimizers) must name every tensor ``fn`` views: MemTracker counts a view of a
-    storage it does not know as a new allocation of all of it."""
+def memtracker(*held, modules: bool = True):
+    """torch's MemTracker, told of ``held`` (modules, optimizers, tensors): everything the
+    tracked code views must be among them, since MemTracker counts a view of a storage it does
+    not know as a new allocation of all of it. ``modules=False``: NoModuleTracking."""
     from torch.distributed._tools.mem_tracker import MemTracker
     mt = MemTracker()
-    mt._mod_tracker = NoModuleTracking()
+    if not modules:
+        mt._mod_tracker = NoModuleTracking()
     mt.track_external(*held)
-    with mt:
-        fn()
+    return mt
+
+
+def tracked_peak(mt) -> dict:
+    """MemTracker's categories at its peak ("Total", "Parameter", ...; the largest device)."""
     snap = mt.get_tracker_snapshot("peak")
     peak = max(snap.values(), key=lambda d: d.get("Total", 0)) if snap else {}
-    return {k: float(v) for k, v in peak.items()}
+    return {getattr(k, "value", k): float(v) for k, v in peak.items()}
+
+
+def memtracker_peak(fn, *held, modules: bool = False) -> dict:
+    """tracked_peak of MemTracker over ``fn()``."""
+    mt = memtracker(*held, modules=modules)
+    with mt:
+        fn()
+    return tracked_peak(mt)
 
 
 def peak_beyond(fn, *held) -> float:
@@ -466,6 +293,21 @@ def peak_beyond(fn, *held) -> float:
     state): activations, gathered or rotating weights, gradients, optimizer state."""
     peak = memtracker_peak(fn, *held)
     return peak.get("Total", 0) - peak.get("Parameter", 0) - peak.get("Buffer", 0)
+
+
+def resident_bytes(model: nn.Module) -> int:
+    """Bytes of this rank's share of ``model``: its parameters' local tensors (a DTensor's
+    shard) and its buffers, each storage counted once."""
+    seen, n = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        loc = getattr(t, "_local_tensor", t)
+        if id(loc) not in seen:
+            seen.add(id(loc))
+            n += loc.numel() * loc.element_size()
+    return n
+
+
+# ------------------------------------------------------------------------------------ process
 
 
 def reset_peak_rss() -> bool:

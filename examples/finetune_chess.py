@@ -33,11 +33,12 @@ per-device x world size x accumulation (``--total-batch-size`` sets the accumula
 ``--checkpoint-activations`` recomputes each block's activations in backward.
 
 Rank 0 prints progress every ``--log-every`` steps (step i/N, loss, tokens/s, time left), the
-peak memory per rank split into parameters, gradients, optimizer state, communication buffers
-and activations (measured during the last step, see training_models.ParamMemoryTracker) and
-peak RSS, and at the end a summary: held-out loss and the fraction of greedy next moves that
-are legal, on held-out games cut after 1, 2, ... moves up to the end of the sequence (shown for
-the opening, middle and last third of those cuts), with a sample completion.
+peak memory per rank over the last step as torch's MemTracker measures it, split into its
+categories (parameters, buffers, gradients, optimizer state, activations, backward's
+temporaries; training_models.METHOD) and peak RSS, and at the end a summary: held-out loss and
+the fraction of greedy next moves that are legal, on held-out games cut after 1, 2, ... moves
+up to the end of the sequence (shown for the opening, middle and last third of those cuts),
+with a sample completion.
 
 ``--compare`` trains every run of ``--runs`` (default rsdp:rsdp, fsdp2:rsdp, ddp:rsdp,
 fsdp2:gloo, plan=auto:rsdp) in the same processes, from the same initial weights on the same
@@ -205,12 +206,6 @@ def build_model(a, vocab_size: int):
     return model
 
 
-def blocks_of(model):
-    """The repeated blocks (FSDP2's units)."""
-    inner = getattr(model, "module", model)
-    return inner.model.layers if hasattr(inner, "model") else inner.blocks
-
-
 def eval_max_plies(seq_len: int) -> int:
     """The most moves a legal-move prompt holds: room is left for one more (a move is at most
     5 characters and a space, after ``<bos>``)."""
@@ -248,23 +243,8 @@ class Run:
         self.plan_text = None
         if self.strategy.startswith("plan"):
             model = self.build_plan(model)
-        elif self.strategy == "rsdp":
-            rsdp, why = tm.rsdp_import()
-            if rsdp is None:
-                raise RuntimeError(f"rsdp: not available: {why}")
-            model = rsdp.shard(model, group=self.group)
-        elif self.strategy == "fsdp2":
-            from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-            mesh = (init_device_mesh(self.device.type, (self.world,)) if self.group is None
-                    else DeviceMesh.from_group(self.group, self.device.type))
-            for blk in blocks_of(model):
-                fully_shard(blk, mesh=mesh)
-            fully_shard(model, mesh=mesh)
         else:
-            from torch.nn.parallel import DistributedDataParallel as DDP
-            model = DDP(model, process_group=self.group, gradient_as_bucket_view=True,
-                        device_ids=[self.device.index] if self.device.type == "cuda" else None)
+            model = tm.wrap(model, self.strategy, self.device, self.group)
         self.model = model
         decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
         other = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -345,12 +325,16 @@ class Run:
         for step in range(start, a.steps):
             t_turn = time.perf_counter()
             last = step == a.steps - 1
-            tracker = (tm.ParamMemoryTracker(self.model, self.opt)
+            tracker = (tm.memtracker(self.model, self.opt)
                        if last and not a.no_memory and a.steps > 1 else None)
             t0 = time.perf_counter()
             with tracker if tracker is not None else contextlib.nullcontext():
                 step_loss = 0.0
                 for micro in range(accum):
+                    if tracker is not None and micro:
+                        # MemTracker refuses a root module's second forward in one tracking
+                        # unless its per-module statistics (not used here) are cleared
+                        tracker.reset_mod_stats()
                     x, y = self.data.batch(self.indices(step, micro))
                     x, y = x.to(self.device), y.to(self.device)
                     sync = micro == accum - 1 or not (self.strategy == "ddp"
@@ -375,7 +359,7 @@ class Run:
                          f"{load_s:.2f} s; the rest is rebuilding the model and the step "
                          f"itself)", flush=True)
             if tracker is not None:
-                mem = tracker
+                mem = tm.tracked_peak(tracker)
             elif step - start >= skip:
                 times.append(dt)
             if ckpt is not None:
@@ -401,24 +385,21 @@ class Run:
         elapsed = spent
         if not times:  # a single step: it was also the memory-tracked one
             times.append(dt)
-        cats = tm.ParamMemoryTracker.ALL_CATS
-        per_rank = tm.gather_floats([tm.median(times), mem.peak if mem else float("nan"),
-                                     tm.proc_status_kib("VmHWM") * 1024.0,
-                                     mem.peak_all if mem else float("nan"),
-                                     *((mem.peak_all_breakdown[c] if mem else 0.0)
-                                       for c in cats)], self.device)
+        mem = mem or {}
+        per_rank = tm.gather_floats([tm.median(times), tm.proc_status_kib("VmHWM") * 1024.0,
+                                     mem.get("Total", float("nan")),
+                                     *(mem.get(c, 0.0) for c in tm.MEM_CATS)], self.device)
         step_s = max(r[0] for r in per_rank)
-        peak_rank = max(range(self.world), key=lambda r: per_rank[r][3]
-                        if per_rank[r][3] == per_rank[r][3] else -1)
+        peak_rank = max(range(self.world), key=lambda r: per_rank[r][2]
+                        if per_rank[r][2] == per_rank[r][2] else -1)
         self.result = {
             "strategy": self.strategy, "backend": self.backend, "world_size": self.world,
             "params": self.n_params, "tokens_per_step": tokens_per_step, "steps": a.steps,
             "timed_steps": len(times), "step_s": step_s, "tokens_per_s": tokens_per_step / step_s,
-            "mem_peak_bytes": per_rank[peak_rank][1],
-            "mem_peak_with_activations_bytes": per_rank[peak_rank][3],
-            # the split of that peak (the rank with the highest)
-            "mem_breakdown_bytes": dict(zip(cats, per_rank[peak_rank][4:])),
-            "rss_peak_bytes": max(r[2] for r in per_rank),
+            "mem_peak_bytes": per_rank[peak_rank][2],
+            # MemTracker's split of that peak (the rank with the highest)
+            "mem_breakdown_bytes": dict(zip(tm.MEM_CATS.values(), per_rank[peak_rank][3:])),
+            "rss_peak_bytes": max(r[1] for r in per_rank),
             "losses": [{"step": s, "loss": v, "elapsed_s": e} for s, v, e in losses],
             "final_loss": losses[-1][1], "elapsed_s": elapsed,
         }
@@ -629,8 +610,8 @@ def process_main(args) -> int:
             log(f"{r['strategy']}: predicted step {r['predicted_step_s'] * 1e3:.1f} ms "
                 f"(per micro-batch x {args.gradient_accumulation_steps}), measured "
                 f"{r['step_s'] * 1e3:.1f} ms; predicted peak/rank "
-                f"{tm.fmt_bytes(r['predicted_peak_bytes'])}, measured (with activations) "
-                f"{tm.fmt_bytes(r['mem_peak_with_activations_bytes'])}, budget "
+                f"{tm.fmt_bytes(r['predicted_peak_bytes'])}, measured "
+                f"{tm.fmt_bytes(r['mem_peak_bytes'])}, budget "
                 f"{tm.fmt_bytes(r['memory_budget_bytes'])}")
     if turns:
         log("\nthe runs took turns, one optimizer step each, in the same processes: step "
@@ -687,8 +668,7 @@ def finish(run: Run, args, log, shared_rss: bool = False) -> dict:
     sample = r.get("sample_completion")
     log(f"=== {run.strategy}:{run.backend}: {r['tokens_per_s']:,.0f} tokens/s "
         f"({r['step_s'] * 1e3:.0f} ms/step, median of {r['timed_steps']} timed steps), "
-        f"peak memory/rank {tm.fmt_bytes(r['mem_peak_with_activations_bytes'])} (parameter-"
-        f"related {tm.fmt_bytes(r['mem_peak_bytes'])}), peak RSS/rank "
+        f"peak memory/rank {tm.fmt_bytes(r['mem_peak_bytes'])} (MemTracker), peak RSS/rank "
         f"{tm.fmt_bytes(r['rss_peak_bytes'])}{' (all runs)' if shared_rss else ''}, final "
         f"loss {r['final_loss']:.4f}, held-out loss {r['eval_loss']:.4f}, legal next moves "
         + (f"{100 * r['legal_move_rate']:.0f}% of {r['legal_move_prompts']}"

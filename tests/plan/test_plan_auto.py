@@ -280,7 +280,7 @@ def test_parse_budget_and_cluster():
 
 def test_bench_plans_quick(tmp_path):
     """The planner benchmark runs end to end (tiny Llama, 4 ranks, 3 budgets, 2 uniform
-    strategies) and writes its table, JSON and figure; the planner's memory prediction is
+    strategies) and writes its table and JSON; the planner's memory prediction is
     within 25 % of what MemTracker measured for every plan (the benchmark's own target, 10 %,
     is for its full-size run on a quiet machine)."""
     import json
@@ -300,5 +300,4 @@ def test_bench_plans_quick(tmp_path):
         err = abs(r["pred_peak_bytes"] - r["peak_bytes"]) / r["peak_bytes"]
         assert err < 0.25, (r["plan"], r["pred_peak_bytes"], r["peak_bytes"])
     assert {c["check"] for c in out["checks"]}, out["checks"]
-    for ext in ("md", "png"):
-        assert (tmp_path / f"plans.{ext}").stat().st_size > 0
+    assert (tmp_path / "plans.md").stat().st_size > 0

@@ -108,5 +108,4 @@ def test_bench_strategies_quick(tmp_path):
     assert all(r["tokens_per_s"] > 0 and r["mem_peak_bytes"] > 0 for r in out["rows"])
     fewer = [c for c in out["checks"] if "fewer bytes" in c["check"]]
     assert fewer and fewer[0]["ok"], out["checks"]
-    for ext in ("md", "png"):
-        assert (tmp_path / f"strategies.{ext}").stat().st_size > 0
+    assert (tmp_path / "strategies.md").stat().st_size > 0
