@@ -1,7 +1,7 @@
 """nccl-tests-style sweep of torch.distributed collectives (op x dtype x size) on CPU or CUDA
 tensors: each backend of --backends against the last, each point checked exact, then timed
 (the slowest rank's time per iteration, the median); "bytes", algbw and busbw follow
-nccl-tests. --peers measures Open MPI and oneCCL at the same points (common.py, "peers").
+nccl-tests. --peers measures Open MPI and oneCCL at the same points ("peers" below).
 See docs/benchmarks.md, collectives.
 """
 
@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.metadata
 import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -50,7 +52,7 @@ WARMUP_SECONDS = 0.02
 WARMUP_MAX_OPS = 5000
 # With more ranks than cores, ranks woken between points may be stacked on one core until the
 # kernel's load balancer spreads them again, for up to a few hundred ms: oversubscribed runs
-# (and the peers, common.py) warm each point up for this long instead.
+# (and the peers) warm each point up for this long instead.
 SETTLE_SECONDS = 0.25
 # The buffer of the single-core memcpy (and, with --device cuda, device copy) measurement.
 MEMCPY_BYTES = 256 << 20
@@ -111,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="pin rank r to core r, and the peers' ranks likewise, as OSU and "
                         "nccl-tests runs do, when there are enough cores (unpinned ranks may "
                         "be stacked on one core for a whole point)")
-    p.add_argument("--peers", type=csv_list(common.PEERS), default=None,
+    p.add_argument("--peers", type=csv_list(PEERS), default=None,
                    help="also measure these libraries outside torch.distributed at the same "
                         "points (mpi: Open MPI via mpirun + mpi4py; oneccl: Intel oneCCL, "
                         "built on first use), and rsdp on 1 rank")
@@ -209,22 +211,12 @@ def measure_copy(nbytes: int, device: str = "cpu", repeats: int = 8) -> float:
 
 def cuda_info(args, copy_gbps: float, note: str) -> dict:
     """What a --device cuda run adds to machine_info (a CPU run's info has none of it)."""
-    props = torch.cuda.get_device_properties(0)
     gpus = torch.cuda.device_count()
-    return {
-        "device": "cuda",
-        "gpu_name": props.name,
-        "gpu_count": gpus,
-        "gpu_memory_bytes": props.total_memory,
-        "ranks_per_gpu": -(-args.world_size // gpus),
-        "torch_cuda_version": torch.version.cuda,
-        # a copy reads and writes every byte: the memory traffic is twice the bytes copied
-        "d2d_copy_gbps": round(2 * copy_gbps, 2),
-        "d2d_copy_gbps_bytes_copied": round(copy_gbps, 2),
-        "d2d_copy_method": (f"torch copy_ of a {fmt_bytes(MEMCPY_BYTES)} "
-                            f"buffer on GPU 0, fastest of 8, CUDA events; bytes read + written"),
-        "baseline_note": note,
-    }
+    return {"device": "cuda", "gpu_name": torch.cuda.get_device_name(0), "gpu_count": gpus,
+            "ranks_per_gpu": -(-args.world_size // gpus), "torch_cuda_version": torch.version.cuda,
+            # a copy reads and writes every byte: the memory traffic is twice the bytes copied
+            "d2d_copy_gbps": round(2 * copy_gbps, 2),
+            "d2d_copy_gbps_bytes_copied": round(copy_gbps, 2), "baseline_note": note}
 
 
 def check_cuda(args, parser) -> str:
@@ -347,7 +339,7 @@ class Collective:
 
 def points(args, dtypes) -> list[dict]:
     """Every point of the sweep in its order (op, dtype, size), with its element count and
-    iteration counts: the torch side and the peers (common.py) measure exactly these."""
+    iteration counts: the torch side and the peers measure exactly these."""
     out = []
     for op in args.ops:
         for dtype in dtypes:
@@ -460,7 +452,7 @@ def worker(rank: int, args, port: int, raw_path: str) -> None:
     timeout = datetime.timedelta(seconds=args.timeout)
     store = dist.TCPStore("127.0.0.1", port, n, is_master=(rank == 0), timeout=timeout)
     rows: list[dict] = []
-    # common.run_world1 sets `labels` to run rsdp on one rank under the label "rsdp@1".
+    # run_world1 sets `labels` to run rsdp on one rank under the label "rsdp@1".
     labels = getattr(args, "labels", None) or backend_labels(args.backends)
     for rnd in range(args.rounds):
         for idx, (label, name) in enumerate(zip(labels, args.backends)):
@@ -477,6 +469,170 @@ def worker(rank: int, args, port: int, raw_path: str) -> None:
             if rank == 0:  # keep what we have, even if a later backend crashes
                 with open(raw_path, "w") as f:
                     json.dump(rows, f)
+
+
+# --------------------------------------------------------------------------- peers
+#
+# Libraries measured outside torch.distributed at the same points with the same timing
+# (`--peers mpi,oneccl`, common.py starts them), and rsdp on a 1-rank group. A peer that cannot
+# run here is announced and left out; one that starts and fails is an error.
+
+PEERS = ("mpi", "oneccl")
+WORLD1 = "rsdp@1"  # rsdp on a 1-rank group: what a call costs besides the communication
+# numpy dtypes with an MPI datatype (mpi_rank.MPI_TYPES). MPI has no bfloat16, and Open
+# MPI 4.1 no float16 either (MPIX_C_FLOAT16 came with 5.0).
+MPI_DTYPES = ("float32", "float64", "int32", "int64")
+
+
+def check_peers(args) -> list[str]:
+    """Before the sweep: drops the peers that cannot run (printing why) and returns the notes
+    for the report."""
+    notes = []
+    if args.device != "cpu":
+        notes.append("--peers: the peers are measured on CPU buffers only; left out with "
+                     "--device cuda")
+        args.peers = []
+    for peer in list(args.peers):
+        why = common.unavailable(peer)
+        if why:
+            notes.append(f"{peer} not measured: {why}")
+            args.peers.remove(peer)
+    if args.peers and "rsdp" not in args.backends:
+        notes.append(f"{WORLD1} not measured: rsdp is not among --backends")
+    skipped = [d for d in args.dtypes if d not in MPI_DTYPES]  # oneCCL has every dtype
+    if "mpi" in args.peers and skipped:
+        notes.append(f"mpi: {', '.join(skipped)} not measured (no MPI datatype)")
+    for note in notes:
+        print(f"# NOTE: {note}", flush=True)
+    return notes
+
+
+def run_world1(args, tmp: str) -> list[dict]:
+    """rsdp on a 1-rank group, through collectives.worker (the same timing code).
+
+    The element counts are those of a 1-rank run of the same bytes; for the 2-rank target
+    they equal the 2-rank counts (every size is even). Threads per rank stay as in the sweep.
+    """
+    one = argparse.Namespace(**vars(args))
+    one.world_size, one.backends, one.labels = 1, ["rsdp"], [WORLD1]
+    raw_path = os.path.join(tmp, "world1.json")
+    mp.spawn(worker, args=(one, free_port(), raw_path), nprocs=1, join=True)
+    return json.load(open(raw_path)) if os.path.exists(raw_path) else []
+
+
+def run_mpi(args, tmp: str) -> tuple[list[dict], dict, str | None]:
+    """(raw rows, machine-info additions, error or None); the rows written before a failure
+    are kept."""
+    plan, out = os.path.join(tmp, "mpi_plan.json"), os.path.join(tmp, "mpi_result.json")
+    dtypes = [d for d in args.dtypes if d in MPI_DTYPES]
+    with open(plan, "w") as f:
+        settle = warmup_seconds(args)
+        json.dump({"world_size": args.world_size, "rounds": args.rounds,
+                   "warmup_seconds": settle, "warmup_max_ops": warmup_max_ops(settle),
+                   "points": points(args, dtypes)}, f)
+    cmd = common.mpirun_command(args.world_size, plan, out, args.bind)
+    launcher = " ".join(cmd[:cmd.index(sys.executable)])
+    print(f"# mpi: {launcher} python benchmarks/mpi_rank.py ...", flush=True)
+    # A hung job must not hang the benchmark: it gets twice the process-group timeout.
+    error = common.run_mpirun(cmd, 2 * args.timeout)
+    result = json.load(open(out)) if os.path.exists(out) else {}
+    info = {"mpi_library_version": result.get("library_version", "unknown"),
+            "mpi_standard_version": result.get("mpi_version"),
+            "mpi4py_version": result.get("mpi4py_version"),
+            "mpi_command": launcher}
+    return result.get("rows", []), info, error
+
+
+def run_oneccl(args, tmp: str) -> tuple[list[dict], dict, str | None]:
+    """(raw rows, machine-info additions, error or None), as run_mpi: one oneccl_peer process
+    per rank, pinned as the collectives suite pins the torch ranks."""
+    libdir, incdir = common.oneccl_paths()
+    exe = common.oneccl_build(libdir, incdir)
+    n = args.world_size
+    plan, kvs, out = (os.path.join(tmp, name) for name in
+                      ("oneccl_plan.txt", "oneccl_kvs", "oneccl_result.json"))
+    with open(plan, "w") as f:
+        settle = warmup_seconds(args)
+        f.write(f"{n} {args.rounds} {settle} {warmup_max_ops(settle)} {args.timeout}\n")
+        for p in points(args, args.dtypes):
+            f.write(f"{p['op']} {p['dtype']} {p['count']} {p['bytes']} {p['iters']} "
+                    f"{p['reps']} {p['warmup']}\n")
+    cores = sorted(os.sched_getaffinity(0))
+    bind = args.bind and n <= len(cores)
+    env = dict(os.environ)
+    for key, value in common.ONECCL_ENV.items():
+        env.setdefault(key, value)
+    if bind:  # oneCCL's own threads stay on their rank's core
+        env.setdefault("CCL_WORKER_AFFINITY", ",".join(str(c) for c in cores[:n]))
+    shown = [k for k in (*common.ONECCL_ENV, "CCL_WORKER_AFFINITY") if k in env]
+    launcher = " ".join(f"{k}={env[k]}" for k in shown)
+    print(f"# oneccl: {launcher} build/oneccl/oneccl_peer x {n}"
+          f"{' (one core each)' if bind else ''}", flush=True)
+    procs = []
+    try:
+        for r in range(n):
+            pin = (lambda c=cores[r]: os.sched_setaffinity(0, {c})) if bind else None
+            procs.append(subprocess.Popen(
+                [exe, plan, kvs, out, str(r)], preexec_fn=pin,
+                env=dict(env, CCL_LOCAL_RANK=str(r), CCL_LOCAL_SIZE=str(n))))
+        error = wait_ranks(procs, 2 * args.timeout)
+    finally:
+        for proc in procs:  # whatever happened, no rank outlives the run
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    result = json.load(open(out)) if os.path.exists(out) else {}
+    info = {"oneccl_library_version": result.get("library_version", "unknown"),
+            "oneccl_wheel_version": importlib.metadata.version("oneccl-cpu"),
+            "oneccl_command": f"{launcher} oneccl_peer x {n}"}
+    return result.get("rows", []), info, error
+
+
+def wait_ranks(procs: list, timeout: float) -> str | None:
+    """Waits for every rank; None when all exit 0. A rank that fails leaves the others waiting
+    for it in a collective: they get a few seconds to report their own error, then are
+    stopped. A job that runs past `timeout` (twice the process-group timeout) is stopped."""
+    deadline = time.monotonic() + timeout
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if all(c is not None for c in codes) or failed:
+            break
+        if time.monotonic() > deadline:
+            return f"the ranks did not finish in {timeout:.0f} s"
+        time.sleep(0.1)
+    if failed:
+        grace = time.monotonic() + 5
+        while any(p.poll() is None for p in procs) and time.monotonic() < grace:
+            time.sleep(0.1)
+        return "; ".join(f"rank {r} exited with status {c}" for r, c in failed)
+    return None
+
+
+def run_peers(args, notes: list[str]) -> tuple[list[dict], dict, list[str]]:
+    """Runs the peers still in args.peers after check_peers(). Returns (raw rows, machine-info
+    additions, errors); a failing part adds an error and the others still run."""
+    rows, info, errors = [], {}, []
+    with tempfile.TemporaryDirectory() as tmp:
+        if "rsdp" in args.backends:
+            print(f"# {WORLD1}: rsdp on a 1-rank group", flush=True)
+            try:
+                rows += run_world1(args, tmp)
+            except Exception as exc:  # noqa: BLE001 - reported, the peers still run
+                errors.append(f"{WORLD1}: {type(exc).__name__}: {exc}")
+        for peer, runner in (("mpi", run_mpi), ("oneccl", run_oneccl)):
+            if peer not in args.peers:
+                continue
+            try:
+                peer_rows, peer_info, error = runner(args, tmp)
+                rows += peer_rows
+                info.update(peer_info)
+                if error:
+                    errors.append(f"{peer}: {error}")
+            except Exception as exc:  # noqa: BLE001 - reported, the other peers still run
+                errors.append(f"{peer}: {type(exc).__name__}: {exc}")
+    info["peer_notes"] = notes + [f"ERROR {e}" for e in errors]
+    return rows, info, errors
 
 
 # --------------------------------------------------------------------------- report
@@ -502,7 +658,6 @@ MEMCPY_TARGETS = ((("allreduce",), 0.6, 16 * MiB), (("allgather", "broadcast"), 
 # With --peers mpi: rsdp's time minus its own world-size-1 time ("rsdp@1", the cost of the call
 # itself) <= Open MPI's time, for every size in this range, for these ops.
 PEER = "mpi"
-WORLD1 = common.WORLD1_LABEL
 PEER_RANGE = (8, 64 * KiB)
 PEER_OPS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
 
@@ -827,7 +982,7 @@ def main(argv=None) -> int:
               f"{info['d2d_copy_gbps']:.1f} GB/s (bytes read + written)", flush=True)
         if cuda_note:
             print(f"# {cuda_note}", flush=True)
-    peer_notes = common.check_peers(args) if args.peers else []
+    peer_notes = check_peers(args) if args.peers else []
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
@@ -840,8 +995,7 @@ def main(argv=None) -> int:
         raw = json.load(open(raw_path)) if os.path.exists(raw_path) else []
     peer_errors = []
     if args.peers and crashed is None:
-        peer_raw, peer_info, peer_errors = common.run_peers(args, sys.modules[__name__],
-                                                            peer_notes)
+        peer_raw, peer_info, peer_errors = run_peers(args, peer_notes)
         raw += peer_raw
         info.update(peer_info)
     elif peer_notes:

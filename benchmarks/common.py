@@ -387,17 +387,10 @@ def describe(p: dict) -> str:
 
 # --------------------------------------------------------------------------- peers
 #
-# Libraries measured outside torch.distributed at the collectives suite's points with its timing
-# (`--peers mpi,oneccl`), and rsdp on a 1-rank group ("rsdp@1": a call's cost besides the
-# communication). Open MPI runs mpi_rank.py under mpirun; oneCCL runs oneccl_peer.cpp, built on
-# first use into build/oneccl/, one process per rank meeting through oneCCL's key-value store.
-# A peer that cannot run here is announced and left out; one that starts and fails is an error.
+# Libraries measured outside torch.distributed (collectives --peers, multinode's mpi variant):
+# Open MPI runs mpi_rank.py under mpirun; oneCCL runs oneccl_peer.cpp, built on first use into
+# build/oneccl/, one process per rank meeting through oneCCL's key-value store.
 
-PEERS = ("mpi", "oneccl")
-WORLD1_LABEL = "rsdp@1"
-# numpy dtypes with an MPI datatype (mpi_rank.MPI_TYPES). MPI has no bfloat16, and Open
-# MPI 4.1 no float16 either (MPIX_C_FLOAT16 came with 5.0).
-MPI_DTYPES = ("float32", "float64", "int32", "int64")
 ONECCL_VERSION = "2022.2.0"  # the wheels scripts/setup.sh installs
 # oneCCL's environment (a variable already set wins): OFI with libfabric's shared-memory
 # provider, Open MPI vader's counterpart (tcp over the loopback is several times slower); the
@@ -530,67 +523,6 @@ def oneccl_unavailable() -> str | None:
     return None
 
 
-def check_peers(args) -> list[str]:
-    """Before the sweep: drops the peers that cannot run (printing why) and returns the notes
-    for the report."""
-    notes = []
-    if args.device != "cpu":
-        notes.append("--peers: the peers are measured on CPU buffers only; left out with "
-                     "--device cuda")
-        args.peers = []
-    for peer in list(args.peers):
-        why = unavailable(peer)
-        if why:
-            notes.append(f"{peer} not measured: {why}")
-            args.peers.remove(peer)
-    if args.peers and "rsdp" not in args.backends:
-        notes.append(f"{WORLD1_LABEL} not measured: rsdp is not among --backends")
-    skipped = [d for d in args.dtypes if d not in MPI_DTYPES]  # oneCCL has every dtype
-    if "mpi" in args.peers and skipped:
-        notes.append(f"mpi: {', '.join(skipped)} not measured (no MPI datatype)")
-    for note in notes:
-        print(f"# NOTE: {note}", flush=True)
-    return notes
-
-
-def run_world1(args, bc, tmp: str) -> list[dict]:
-    """rsdp on a 1-rank group, through collectives.worker (the same timing code).
-
-    The element counts are those of a 1-rank run of the same bytes; for the 2-rank target
-    they equal the 2-rank counts (every size is even). Threads per rank stay as in the sweep.
-    """
-    one = argparse.Namespace(**vars(args))
-    one.world_size, one.backends, one.labels = 1, ["rsdp"], [WORLD1_LABEL]
-    raw_path = os.path.join(tmp, "world1.json")
-    import torch.multiprocessing
-
-    torch.multiprocessing.spawn(bc.worker, args=(one, free_port(), raw_path), nprocs=1, join=True)
-    return json.load(open(raw_path)) if os.path.exists(raw_path) else []
-
-
-def run_mpi(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
-    """(raw rows, machine-info additions, error or None); the rows written before a failure
-    are kept."""
-    plan, out = os.path.join(tmp, "mpi_plan.json"), os.path.join(tmp, "mpi_result.json")
-    dtypes = [d for d in args.dtypes if d in MPI_DTYPES]
-    with open(plan, "w") as f:
-        settle = bc.warmup_seconds(args)
-        json.dump({"world_size": args.world_size, "rounds": args.rounds,
-                   "warmup_seconds": settle, "warmup_max_ops": bc.warmup_max_ops(settle),
-                   "points": bc.points(args, dtypes)}, f)
-    cmd = mpirun_command(args.world_size, plan, out, getattr(args, "bind", False))
-    launcher = " ".join(cmd[:cmd.index(sys.executable)])
-    print(f"# mpi: {launcher} python benchmarks/mpi_rank.py ...", flush=True)
-    # A hung job must not hang the benchmark: it gets twice the process-group timeout.
-    error = run_mpirun(cmd, 2 * args.timeout)
-    result = json.load(open(out)) if os.path.exists(out) else {}
-    info = {"mpi_library_version": result.get("library_version", "unknown"),
-            "mpi_standard_version": result.get("mpi_version"),
-            "mpi4py_version": result.get("mpi4py_version"),
-            "mpi_command": launcher}
-    return result.get("rows", []), info, error
-
-
 def run_mpirun(cmd: list[str], timeout: float, capture: bool = False) -> str | None:
     """Runs an mpirun command line; None when it exits 0, else why not. Past `timeout` it is
     sent SIGTERM (mpirun then stops its daemons and ranks itself), SIGKILL 30 s later. With
@@ -612,97 +544,6 @@ def run_mpirun(cmd: list[str], timeout: float, capture: bool = False) -> str | N
         return f"mpirun exited with status {proc.returncode}" + (f": {log[-2000:]}" if log else "")
     return None
 
-
-def run_oneccl(args, bc, tmp: str) -> tuple[list[dict], dict, str | None]:
-    """(raw rows, machine-info additions, error or None), as run_mpi: one oneccl_peer process
-    per rank, pinned as the collectives suite pins the torch ranks."""
-    libdir, incdir = oneccl_paths()
-    exe = oneccl_build(libdir, incdir)
-    n = args.world_size
-    plan, kvs, out = (os.path.join(tmp, name) for name in
-                      ("oneccl_plan.txt", "oneccl_kvs", "oneccl_result.json"))
-    with open(plan, "w") as f:
-        settle = bc.warmup_seconds(args)
-        f.write(f"{n} {args.rounds} {settle} {bc.warmup_max_ops(settle)} {args.timeout}\n")
-        for p in bc.points(args, args.dtypes):
-            f.write(f"{p['op']} {p['dtype']} {p['count']} {p['bytes']} {p['iters']} "
-                    f"{p['reps']} {p['warmup']}\n")
-    cores = sorted(os.sched_getaffinity(0))
-    bind = getattr(args, "bind", False) and n <= len(cores)
-    env = dict(os.environ)
-    for key, value in ONECCL_ENV.items():
-        env.setdefault(key, value)
-    if bind:  # oneCCL's own threads stay on their rank's core
-        env.setdefault("CCL_WORKER_AFFINITY", ",".join(str(c) for c in cores[:n]))
-    shown = [k for k in (*ONECCL_ENV, "CCL_WORKER_AFFINITY") if k in env]
-    launcher = " ".join(f"{k}={env[k]}" for k in shown)
-    print(f"# oneccl: {launcher} build/oneccl/oneccl_peer x {n}"
-          f"{' (one core each)' if bind else ''}", flush=True)
-    procs = []
-    try:
-        for r in range(n):
-            pin = (lambda c=cores[r]: os.sched_setaffinity(0, {c})) if bind else None
-            procs.append(subprocess.Popen(
-                [exe, plan, kvs, out, str(r)], preexec_fn=pin,
-                env=dict(env, CCL_LOCAL_RANK=str(r), CCL_LOCAL_SIZE=str(n))))
-        error = wait_ranks(procs, 2 * args.timeout)
-    finally:
-        for proc in procs:  # whatever happened, no rank outlives the run
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    result = json.load(open(out)) if os.path.exists(out) else {}
-    info = {"oneccl_library_version": result.get("library_version", "unknown"),
-            "oneccl_wheel_version": importlib.metadata.version("oneccl-cpu"),
-            "oneccl_command": f"{launcher} oneccl_peer x {n}"}
-    return result.get("rows", []), info, error
-
-
-def wait_ranks(procs: list, timeout: float) -> str | None:
-    """Waits for every rank; None when all exit 0. A rank that fails leaves the others waiting
-    for it in a collective: they get a few seconds to report their own error, then are
-    stopped. A job that runs past `timeout` (twice the process-group timeout) is stopped."""
-    deadline = time.monotonic() + timeout
-    while True:
-        codes = [p.poll() for p in procs]
-        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if all(c is not None for c in codes) or failed:
-            break
-        if time.monotonic() > deadline:
-            return f"the ranks did not finish in {timeout:.0f} s"
-        time.sleep(0.1)
-    if failed:
-        grace = time.monotonic() + 5
-        while any(p.poll() is None for p in procs) and time.monotonic() < grace:
-            time.sleep(0.1)
-        return "; ".join(f"rank {r} exited with status {c}" for r, c in failed)
-    return None
-
-
-def run_peers(args, bc, notes: list[str]) -> tuple[list[dict], dict, list[str]]:
-    """Runs the peers still in args.peers after check_peers(). Returns (raw rows, machine-info
-    additions, errors); a failing part adds an error and the others still run."""
-    rows, info, errors = [], {}, []
-    with tempfile.TemporaryDirectory() as tmp:
-        if "rsdp" in args.backends:
-            print(f"# {WORLD1_LABEL}: rsdp on a 1-rank group", flush=True)
-            try:
-                rows += run_world1(args, bc, tmp)
-            except Exception as exc:  # noqa: BLE001 - reported, the peers still run
-                errors.append(f"{WORLD1_LABEL}: {type(exc).__name__}: {exc}")
-        for peer, runner in (("mpi", run_mpi), ("oneccl", run_oneccl)):
-            if peer not in args.peers:
-                continue
-            try:
-                peer_rows, peer_info, error = runner(args, bc, tmp)
-                rows += peer_rows
-                info.update(peer_info)
-                if error:
-                    errors.append(f"{peer}: {error}")
-            except Exception as exc:  # noqa: BLE001 - reported, the other peers still run
-                errors.append(f"{peer}: {type(exc).__name__}: {exc}")
-    info["peer_notes"] = notes + [f"ERROR {e}" for e in errors]
-    return rows, info, errors
 
 
 # --------------------------------------------------------------------------- plots
