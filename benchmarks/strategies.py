@@ -49,8 +49,7 @@ def plan_of(spec: str):
     return spec, spec
 
 
-def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=None,
-                 repeat=0):
+def bench_worker(ctx, plan_json, cfg, steps, warmup, lr, compression=None, repeat=0):
     """One plan on every rank; returns rank 0's summary (other ranks: None)."""
     import torch
     import torch.distributed as dist
@@ -59,7 +58,7 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, threads, lr, compression=No
     import torch_rsdp.plan as plan
     from . import training_models as tm
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)
     W, r, B = ctx.world_size, ctx.rank, cfg["batch"]
     torch.manual_seed(0)
     model = tm.TransformerLM(cfg["vocab"], cfg["d_model"], cfg["ffn"], cfg["heads"],
@@ -121,12 +120,12 @@ def run(setting, spec, args, nodes):
     t0 = time.perf_counter()
     try:
         res = launch(bench_worker, len(node_of),
-                     (p, args.config, args.steps, args.warmup, args.threads, args.lr, comp,
+                     (p, args.config, args.steps, args.warmup, args.lr, comp,
                       args.repeat_batches),
                      node_of=node_of if setting != "1x4" else None,
                      netns=nodes if setting != "1x4" else None,
-                     env={"OMP_NUM_THREADS": str(args.threads), "RSDP_SPIN_US": "0"},
-                     deadline=args.deadline, pg_timeout=args.deadline / 2, check_shm=True)
+                     env={"OMP_NUM_THREADS": "1", "RSDP_SPIN_US": "0"},
+                     deadline=600, pg_timeout=300, check_shm=True)
         row = dict(res[0])
     except LaunchError as e:
         row = {"error": str(e).splitlines()[0][:300]}
@@ -212,10 +211,6 @@ def main(argv=None) -> int:
     p.add_argument("--rate", default="200mbit", help="tc rate of each node link (2x2)")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--layers", type=int, default=SMALL["layers"])
-    p.add_argument("--d-model", type=int, default=SMALL["d_model"])
-    p.add_argument("--deadline", type=float, default=600)
     p.add_argument("--lr", type=float, default=1e-4, help="Adam's learning rate")
     p.add_argument("--repeat-batches", type=int, default=0,
                    help="train on this many batches in turn (0: fresh random tokens each "
@@ -224,10 +219,10 @@ def main(argv=None) -> int:
                    help="smoke test: 2x2, full_shard and hybrid_shard, 1 step, 2 layers")
     p.add_argument("--out", default=RESULTS)
     args = p.parse_args(argv)
+    args.config = dict(SMALL)
     if args.quick:
-        args.plans, args.settings, args.steps, args.warmup, args.layers = (
-            "full_shard,hybrid_shard", "2x2", 1, 1, 2)
-    args.config = dict(SMALL, layers=args.layers, d_model=args.d_model)
+        args.plans, args.settings, args.steps, args.warmup = "full_shard,hybrid_shard", "2x2", 1, 1
+        args.config["layers"] = 2
     plans = [s.strip() for s in args.plans.split(",") if s.strip()]
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     bad = [s for s in settings if s not in SETTINGS]
@@ -251,7 +246,7 @@ def main(argv=None) -> int:
                                                     c["heads"], c["layers"], c["seq"]))
     netns.cleanup_stale()
     info = {"config": args.config, "params": n_params, "steps": args.steps,
-            "warmup": args.warmup, "threads": args.threads, "cores": os.cpu_count(),
+            "warmup": args.warmup, "threads": 1, "cores": os.cpu_count(),
             "lr": args.lr,
             "torch": torch.__version__, "load": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now().isoformat(timespec="seconds")}
