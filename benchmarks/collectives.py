@@ -474,8 +474,9 @@ def worker(rank: int, args, port: int, raw_path: str) -> None:
 # --------------------------------------------------------------------------- peers
 #
 # Libraries measured outside torch.distributed at the same points with the same timing
-# (`--peers mpi,oneccl`, common.py starts them), and rsdp on a 1-rank group. A peer that cannot
-# run here is announced and left out; one that starts and fails is an error.
+# (`--peers mpi,oneccl`; common.py has mpirun's command line and builds the oneCCL program), and
+# rsdp on a 1-rank group. A peer that cannot run here is announced and left out; one that
+# starts and fails is an error.
 
 PEERS = ("mpi", "oneccl")
 WORLD1 = "rsdp@1"  # rsdp on a 1-rank group: what a call costs besides the communication
@@ -508,7 +509,7 @@ def check_peers(args) -> list[str]:
 
 
 def run_world1(args, tmp: str) -> list[dict]:
-    """rsdp on a 1-rank group, through collectives.worker (the same timing code).
+    """rsdp on a 1-rank group, through worker (the same timing code).
 
     The element counts are those of a 1-rank run of the same bytes; for the 2-rank target
     they equal the 2-rank counts (every size is even). Threads per rank stay as in the sweep.
