@@ -130,7 +130,8 @@ def _cuda_peak(fn, model, opt) -> dict:
     torch.cuda.synchronize()
     params = tm.resident_bytes(model)
     state = sum(t.numel() * t.element_size() for st in opt.state.values()
-                for t in st.values() if torch.is_tensor(t))
+                for t in (getattr(v, "_local_tensor", v) for v in st.values())  # DTensor's shard
+                if torch.is_tensor(t) and t.is_cuda)
     return {"Total": torch.cuda.max_memory_allocated() - before + params + state,
             "Parameter": params, "Optstate": state}
 
@@ -296,7 +297,7 @@ def main(argv=None) -> int:
     if len(set(a.backends)) != len(a.backends):
         p.error(f"--backend lists a backend twice: {a.backend}")
     if "nccl" in a.backends and max(map(int, a.world_sizes.split(","))) > gpus:
-        p.error("nccl refuses ranks that share a GPU: more ranks than GPUs")
+        p.error("nccl needs --device cuda and a GPU per rank (it refuses ranks sharing one)")
     a.baseline = "gloo" if "gloo" in a.backends else a.backends[0]
     if a.allreduce and a.backends[0] != "rsdp":
         p.error("--quick times the default group against gloo: list rsdp first")

@@ -281,7 +281,8 @@ def tracked_peak(mt) -> dict:
 
 
 def memtracker_peak(fn, *held, modules: bool = False) -> dict:
-    """tracked_peak of MemTracker over ``fn()``."""
+    """tracked_peak of MemTracker over ``fn()``; by default without the module tracker, which
+    the suites calling this cannot run (rotation units, frozen LoRA bases)."""
     mt = memtracker(*held, modules=modules)
     with mt:
         fn()
