@@ -16,7 +16,6 @@ SUITES = {
                              "environment) and its peers: per-launch medians"),
     "comm-memory": ("comm_memory", "FSDP2 steps with buffers from communication memory against "
                                    "torch.empty"),
-    "training": ("training", "RSDP, FSDP2 and DDP training steps: time, tokens/s, memory"),
     "rsdp-fsdp2": ("rsdp_fsdp2", "RSDP variants against FSDP2 in one process group: speed and "
                                  "memory per setting"),
     "finetune": ("finetune", "LoRA fine-tuning of a Llama shape: RSDP, RSDP units and FSDP2, "
