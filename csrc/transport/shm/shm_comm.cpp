@@ -240,7 +240,7 @@ const char* ShmComm::posted(int p, size_t bytes) const {
   return seg_->data() + off;
 }
 
-void ShmComm::exchange(size_t staged, uint64_t buf_off) {
+uint32_t ShmComm::post(size_t staged, uint64_t buf_off) {
   if (traffic_ && staged && group_.size > 1) traffic_->add(true, staged);
   const uint32_t s = ++step_;
   RankCtl& me = ctl(group_.rank);
@@ -248,6 +248,11 @@ void ShmComm::exchange(size_t staged, uint64_t buf_off) {
   me.buf_off[s & 1] = buf_off;
   me.step.store(s, std::memory_order_seq_cst);
   if (me.step_sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&me.step);
+  return s;
+}
+
+void ShmComm::exchange(size_t staged, uint64_t buf_off) {
+  const uint32_t s = post(staged, buf_off);
   const int n = group_.size;
   for (int i = 1; i < n; ++i) wait_step((group_.rank + i) % n, s);
   for (int p = 0; p < n; ++p)
@@ -287,13 +292,7 @@ char* ShmComm::ring_stage() {
 }
 
 void ShmComm::ring_post(size_t staged, int reader) {
-  if (traffic_ && staged && group_.size > 1) traffic_->add(true, staged);
-  const uint32_t s = ++step_;
-  RankCtl& me = ctl(group_.rank);
-  me.desc[s & 1] = desc_;
-  me.buf_off[s & 1] = kNotInPool;
-  me.step.store(s, std::memory_order_seq_cst);
-  if (me.step_sleepers.load(std::memory_order_seq_cst) != 0) futex_wake_all(&me.step);
+  const uint32_t s = post(staged, kNotInPool);
   reader_[s & 1] = reader;
   lazy_ = true;
 }

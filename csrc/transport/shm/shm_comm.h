@@ -138,6 +138,9 @@ class ShmComm final : public Staging {
     return *reinterpret_cast<RankCtl*>(seg_->data() + layout_.ctl_offset(r));
   }
   void wait_step(int p, uint32_t step);
+  // Publishes the next step (its descriptor, the posted buffer's offset) and
+  // wakes the peers sleeping on it; returns the step.
+  uint32_t post(size_t staged, uint64_t buf_off);
   [[noreturn]] void fail(ErrorKind kind, const std::string& msg);
   void attach(Bootstrap& store);
   // Runs the adaptation's probe; the group's collective numbering is left as
