@@ -301,18 +301,18 @@ class Collective:
         if self.src is not None:
             self.inp.copy_(self.src)
 
-    def run(self, group=None) -> None:
+    def run(self) -> None:
         op, inp, out = self.op, self.inp, self.out
         if op == "allreduce":
-            dist.all_reduce(inp, group=group)
+            dist.all_reduce(inp)
         elif op == "broadcast":
-            dist.broadcast(inp, src=0, group=group)
+            dist.broadcast(inp, src=0)
         elif op == "allgather":
-            all_gather_single(out, inp, group=group)
+            all_gather_single(out, inp)
         elif op == "reduce_scatter":
-            reduce_scatter_single(out, inp, group=group)
+            reduce_scatter_single(out, inp)
         else:
-            dist.all_to_all_single(out, inp, group=group)
+            dist.all_to_all_single(out, inp)
 
     def expected(self) -> torch.Tensor:
         n, r, c = self.n, self.rank, self.chunk
