@@ -182,17 +182,6 @@ def summarise(setting, world, runs, raw, cfg, base_key):
             r["memory"]["x_fsdp2"] = r["memory"]["total"] / base["memory"]["total"]
     out = dict(setting=setting, world_size=world, config=cfg, rows=rows,
                baseline=base_key if base else None)
-    # per variant and backend B other than rsdp: tokens/s and peak memory over rsdp / over B
-    by = {(v, b): k for k, v, b in runs}
-    for (v, b), k in by.items():
-        kr = by.get((v, "rsdp"))
-        if b == "rsdp" or kr is None or "quiet" not in rows[k] or "quiet" not in rows[kr]:
-            continue
-        g = dict(variant=v, over=b, tokens_per_s=rows[kr]["quiet"]["tokens_per_s"]
-                 / rows[k]["quiet"]["tokens_per_s"])
-        if "memory" in rows[k] and "memory" in rows[kr]:
-            g["memory"] = rows[kr]["memory"]["total"] / rows[k]["memory"]["total"]
-        out.setdefault("rsdp_backend_gain", {})[f"{v} rsdp/{b}"] = g
     if raw.get("allreduce"):
         ar = raw["allreduce"]
         out["allreduce"] = dict(ar, speedup=ar["gloo"] / ar["rsdp"])
@@ -243,10 +232,6 @@ def render(results, a) -> str:
                 row += ["-"] * 5
             body.append(row + [f"{r['final_loss']:.4f}"])
         lines += [tm.md_table(hdr, body), ""]
-        for g in res.get("rsdp_backend_gain", {}).values():
-            mem = f", peak memory {g['memory']:.2f}x" if "memory" in g else ""
-            lines += [f"{g['variant']} over rsdp / over {g['over']}: tokens/s "
-                      f"{g['tokens_per_s']:.2f}x{mem}", ""]
         if res.get("allreduce"):
             ar = res["allreduce"]
             lines += [f"all-reduce 4 MiB: rsdp {ar['rsdp'] * 1e3:.2f} ms, gloo "

@@ -25,28 +25,19 @@ SMALL = dict(vocab=2048, d_model=256, ffn=512, heads=4, layers=4, seq=32, batch=
 CATS = ("params", "buffers", "grads", "optim", "activations", "temp")  # MemTracker's
 
 
-#: ``PLAN+SUFFIX``: the plan with ``plan.apply(compression=...)``
-COMPRESSION = {"int8": {"grads": "int8"}, "int4": {"grads": "int4"}}
-
-
-def compression_of(spec: str):
-    """(plan spec, compression) of ``full_shard+int8`` and the like."""
-    base, _, suffix = spec.partition("+")
-    if suffix and suffix not in COMPRESSION:
-        raise SystemExit(f"unknown compression suffix {suffix!r} in {spec!r}; choose from "
-                         f"{list(COMPRESSION)}")
-    return base, COMPRESSION.get(suffix)
-
-
 def plan_of(spec: str):
-    """(label, plan) for a strategy name, ``mixed``, or a JSON file."""
-    spec, _ = compression_of(spec)
-    if spec == "mixed":
-        return "mixed", {"mapping": MIXED, "default": "no_shard"}
-    if spec.endswith(".json"):
-        with open(spec) as f:
-            return os.path.basename(spec)[:-5], json.load(f)
-    return spec, spec
+    """(label, plan, compression) of a strategy name, ``mixed`` or a JSON file, with an
+    optional ``+int8`` / ``+int4``: ``plan.apply(compression={"grads": ...})``."""
+    base, _, suffix = spec.partition("+")
+    if suffix not in ("", "int8", "int4"):
+        raise SystemExit(f"unknown compression suffix {suffix!r} in {spec!r}: int8 or int4")
+    comp = {"grads": suffix} if suffix else None
+    if base == "mixed":
+        return spec, {"mapping": MIXED, "default": "no_shard"}, comp
+    if base.endswith(".json"):
+        with open(base) as f:
+            return os.path.basename(base)[:-5] + spec[len(base):], json.load(f), comp
+    return spec, base, comp
 
 
 def bench_worker(ctx, plan_json, cfg, steps, warmup, lr, compression=None, repeat=0):
@@ -113,9 +104,7 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, lr, compression=None, repea
 
 def run(setting, spec, args, nodes):
     from torch_rsdp.testing.launch import LaunchError, launch
-    label, p = plan_of(spec)
-    comp = compression_of(spec)[1]
-    label += spec[len(spec.partition("+")[0]):]
+    label, p, comp = plan_of(spec)
     node_of = SETTINGS[setting]
     t0 = time.perf_counter()
     try:
@@ -235,7 +224,7 @@ def main(argv=None) -> int:
     from . import training_models as tm
     from torch_rsdp.testing import netns
     for spec in plans:  # fail on a bad plan before starting anything
-        label, pl = plan_of(spec)
+        pl = plan_of(spec)[1]
         if isinstance(pl, str):
             plan.Plan({"": pl})  # a bad name fails here
         else:

@@ -97,10 +97,7 @@ def count_params(model: nn.Module) -> int:
 def rsdp_import():
     """``(torch_rsdp.rsdp module, None)`` or ``(None, reason)``."""
     try:
-        import torch_rsdp  # noqa: F401  (registers the backend)
-        import torch_rsdp.rsdp as rsdp
-        if not callable(getattr(rsdp, "shard", None)):
-            return None, "torch_rsdp.rsdp has no shard()"
+        import torch_rsdp.rsdp as rsdp  # (importing torch_rsdp registers the backend)
         return rsdp, None
     except Exception as exc:  # noqa: BLE001
         return None, f"{type(exc).__name__}: {exc}"
