@@ -13,7 +13,7 @@ import sys
 import time
 
 from . import training_models as tm
-from .common import RESULTS, run_ranks, slowest, take_turns, write_result
+from .common import RESULTS, run_ranks, take_turns, write_result
 
 SETTINGS = {
     "act": dict(vocab=2048, hidden=256, ffn=768, layers=4, heads=8, kv=4, seq=64, batch=4),
@@ -113,8 +113,6 @@ def _worker(rank, world, cfg, runs, a):
         dist.all_gather_object(every, [total, *cats, total - sum(cats)])
         top = max(every)
         res["memory"][k] = dict(total=top[0], **dict(zip(MEM_CATS, top[1:])))
-    if a.allreduce:
-        res["allreduce"] = _allreduce_times()
     return res
 
 
@@ -134,28 +132,6 @@ def _cuda_peak(fn, model, opt) -> dict:
                 if torch.is_tensor(t) and t.is_cuda)
     return {"Total": torch.cuda.max_memory_allocated() - before + params + state,
             "Parameter": params, "Optstate": state}
-
-
-def _allreduce_times(nbytes=4 << 20, iters=10):
-    """Median 4 MiB all-reduce time over rsdp and gloo (both in this process group's
-    processes), alternating twice."""
-    import torch
-    import torch.distributed as dist
-    gloo = dist.new_group(backend="gloo")
-    t = torch.ones(nbytes // 4)
-    out = {}
-    for name, g in (("rsdp", None), ("gloo", gloo)) * 2:
-        for _ in range(2):
-            dist.all_reduce(t, group=g)
-        ts = []
-        for _ in range(iters):
-            dist.barrier()
-            t0 = time.perf_counter()
-            dist.all_reduce(t, group=g)
-            ts.append(time.perf_counter() - t0)
-        out.setdefault(name, []).extend(slowest(ts))
-    dist.destroy_process_group(gloo)
-    return {k: statistics.median(v) for k, v in out.items()}
 
 
 def summarise(setting, world, runs, raw, cfg, base_key):
@@ -182,9 +158,6 @@ def summarise(setting, world, runs, raw, cfg, base_key):
             r["memory"]["x_fsdp2"] = r["memory"]["total"] / base["memory"]["total"]
     out = dict(setting=setting, world_size=world, config=cfg, rows=rows,
                baseline=base_key if base else None)
-    if raw.get("allreduce"):
-        ar = raw["allreduce"]
-        out["allreduce"] = dict(ar, speedup=ar["gloo"] / ar["rsdp"])
     return out
 
 
@@ -232,10 +205,6 @@ def render(results, a) -> str:
                 row += ["-"] * 5
             body.append(row + [f"{r['final_loss']:.4f}"])
         lines += [tm.md_table(hdr, body), ""]
-        if res.get("allreduce"):
-            ar = res["allreduce"]
-            lines += [f"all-reduce 4 MiB: rsdp {ar['rsdp'] * 1e3:.2f} ms, gloo "
-                      f"{ar['gloo'] * 1e3:.2f} ms: {ar['speedup']:.1f}x", ""]
     return "\n".join(lines)
 
 
@@ -254,14 +223,12 @@ def main(argv=None) -> int:
                         "first is the default group's; ratios against FSDP2 over gloo where "
                         "listed, else over the first")
     p.add_argument("--quick", action="store_true",
-                   help="the CI guard: act, 2 ranks, rsdp and fsdp2, no memory, and a 4 MiB "
-                        "all-reduce over rsdp and gloo")
+                   help="the CI guard: act, 2 ranks, rsdp and fsdp2, no memory")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: rank r on GPU r %% device count")
     p.add_argument("--single-gpu", action="store_true", help="--device cuda, every rank on GPU 0")
     p.add_argument("--out", default=RESULTS)
     a = p.parse_args(argv)
-    a.allreduce = a.quick
     a.device = "cuda" if a.single_gpu else a.device
     gpus = 0
     if a.device == "cuda":
@@ -284,8 +251,6 @@ def main(argv=None) -> int:
     if "nccl" in a.backends and max(map(int, a.world_sizes.split(","))) > gpus:
         p.error("nccl needs --device cuda and a GPU per rank (it refuses ranks sharing one)")
     a.baseline = "gloo" if "gloo" in a.backends else a.backends[0]
-    if a.allreduce and a.backends[0] != "rsdp":
-        p.error("--quick times the default group against gloo: list rsdp first")
     # row keys: the variant's name alone without --backend, else "<v> over <b>"
     runs = [(v if a.backend is None else f"{v} over {b}", v, b)
             for v in a.variants.split(",") for b in a.backends]

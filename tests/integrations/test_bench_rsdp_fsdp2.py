@@ -2,10 +2,9 @@
 to measure (about 15 s).
 
 RSDP and FSDP2 train the same Hugging Face Llama (4.2 M parameters) on 2 ranks, taking turns
-step by step in the same processes, and a 4 MiB all-reduce is timed over rsdp and gloo in the
-same processes. Checked: both trained the same math from the same weights (final losses
-agree), and the JSON holds every ratio the benchmark prints, each a positive finite number
-measured in this run. How fast either is is the benchmark's to report, not this test's: a
+step by step in the same processes. Checked: both trained the same math from the same weights
+(final losses agree), and the JSON holds the ratio the benchmark prints, a positive finite
+number measured in this run. How fast either is is the benchmark's to report, not this test's: a
 floor on a timing ratio depends on the host and on what else it runs.
 """
 from __future__ import annotations
@@ -31,9 +30,8 @@ def test_quick_benchmark_trains_the_same_math_and_reports_its_ratios(tmp_path):
     (res,) = json.load(open(tmp_path / "rsdp_fsdp2.json"))["results"]
     rows = res["rows"]
     assert abs(rows["rsdp"]["final_loss"] - rows["fsdp2"]["final_loss"]) < 1e-3, out[-2000:]
-    for name, value in (("RSDP / FSDP2 throughput", rows["rsdp"]["quiet"]["x_fsdp2"]),
-                        ("rsdp / gloo all-reduce", res["allreduce"]["speedup"])):
-        assert math.isfinite(value) and value > 0, (name, value, out[-2000:])
+    value = rows["rsdp"]["quiet"]["x_fsdp2"]  # RSDP / FSDP2 throughput
+    assert math.isfinite(value) and value > 0, (value, out[-2000:])
     for name in ("rsdp", "fsdp2"):
         steps = rows[name]["quiet"]["steps"]
         assert steps and all(s > 0 for s in steps), (name, steps)
