@@ -116,11 +116,7 @@ def worker(rank, world, a, path):
             disable()
         model.train()
         torch_rsdp.reset_comm_stats()
-        loss = model(input_ids=batches[i], labels=batches[i]).loss
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses[run].append(loss.item())
+        losses[run].append(tm.hf_step(model, opt, batches[i]))
         sent[run].append(torch_rsdp.comm_stats()["intra_node_bytes"])
 
     take_turns(list(RUNS), 1, step)  # the warm-up

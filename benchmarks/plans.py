@@ -30,8 +30,8 @@ MODEL = dict(vocab_size=4096, hidden_size=384, intermediate_size=1024, num_hidde
              num_attention_heads=6, num_key_value_heads=2, max_position_embeddings=128,
              tie_word_embeddings=False, use_cache=False)
 QUICK_MODEL = dict(MODEL, hidden_size=64, intermediate_size=160, num_hidden_layers=2,
-                   num_attention_heads=4,
-                   vocab_size=512)
+                   num_attention_heads=4, vocab_size=512)
+SEQ, BATCH = 32, 2  # tokens per sequence, sequences per rank
 
 
 def _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory):
@@ -160,14 +160,14 @@ def run(setting, args, nodes, rate_Bps):
     node_of = SETTINGS[setting]
     try:
         res = launch(bench_worker, len(node_of),
-                     (args.model, args.budgets, args.steps, args.warmup, args.seq, args.batch,
+                     (args.model, args.budgets, args.steps, args.warmup, SEQ, BATCH,
                       rate_Bps if setting == "2x2" else None, args.uniform, setting != "2x2",
                       args.rounds or ROUNDS[setting], args.allow_compression),
                      node_of=node_of if setting == "2x2" else None,
                      netns=nodes if setting == "2x2" else None,
                      env={"OMP_NUM_THREADS": "1", "RSDP_SPIN_US": "0",
                           "RSDP_PLAN_CACHE": args.cache},
-                     deadline=args.deadline, pg_timeout=args.deadline / 2)
+                     deadline=3600, pg_timeout=1800)
         out = dict(res[0])
     except LaunchError as e:
         out = {"error": str(e)[:3000]}
@@ -202,12 +202,6 @@ def _hybrid_check(autos, unis):
         f"{best['peak_bytes'] / 2**20:.1f} MiB; the plans use it at {len(used)} budgets")
 
 
-def _same_plan(auto_row, uniform_name) -> bool:
-    """Is the auto plan ``Plan.uniform(model, uniform_name)`` itself?"""
-    p = auto_row["plan"]
-    return p["default"] == uniform_name and set(p["mapping"].values()) <= {uniform_name}
-
-
 def margin(auto_row, unis):
     """Best fitting uniform step time / auto's, pooled and per round (None: none fits);
     ``same``: auto picked that very plan (its margin is noise, not a difference)."""
@@ -217,8 +211,9 @@ def margin(auto_row, unis):
     best = min(fit, key=lambda u: u["step_s"])
     per_round = [min(u["round_step_s"][i] for u in fit) / a
                  for i, a in enumerate(auto_row["round_step_s"])]
+    p = auto_row["plan"]  # the same plan: Plan.uniform(model, best) itself
     return {"best": best["plan"], "pooled": best["step_s"] / auto_row["step_s"],
-            "same": _same_plan(auto_row, best["plan"]),
+            "same": p["default"] == best["plan"] and set(p["mapping"].values()) <= {best["plan"]},
             "per_round": per_round,
             "rounds_won": sum(m >= 1 - MARGIN_NOISE for m in per_round)}
 
@@ -282,16 +277,12 @@ def checks(results):
     return out
 
 
-def _rounds(rounds) -> str:
-    return ", ".join(f"{n} ({s})" for s, n in rounds.items())
-
-
 def markdown(results, info, chk):
     from .common import fmt_bytes as fb, md_table
+    rounds = ", ".join(f"{n} ({s})" for s, n in info["rounds"].items())
     lines = [f"## Planner vs uniform strategies: Llama {info['model']}, AdamW, rsdp backend", "",
-             f"{info['steps']} timed steps after {info['warmup']} warm-up in each of "
-             f"{_rounds(info['rounds'])} rounds (runs take turns; median over all), "
-             f"seq {info['seq']}, "
+             f"{info['steps']} timed steps after {info['warmup']} warm-up in each of {rounds} "
+             f"rounds (runs take turns; median over all), seq {info['seq']}, "
              f"batch {info['batch']}/rank; 2x2 = {info['link']}; torch {info['torch']}; "
              f"load average at start {info['load']}. Memory: torch MemTracker over one step "
              f"(every tensor torch allocates), max over ranks.", ""]
@@ -344,9 +335,6 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=None,
                    help="the runs take turns this many times (step time: median over all); "
                         "default 5 on one node, 3 on 2x2")
-    p.add_argument("--seq", type=int, default=32)
-    p.add_argument("--batch", type=int, default=2)
-    p.add_argument("--deadline", type=float, default=3600)
     p.add_argument("--quick", action="store_true", help="smoke test: tiny model, 1x4, 3 budgets")
     p.add_argument("--out", default=RESULTS)
     p.add_argument("--allow-compression", action="store_true",
@@ -371,8 +359,8 @@ def main(argv=None) -> int:
     args.cache = tempfile.mkdtemp(prefix="rsdp-plan-cache-")
     netns.cleanup_stale()
     info = {"model": args.model, "steps": args.steps, "warmup": args.warmup,
-            "rounds": {s: args.rounds or ROUNDS[s] for s in settings}, "seq": args.seq,
-            "batch": args.batch, "torch": torch.__version__,
+            "rounds": {s: args.rounds or ROUNDS[s] for s in settings}, "seq": SEQ,
+            "batch": BATCH, "torch": torch.__version__,
             "load": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now().isoformat(timespec="seconds"), "link": "-"}
     t0 = time.perf_counter()

@@ -57,7 +57,7 @@ def bench_worker(ctx, plan_json, cfg, steps, warmup, lr, compression=None, repea
     spec = plan_json if isinstance(plan_json, str) else plan.Plan(plan_json["mapping"],
                                                                   plan_json["default"])
     model = plan.apply(model, spec, compression=compression)
-    opt = tm.make_optimizer(model, lr)
+    opt = plan.make_optimizer(model, torch.optim.Adam, lr=lr)  # shards shard_optim's state
     groups = plan.plan_state(model).meshes.groups()
     losses = []
 

@@ -1,7 +1,7 @@
 """What the training-style suites and the examples share: the seed's TransformerLM (only
 Linear, Embedding and LayerNorm, so RSDP can shard every large weight), `wrap` (one strategy:
-rsdp, fsdp2 per block and root, ddp, or a torch_rsdp.plan), memory as torch's MemTracker
-measures it, and process helpers.
+rsdp, fsdp2 per block and root, or ddp), memory as torch's MemTracker measures it, and process
+helpers.
 """
 from __future__ import annotations
 
@@ -129,9 +129,6 @@ def wrap(model: nn.Module, strategy: str, device: torch.device, group=None) -> n
         mesh = (init_device_mesh(device.type, (dist.get_world_size(),)) if group is None
                 else DeviceMesh.from_group(group, device.type))
         return fully_shard_blocks(model, blocks_of(model), mesh)
-    if strategy.startswith("plan="):
-        import torch_rsdp.plan as plan
-        return plan.apply(model, load_plan(strategy[len("plan="):]), group=group)
     if strategy == "ddp":
         from torch.nn.parallel import DistributedDataParallel as DDP
         return DDP(model, process_group=group, gradient_as_bucket_view=True,
@@ -200,18 +197,6 @@ def load_plan(spec: str):
             return plan.Plan.from_json(f.read())
     plan.Plan({"": spec})  # a bad name fails here, before any process starts
     return spec
-
-
-def make_optimizer(model: nn.Module, lr: float) -> torch.optim.Optimizer:
-    """Adam over ``model``; for a planned model through ``plan.make_optimizer`` (which shards
-    the state of ``shard_optim`` units)."""
-    if getattr(model, "_rsdp_plan", None) is not None:
-        import torch_rsdp.plan as plan
-        return plan.make_optimizer(model, torch.optim.Adam, lr=lr)
-    return torch.optim.Adam(model.parameters(), lr=lr)
-
-
-# ------------------------------------------------------------------------------------ memory
 
 
 # ------------------------------------------------------------------------------------ memory
