@@ -16,8 +16,8 @@ SUITES = {
                              "environment) and its peers: per-launch medians"),
     "comm-memory": ("comm_memory", "FSDP2 steps with buffers from communication memory against "
                                    "torch.empty"),
-    "rsdp-fsdp2": ("rsdp_fsdp2", "RSDP variants against FSDP2 in one process group: speed and "
-                                 "memory per setting"),
+    "rsdp-fsdp2": ("rsdp_fsdp2", "RSDP variants against FSDP2 and DDP in one process group: "
+                                 "speed and memory per setting, CPU or CUDA"),
     "finetune": ("finetune", "LoRA fine-tuning of a Llama shape: RSDP, RSDP units and FSDP2, "
                              "with and without checkpointing"),
     "plans": ("plans", "the planner's plan against every uniform strategy on emulated nodes"),

@@ -81,16 +81,14 @@ def median(xs):
 
 
 def fmt_bytes(b) -> str:
-    """Exact binary multiples as such (64 KiB), other values to one decimal (1.5 MiB)."""
+    """In the largest unit it reaches: exact multiples as such (64 KiB), others to one decimal
+    (1.5 MiB, never 1536 KiB)."""
     if b is None or b != b:
         return "-"
     b = int(b) if float(b).is_integer() else b
     for unit, name in ((1 << 30, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
-        if abs(b) >= unit and b % unit == 0:
-            return f"{b // unit} {name}"
-    for unit, name in ((1 << 30, "GiB"), (MiB, "MiB"), (KiB, "KiB")):
         if abs(b) >= unit:
-            return f"{b / unit:.1f} {name}"
+            return f"{b // unit} {name}" if b % unit == 0 else f"{b / unit:.1f} {name}"
     return f"{b:.0f} B"
 
 
