@@ -25,6 +25,10 @@ SHM_LINE = re.compile(r"group '([^']*)' size (\d+), shared memory (\d+) bytes \(
                       r" p2p ring (\d+), pool (\d+) per rank\)")
 EP_LINE = re.compile(r"ucx: group '([^']*)': collective endpoint to "
                      r".*\(node \d+, (same|other) node\)")
+# The group's timeout, seconds: long, so that only the notice ends the survivors' wait.
+PG_TIMEOUT = 120.0
+# Seconds a launch may take, plus 8 per rank.
+DEADLINE = 150.0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,7 +122,7 @@ def worker(rank: int, cfg: dict, port: int, workdir: str) -> None:
 
     torch.set_num_threads(1)
     out = {"rank": rank}
-    timeout = datetime.timedelta(seconds=cfg["pg_timeout"])
+    timeout = datetime.timedelta(seconds=PG_TIMEOUT)
     store = dist.TCPStore("127.0.0.1", port, W, is_master=False, timeout=timeout)
     everyone = list(range(W))
 
@@ -154,9 +158,6 @@ def worker(rank: int, cfg: dict, port: int, workdir: str) -> None:
     with open(os.path.join(workdir, f"rank{rank}.json"), "w") as f:
         json.dump(out, f)
 
-    if not cfg["notice"]:
-        dist.destroy_process_group()
-        return
     victim = W - 1
     survivors = everyone[:victim]
     if rank == victim:
@@ -226,21 +227,20 @@ def run_size(W: int, args, base_env: dict) -> dict:
     import torch.distributed as dist
 
     L = min(args.per_node, W)
-    cfg = {"world_size": W, "per_node": L, "env": rank_env(W, L, base_env),
-           "pg_timeout": args.pg_timeout, "iters": args.iters, "warmup": args.warmup,
-           "reps_small": args.reps, "notice": not args.no_notice,
+    cfg = {"world_size": W, "env": rank_env(W, L, base_env),
+           "iters": args.iters, "warmup": args.warmup, "reps_small": args.reps,
            "settle_s": 0.2 + 0.02 * W}
     workdir = tempfile.mkdtemp(prefix="rsdp_scale_")
     # The store lives here, so that the killed rank cannot take it down.
     store = dist.TCPStore("127.0.0.1", 0, None, is_master=True, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=args.pg_timeout))
+                          timeout=datetime.timedelta(seconds=PG_TIMEOUT))
     ctx = mp.get_context("spawn")
     start = time.monotonic()
     procs = [ctx.Process(target=worker, args=(r, cfg, store.port, workdir), daemon=False)
              for r in range(W)]
     for p in procs:
         p.start()
-    deadline = start + args.deadline + 8 * W
+    deadline = start + DEADLINE + 8 * W
     for p in procs:
         p.join(max(0.0, deadline - time.monotonic()))
     hung = [r for r, p in enumerate(procs) if p.is_alive()]
@@ -250,40 +250,38 @@ def run_size(W: int, args, base_env: dict) -> dict:
     elapsed = time.monotonic() - start
     row = {"world_size": W, "per_node": L, "nodes": (W + L - 1) // L, "launch_s": elapsed,
            "exitcodes": [p.exitcode for p in procs], "hung": hung}
-    killed_at = None
-    if cfg["notice"] and store.check(["killed_at"]):
-        killed_at = float(store.get("killed_at"))
+    killed_at = float(store.get("killed_at")) if store.check(["killed_at"]) else None
     try:
-        row.update(aggregate(W, cfg, workdir, killed_at))
+        row.update(aggregate(W, workdir, killed_at))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     return row
 
 
-def _load(path: str):
+def _read(path: str) -> str:
+    """The file's text, "" where a rank wrote none."""
     try:
         with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
+            return f.read()
+    except OSError:
+        return ""
+
+
+def _load(path: str):
+    try:
+        return json.loads(_read(path))
+    except ValueError:
         return None
 
 
-def aggregate(W: int, cfg: dict, workdir: str, killed_at) -> dict:
+def aggregate(W: int, workdir: str, killed_at) -> dict:
     ranks = [_load(os.path.join(workdir, f"rank{r}.json")) for r in range(W)]
     missing = [r for r, v in enumerate(ranks) if v is None]
     if missing:
-        tails = {}
-        for r in missing[:2]:
-            try:
-                with open(os.path.join(workdir, f"rank{r}.err")) as f:
-                    tails[r] = f.read()[-1500:]
-            except OSError:
-                tails[r] = ""
-        return {"error": f"ranks {missing} wrote no result", "log_tails": tails}
-    errs = []
-    for r in range(W):
-        with open(os.path.join(workdir, f"rank{r}.err")) as f:
-            errs.append(parse_err(f.read()))
+        return {"error": f"ranks {missing} wrote no result",
+                "log_tails": {r: _read(os.path.join(workdir, f"rank{r}.err"))[-1500:]
+                              for r in missing[:2]}}
+    errs = [parse_err(_read(os.path.join(workdir, f"rank{r}.err"))) for r in range(W)]
     iters = len(ranks[0]["allreduce_1MiB_s"])
     d = {"setup_s": max(v["setup_s"] for v in ranks),
          "setup_s_min": min(v["setup_s"] for v in ranks),
@@ -310,9 +308,8 @@ def aggregate(W: int, cfg: dict, workdir: str, killed_at) -> dict:
                     "staging_half_bytes": e0["shm_half"], "ring_bytes": e0["shm_ring"],
                     "pool_bytes_per_rank": e0["shm_pool"], "reserved_bytes": head,
                     "reserved_per_rank_bytes": head / L}
-    if cfg["notice"]:
-        notes = [_load(os.path.join(workdir, f"notice{r}.json")) for r in range(W - 1)]
-        d["notice"] = notice_summary(notes, killed_at)
+    notes = [_load(os.path.join(workdir, f"notice{r}.json")) for r in range(W - 1)]
+    d["notice"] = notice_summary(notes, killed_at)
     return d
 
 
@@ -400,11 +397,6 @@ def main(argv=None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--reps", type=int, default=20, help="back-to-back 8 B all-reduces timed "
                     "together (ranks leave a barrier up to a message latency apart)")
-    ap.add_argument("--pg-timeout", type=float, default=120.0,
-                    help="the group's timeout, seconds: long, so only the notice ends a wait")
-    ap.add_argument("--deadline", type=float, default=150.0,
-                    help="seconds a launch may take, plus 8 per rank")
-    ap.add_argument("--no-notice", action="store_true", help="skip the SIGKILL measurement")
     ap.add_argument("--quick", action="store_true",
                     help="2 and 4 ranks, 2 per node (one node, then two), few iterations")
     ap.add_argument("--append", action="store_true",
