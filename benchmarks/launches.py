@@ -23,6 +23,8 @@ FROM_SIZE = 64 << 10  # the goals hold from 64 KiB (below it a call's fixed cost
 # a 1.04x-1.13x band, the median of 200 within 1.01-1.03x), and over 10 launches that noise
 # alone would widen a spread (max/min) by about as much.
 ITERS = 200
+OP = "allreduce"
+TIMEOUT = 900  # seconds per launch
 
 
 def parse_variants(text: str) -> list[tuple[str, dict]]:
@@ -59,14 +61,14 @@ def one_launch(args, out_dir: str, label: str = "rsdp", env: dict | None = None,
     """The collectives suite at the chosen sizes: rsdp (under `env`, reported as `label`),
     then each of `peers`; {library: {size: µs}}."""
     cmd = [sys.executable, "-m", "benchmarks", "collectives", "--backends", "rsdp",
-           "--world-size", str(args.world_size), "--ops", args.op, "--dtypes", "float32",
+           "--world-size", str(args.world_size), "--ops", OP, "--dtypes", "float32",
            "--min-bytes", str(min(args.sizes)), "--max-bytes", str(max(args.sizes)),
            "--out", out_dir]
     if args.iters:
         cmd += ["--iters", str(args.iters), "--min-iters", str(args.iters)]
     if peers:
         cmd += ["--peers", ",".join(peers)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout,
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=TIMEOUT,
                           cwd=common.ROOT, env=dict(os.environ, **(env or {})))
     if proc.returncode != 0:
         raise RuntimeError(f"collectives ({label}) failed ({proc.returncode}):\n"
@@ -75,7 +77,7 @@ def one_launch(args, out_dir: str, label: str = "rsdp", env: dict | None = None,
         rows = json.load(f)["results"]["rows"]
     times = {}
     for row in rows:  # rsdp@1 is no launch's
-        if (row["bytes"] in args.sizes and row["op"] == args.op and row.get("time_us")
+        if (row["bytes"] in args.sizes and row["op"] == OP and row.get("time_us")
                 and row["backend"] != "rsdp@1"):
             who = label if row["backend"] == "rsdp" else row["backend"]
             times.setdefault(who, {})[row["bytes"]] = row["time_us"]
@@ -143,7 +145,7 @@ def summarize(launches: list[dict], sizes: list[int], variants: list[str] | None
     modes = sorted({mode_of(ln, b) for ln in launches for b in ln["times"]})
     for mode in modes + ["all"]:
         for size in sizes:
-            cells = []
+            label, cells = fmt_bytes(size).replace(" ", "").replace("iB", ""), []
             for b in libs:
                 vals = [ln["times"][b][size] for ln in runs(b, size, mode)]
                 cells.append(f"{statistics.median(vals):.1f} ({min(vals):.1f}–{max(vals):.1f}, "
@@ -151,11 +153,9 @@ def summarize(launches: list[dict], sizes: list[int], variants: list[str] | None
             cells += [_ratio_cell(ratios(v, ref, size, mode)) for v in variants[1:]]
             vs_mpi = ratios(ref, "mpi", size, mode) if "mpi" in peers else []
             cells += [_ratio_cell(vs_mpi)] if "mpi" in peers else []
-            rows.append([mode, len(runs(ref, size, mode)), fmt_bytes(size).replace(" ", "")
-                         .replace("iB", "")] + cells)
+            rows.append([mode, len(runs(ref, size, mode)), label] + cells)
             if size < FROM_SIZE or not vs_mpi:
                 continue
-            label = fmt_bytes(size).replace(" ", "").replace("iB", "")
             if mode != "all" and not mode.endswith("/changed"):
                 worst = max(vs_mpi)
                 verdicts.append(f"{'PASS' if worst <= 1.0 else 'MISS'}  {mode} launches, "
@@ -173,8 +173,6 @@ def main(argv=None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--launches", type=int, default=10, help="rounds (each: probe, rsdp, peers)")
     p.add_argument("--world-size", type=int, default=2)
-    p.add_argument("--op", default="allreduce",
-                   choices=("allreduce", "allgather", "reduce_scatter", "broadcast"))
     p.add_argument("--sizes", type=parse_sizes, default=parse_sizes("64K,1M,16M"),
                    help="comma-separated; the sweep covers min..max, these are reported")
     p.add_argument("--peers", default="mpi", help="comma-separated peers of the collectives "
@@ -186,7 +184,6 @@ def main(argv=None) -> int:
     p.add_argument("--iters", type=int, default=ITERS,
                    help="timed iterations at every size, for every library (collectives "
                         "--iters and --min-iters); 0: the collectives suite's own scaling")
-    p.add_argument("--timeout", type=int, default=900, help="seconds per launch")
     p.add_argument("--out", default=RESULTS)
     p.add_argument("--name", default="launches", help="result file stem")
     args = p.parse_args(argv)
@@ -215,7 +212,7 @@ def main(argv=None) -> int:
     table, verdicts = summarize(launches, args.sizes, names)
     variants = "; ".join(f"{n}: " + (" ".join(f"{k}={v}" for k, v in env.items()) or "as is")
                          for n, env in args.variants)
-    head = (f"{args.launches} launches, {args.world_size} ranks, {args.op} float32, peers "
+    head = (f"{args.launches} launches, {args.world_size} ranks, {OP} float32, peers "
             f"{','.join(args.peers) or 'none'}, variants {variants}; "
             f"{time.perf_counter() - t0:.0f} s; CPUs contended beyond {common.THRESHOLD}x the "
             f"fastest interpreter loop of the run, {ref:.0f} ms")
