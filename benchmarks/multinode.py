@@ -50,6 +50,7 @@ TARGET_EFFICIENCY = 0.9
 # allow (gloo's link bytes / its own: 1.5x on 2 nodes, 1.25x on 4, towards 1x on many)
 TARGET_SPEEDUP_SHARE = 0.9
 QUICK_SIZES = "256K,1M"
+PG_TIMEOUT = 300  # seconds
 
 
 def inter_node_bytes_per_node(*args):
@@ -109,8 +110,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated from {','.join(VARIANTS)}")
     p.add_argument("--nodes", type=int, default=2, help="emulated nodes")
     p.add_argument("--ranks-per-node", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1, help="torch intra-op threads per rank")
-    p.add_argument("--timeout", type=int, default=300, help="process-group timeout, seconds")
     p.add_argument("--quick", action="store_true",
                    help=f"smoke test: sizes {QUICK_SIZES}, 1 iteration, no warm-up")
     p.add_argument("--loopback", action="store_true",
@@ -145,13 +144,13 @@ def one_way_latency(partner: int, trips: int = 20) -> float | None:
     return statistics.median(rtts[2:]) / 2 if r == 0 else None
 
 
-def bench_worker(ctx, variant, ops, sizes, iters, warmup, threads, partner=None):
+def bench_worker(ctx, variant, ops, sizes, iters, warmup, partner=None):
     """One variant on every rank: returns rank 0's rows (other ranks return None)."""
     import torch
     import torch.distributed as dist
 
     from .collectives import Collective  # imports torch: only once in the node's namespace
-    torch.set_num_threads(threads)
+    torch.set_num_threads(1)  # one intra-op thread per rank, as OMP_NUM_THREADS says
     if variant in COMPRESSION:
         import torch_rsdp
         torch_rsdp.set_compression(**COMPRESSION[variant], block=BLOCK)
@@ -219,7 +218,7 @@ def run_variant(variant, args, node_of, nodes) -> tuple[list[dict], str, str | N
     if backend == "mpi":
         rows, error = run_mpi(args, nodes, node_of, deadline)
         return rows, "network namespaces", error
-    env = {"OMP_NUM_THREADS": str(args.threads)}
+    env = {"OMP_NUM_THREADS": "1"}
     if variant == "hier_rhd":
         env["RSDP_ALGO_ALLREDUCE"] = "hier_rhd"
     elif backend == "rsdp" and variant not in ("auto", "nolink"):
@@ -228,14 +227,13 @@ def run_variant(variant, args, node_of, nodes) -> tuple[list[dict], str, str | N
     try:
         res = launch(bench_worker, len(node_of),
                      (variant, list(args.ops), list(args.sizes), args.iters, args.warmup,
-                      args.threads, args.ranks_per_node if args.delay and backend == "rsdp"
+                      args.ranks_per_node if args.delay and backend == "rsdp"
                       and args.nodes > 1 and variant != "nolink" else None),
                      backend=backend, env=env, node_of=node_of,
                      netns=None if variant == "nolink" else nodes, deadline=deadline,
-                     pg_timeout=args.timeout, allow_exit_abort=(backend == "gloo"))
+                     pg_timeout=PG_TIMEOUT, allow_exit_abort=(backend == "gloo"))
     except LaunchError as e:
-        rows = []
-        return rows, getattr(e.result, "mode", ""), str(e)[:4000]
+        return [], getattr(e.result, "mode", ""), str(e)[:4000]
     return res[0], res.mode, None
 
 
