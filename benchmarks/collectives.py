@@ -244,13 +244,6 @@ def check_cuda(args, parser) -> str:
     return note
 
 
-def machine_info(args, memcpy_gbps: float) -> dict:
-    """The machine (common.machine) and what this run's figures are relative to."""
-    return dict(common.machine(), memcpy_gbps_single_core=round(memcpy_gbps, 3),
-                memcpy_bytes=MEMCPY_BYTES, world_size=args.world_size,
-                threads_per_rank=args.threads)
-
-
 # --------------------------------------------------------------------------- one collective
 
 
@@ -594,14 +587,12 @@ def wait_ranks(procs: list, timeout: float) -> str | None:
     for it in a collective: they get a few seconds to report their own error, then are
     stopped. A job that runs past `timeout` (twice the process-group timeout) is stopped."""
     deadline = time.monotonic() + timeout
-    while True:
-        codes = [p.poll() for p in procs]
-        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if all(c is not None for c in codes) or failed:
-            break
+    # poll() sets returncode: None while running, 0 on success
+    while any(p.poll() is None for p in procs) and not any(p.returncode for p in procs):
         if time.monotonic() > deadline:
             return f"the ranks did not finish in {timeout:.0f} s"
         time.sleep(0.1)
+    failed = [(r, p.returncode) for r, p in enumerate(procs) if p.returncode]
     if failed:
         grace = time.monotonic() + 5
         while any(p.poll() is None for p in procs) and time.monotonic() < grace:
@@ -711,22 +702,20 @@ class Report:
         # labels compared with them (the candidates, or the baseline when alone).
         self.peers = [p for p in config.get("peers") or [] if any(r["backend"] == p for r in rows)]
         self.vs_peer = (self.candidates or [self.baseline]) if self.peers else []
+
+        def ratio(r, other, key):  # r[key] / other's at the same point, both measured
+            o = self._index.get((other, r["op"], r["dtype"], r["bytes"]))
+            return r[key] / o[key] if self._ok(r) and o and self._ok(o) and o[key] > 0 else None
+
         for r in rows:
-            base = self._index.get((self.baseline, r["op"], r["dtype"], r["bytes"]))
             r["busbw_ratio"] = r["latency_ratio"] = None
-            for peer in self.peers:
-                if r["backend"] in self.vs_peer:
-                    p = self._index.get((peer, r["op"], r["dtype"], r["bytes"]))
-                    r[f"latency_ratio_{peer}"] = (r["time_us"] / p["time_us"] if self._ok(r)
-                                                  and p and self._ok(p) and p["time_us"] > 0
-                                                  else None)
+            if r["backend"] in self.vs_peer:
+                for peer in self.peers:
+                    r[f"latency_ratio_{peer}"] = ratio(r, peer, "time_us")
             if r["backend"] not in self.labels:
                 continue  # peers and rsdp@1: no ratios to the torch baseline
-            if self._ok(r) and base is not None and self._ok(base):
-                if base["busbw_gbps"] > 0:
-                    r["busbw_ratio"] = r["busbw_gbps"] / base["busbw_gbps"]
-                if base["time_us"] > 0:
-                    r["latency_ratio"] = r["time_us"] / base["time_us"]
+            r["busbw_ratio"] = ratio(r, self.baseline, "busbw_gbps")
+            r["latency_ratio"] = ratio(r, self.baseline, "time_us")
             if self.cuda:
                 r["copy_fraction"] = (r["busbw_gbps"] / self.copy
                                       if self._ok(r) and self.copy else None)
@@ -849,20 +838,21 @@ class Report:
                 and r["dtype"] == dtype and lo <= r["bytes"] <= hi]
 
     @staticmethod
-    def _entry(target, label, op, dtype, rows, key, better, need, fmt=None, detail=None):
-        """A target's verdict over `rows`: the worst row's `key` against `need` ("high": at
-        least, "low": at most); n/a without rows, MISS where a row lacks the value."""
+    def _entry(target, label, op, dtype, rows, value, need, fmt=None, detail=None):
+        """A target's verdict over `rows`: the worst row's value(row) against `need`, a floor for
+        the busbw targets and a ceiling for the others (times); n/a without rows, MISS where a
+        row lacks the value."""
         e = dict(target=target, backend=label, op=op, dtype=dtype, value=None,
                  at_bytes=None, need=need)
-        bad = [r for r in rows if r.get(key) is None]
         if not rows:
             return dict(e, measured="no sizes in range", result="n/a")
+        bad = [r for r in rows if value(r) is None]
         if bad:
             return dict(e, at_bytes=bad[0]["bytes"], result="MISS",
                         measured=f"failed/missing at {fmt_bytes(bad[0]['bytes'])}")
-        high = better == "high"
-        worst = (min if high else max)(rows, key=lambda r: r[key])
-        v = worst[key]
+        high = target.startswith("busbw")
+        worst = (min if high else max)(rows, key=value)
+        v = value(worst)
         shown = fmt(v) if fmt else f"{v:.3f}x" if v < 1 else f"{v:.2f}x"
         return dict(e, value=v, at_bytes=worst["bytes"],
                     measured=f"{'min' if high else 'max'} {shown} at "
@@ -872,35 +862,22 @@ class Report:
     def targets(self) -> list[dict]:
         if self.cuda:
             return []  # the targets are stated for CPU tensors
-        res = []
-        ops_dtypes = self._ops_dtypes()
-        entry = self._entry
         rng = f"{fmt_bytes(BUSBW_RANGE[0])}..{fmt_bytes(BUSBW_RANGE[1])}"
-        for lb in self.candidates:
-            for op, dt in ops_dtypes:
-                if op in BUSBW_OPS:
-                    res.append(entry(f"busbw >= {BUSBW_SPEEDUP:g}x {self.baseline}, {rng}",
-                                     lb, op, dt, self._rows(lb, op, dt, *BUSBW_RANGE),
-                                     "busbw_ratio", "high", BUSBW_SPEEDUP))
-        for lb in self.candidates:
-            for op, dt in ops_dtypes:
-                res.append(entry(f"latency <= 1/{1 / LATENCY_RATIO:g} of {self.baseline}, "
-                                 f"<= {fmt_bytes(LATENCY_MAX_BYTES)}",
-                                 lb, op, dt, self._rows(lb, op, dt, 0, LATENCY_MAX_BYTES),
-                                 "latency_ratio", "low", LATENCY_RATIO))
-        for ops, frac, lo in MEMCPY_TARGETS:
-            for lb in (self.candidates or [self.baseline]):
-                for op, dt in ops_dtypes:
-                    if op not in ops:
-                        continue
-                    rows = [dict(r, memcpy_fraction=(r["busbw_gbps"] / self.memcpy
-                                                     if self._ok(r) else None))
-                            for r in self._rows(lb, op, dt, lo)]
-                    res.append(entry(f"busbw >= {frac:.0%} of 1-core memcpy "
-                                     f"({self.memcpy:.2f} GB/s), >= {fmt_bytes(lo)}",
-                                     lb, op, dt, rows, "memcpy_fraction", "high", frac,
-                                     lambda v: f"{v:.0%}"))
-        return res + self.world1_targets()
+        memcpy = lambda r: r["busbw_gbps"] / self.memcpy if self._ok(r) else None  # noqa: E731
+        # (target, backends, ops, size range, value of a row, need, format)
+        goals = [(f"busbw >= {BUSBW_SPEEDUP:g}x {self.baseline}, {rng}", self.candidates,
+                  BUSBW_OPS, BUSBW_RANGE, lambda r: r.get("busbw_ratio"), BUSBW_SPEEDUP, None),
+                 (f"latency <= 1/{1 / LATENCY_RATIO:g} of {self.baseline}, "
+                  f"<= {fmt_bytes(LATENCY_MAX_BYTES)}", self.candidates, OPS,
+                  (0, LATENCY_MAX_BYTES), lambda r: r.get("latency_ratio"), LATENCY_RATIO, None)]
+        goals += [(f"busbw >= {frac:.0%} of 1-core memcpy ({self.memcpy:.2f} GB/s), "
+                   f">= {fmt_bytes(lo)}", self.candidates or [self.baseline], ops,
+                   (lo, float("inf")), memcpy, frac, lambda v: f"{v:.0%}")
+                  for ops, frac, lo in MEMCPY_TARGETS]
+        return [self._entry(target, lb, op, dt, self._rows(lb, op, dt, *sizes), value, need, fmt)
+                for target, labels, ops, sizes, value, need, fmt in goals
+                for lb in labels for op, dt in self._ops_dtypes() if op in ops
+                ] + self.world1_targets()
 
     def world1_targets(self) -> list[dict]:
         """rsdp - rsdp@1 <= mpi at every size of PEER_RANGE, per op and dtype the peer measured
@@ -926,7 +903,7 @@ class Report:
                                 detail=f": {fmt_num(rsdp, 1)} - {fmt_num(one, 1)} = "
                                        f"{fmt_num(rsdp - one, 1)} µs vs {fmt_num(mpi, 1)} µs"
                                 if ok else ""))
-            res.append(self._entry(target, "rsdp", op, dt, pts, "ratio", "low", 1.0,
+            res.append(self._entry(target, "rsdp", op, dt, pts, lambda p: p["ratio"], 1.0,
                                    lambda v: f"{v:.2f}x", lambda w: w["detail"]))
         return res
 
@@ -938,13 +915,11 @@ class Report:
         if not self.candidates:
             out.append(f"\nOnly one backend ({self.baseline}) was measured: the ratio targets "
                        "need a candidate and a baseline (e.g. --backends rsdp,gloo).")
-        rows = [[t["target"], t["backend"], t["op"], t["dtype"], t["measured"], t["result"]]
-                for t in self.targets()]
-        if rows:
-            out += ["", md_table(["target", "backend", "op", "dtype", "measured", "result"],
-                                 rows, "llllll")]
-            n_pass = sum(t["result"] == "PASS" for t in self.targets())
-            out.append(f"\n{n_pass} of {len(rows)} PASS.")
+        cols = ["target", "backend", "op", "dtype", "measured", "result"]
+        targets = self.targets()
+        if targets:
+            out += ["", md_table(cols, [[t[c] for c in cols] for t in targets], "llllll"),
+                    f"\n{sum(t['result'] == 'PASS' for t in targets)} of {len(targets)} PASS."]
         return "\n".join(out)
 
     # ------------------------------------------------------------------ json
@@ -973,7 +948,10 @@ def main(argv=None) -> int:
     print(f"# collectives: backends {', '.join(labels)} (baseline {labels[-1]}), "
           f"{args.world_size} ranks, ops {','.join(args.ops)}, dtypes {','.join(args.dtypes)}, "
           f"{fmt_bytes(args.min_bytes)}..{fmt_bytes(args.max_bytes)}", flush=True)
-    info = machine_info(args, measure_copy(MEMCPY_BYTES))
+    # the machine, and the single-core memcpy the figures are relative to
+    info = dict(common.machine(), memcpy_gbps_single_core=round(measure_copy(MEMCPY_BYTES), 3),
+                memcpy_bytes=MEMCPY_BYTES, world_size=args.world_size,
+                threads_per_rank=args.threads)
     print(f"# machine: {info['cpu_model']}, {info['vcpus']} vCPUs, torch {info['torch']}, "
           f"single-core memcpy {info['memcpy_gbps_single_core']:.2f} GB/s", flush=True)
     if args.device == "cuda":
