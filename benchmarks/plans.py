@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
+from collections import Counter
 import os
 import shutil
 import time
 
-from .common import RESULTS, on_two_nodes, write_result
+from .common import RESULTS, on_two_nodes, verdicts, write_result
 
 SETTINGS = {"1x2": [0, 0], "1x4": [0, 0, 0, 0], "2x2": [0, 0, 1, 1]}
 # Rounds by default: ranks sharing a machine's cores drift over minutes, so the cheap one-node
@@ -34,7 +35,7 @@ QUICK_MODEL = dict(MODEL, hidden_size=64, intermediate_size=160, num_hidden_laye
 SEQ, BATCH = 32, 2  # tokens per sequence, sequences per rank
 
 
-def _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory):
+def _measure(ctx, cfg, spec, steps, warmup, memory):
     """This rank's step times of ``spec`` (a plan or a strategy name) and, with ``memory``,
     its peak bytes over one more step (MemTracker), else 0."""
     import torch
@@ -47,7 +48,7 @@ def _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory):
     opt = plan.make_optimizer(model, torch.optim.AdamW, lr=1e-4)
 
     def step(i):
-        ids = tm.token_batch(cfg["vocab_size"], W * batch, seq + 1, i)[r * batch:(r + 1) * batch]
+        ids = tm.token_batch(cfg["vocab_size"], W * BATCH, SEQ + 1, i)[r * BATCH:(r + 1) * BATCH]
         tm.hf_step(model, opt, ids[:, :-1], ids[:, 1:])
 
     times = tm.timed_steps(step, steps, warmup)
@@ -60,7 +61,7 @@ def _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory):
     return times, peak.get("Total", 0)
 
 
-def _measure_all(ctx, cfg, specs, rounds, steps, warmup, seq, batch):
+def _measure_all(ctx, cfg, specs, rounds, steps, warmup):
     """[(step s, peak bytes, [step s of each round])] per spec, slowest / largest rank: the
     specs take turns over ``rounds`` rounds (a slow spell of the shared machine then touches
     every spec alike) and each one's step time is the median of all its timed steps; memory
@@ -79,7 +80,7 @@ def _measure_all(ctx, cfg, specs, rounds, steps, warmup, seq, batch):
         for i in order[rd % len(order):] + order[:rd % len(order)]:
             spec = specs[i]
             ctx.set_progress(f"round {rd + 1}/{rounds}: run {i + 1}/{len(specs)}")
-            t, peak = _measure(ctx, cfg, spec, steps, warmup, seq, batch, memory=rd == 0)
+            t, peak = _measure(ctx, cfg, spec, steps, warmup, memory=rd == 0)
             times[i][rd] += t
             peaks[i] = max(peaks[i], peak)
     vals = torch.tensor([[statistics.median(sum(t, [])), float(p)]
@@ -89,7 +90,7 @@ def _measure_all(ctx, cfg, specs, rounds, steps, warmup, seq, batch):
     return [(float(v[0]), int(v[1]), [float(x) for x in v[2:]]) for v in vals.tolist()]
 
 
-def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, uniform, one_node,
+def bench_worker(ctx, cfg, budgets_n, steps, warmup, rate_Bps, uniform, one_node,
                  rounds, allow_compression=False):
     import torch
 
@@ -98,7 +99,7 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
     r = ctx.rank
     from . import training_models as tm
     model = tm.llama(**cfg)
-    ids = torch.randint(0, cfg["vocab_size"], (batch, seq))
+    ids = torch.randint(0, cfg["vocab_size"], (BATCH, SEQ))
     example = {"input_ids": ids, "labels": ids, "use_cache": False}
     try:
         plan.auto(model, example, memory_budget=1)
@@ -145,7 +146,7 @@ def bench_worker(ctx, cfg, budgets_n, steps, warmup, seq, batch, rate_Bps, unifo
                    "pred_step_s": p.prediction.step_time_s,
                    "pred_peak_bytes": p.prediction.peak_bytes}
         specs.append(p)
-    measured = _measure_all(ctx, cfg, specs, rounds, steps, warmup, seq, batch)
+    measured = _measure_all(ctx, cfg, specs, rounds, steps, warmup)
     for row, (t, peak, per_round) in zip(rows + ([cluster] if cluster else []), measured):
         row["step_s"], row["peak_bytes"], row["round_step_s"] = t, peak, per_round
     if r:
@@ -160,7 +161,7 @@ def run(setting, args, nodes, rate_Bps):
     node_of = SETTINGS[setting]
     try:
         res = launch(bench_worker, len(node_of),
-                     (args.model, args.budgets, args.steps, args.warmup, SEQ, BATCH,
+                     (args.model, args.budgets, args.steps, args.warmup,
                       rate_Bps if setting == "2x2" else None, args.uniform, setting != "2x2",
                       args.rounds or ROUNDS[setting], args.allow_compression),
                      node_of=node_of if setting == "2x2" else None,
@@ -300,9 +301,7 @@ def markdown(results, info, chk):
                              f"{r['pred_step_s'] * 1e3:.0f}", fb(r["peak_bytes"]),
                              fb(r["pred_peak_bytes"]), "", "", "uniform"])
             else:
-                counts = {}
-                for v in list(r["plan"]["mapping"].values()) + [r["plan"]["default"]]:
-                    counts[v] = counts.get(v, 0) + 1
+                counts = Counter([*r["plan"]["mapping"].values(), r["plan"]["default"]])
                 mix = ", ".join(f"{k} x{n}" for k, n in sorted(counts.items()))
                 m = margin(r, [u for u in res["rows"] if u["kind"] == "uniform"])
                 vs = "-" if m is None else (
@@ -320,9 +319,7 @@ def markdown(results, info, chk):
                       f"{c['pred_step_s'] * 1e3:.0f} ms, measured {c['step_s'] * 1e3:.0f} ms; "
                       f"predicted peak {fb(c['pred_peak_bytes'])}, measured "
                       f"{fb(c['peak_bytes'])}.", ""]
-    for c in chk:
-        lines.append(f"- {'PASS' if c['ok'] else 'MISS'}: {c['check']} ({c['detail']})")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + verdicts(chk) + "\n"
 
 
 def main(argv=None) -> int:
