@@ -113,10 +113,8 @@ def md_table(header: list[str], rows: list[list], align: str | None = None) -> s
     widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
 
     def line(r):
-        out = []
-        for i, c in enumerate(r):
-            out.append(c.rjust(widths[i]) if align[i] == "r" else c.ljust(widths[i]))
-        return "| " + " | ".join(out) + " |"
+        return "| " + " | ".join(c.rjust(w) if a == "r" else c.ljust(w)
+                                 for c, w, a in zip(r, widths, align)) + " |"
 
     sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else ("-" * (w + 2))
                          for w, a in zip(widths, align)) + "|"
@@ -220,7 +218,6 @@ def write_result(out_dir: str, name: str, data, markdown: str | None = None,
     shown = [os.path.relpath(p) if not os.path.relpath(p).startswith("..") else p for p in paths]
     print("# wrote " + ", ".join(shown), flush=True)
     return paths
-
 
 
 # --------------------------------------------------------------------------- ranks
