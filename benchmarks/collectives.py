@@ -227,8 +227,7 @@ def check_cuda(args, parser) -> str:
                      f"CUDA {torch.version.cuda})")
     if "rsdp" in args.backends:
         import torch_rsdp
-        available = getattr(torch_rsdp, "cuda_available", None)
-        if available is None or not available():
+        if not torch_rsdp.cuda_available():
             parser.error("--device cuda: this build of torch_rsdp has no CUDA support "
                          "(torch_rsdp.cuda_available() is False); rebuild it where torch has "
                          "CUDA and nvcc is installed")
@@ -359,19 +358,12 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
                    "bytes": p["bytes"], "count": count, "world_size": n, "round": rnd}
             coll = Collective(op, DTYPES[dtype_name], count, rank, n, device, comm_alloc(label))
             # 1. correctness (also catches "op not supported": every rank raises the same way)
-            err = ""
-            try:
-                ok = coll.check()
-            except Exception as exc:  # noqa: BLE001
-                ok, err = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-            flags = torch.tensor([0.0 if ok else 1.0, 1.0 if err else 0.0], dtype=torch.float64)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=side)
-            if flags[1] > 0:
-                row.update(error=err or "failed on another rank", correct=False)
+            row["correct"], error = agree(coll.check, side)
+            if error:
+                row.update(error=error, correct=False)
                 emit(row)
-                failed = row["error"]
+                failed = error
                 break  # skip the larger sizes of this op x dtype
-            row["correct"] = bool(flags[0] == 0)
             # 2. warm-up: `warmup` ops, then more for about warmup_seconds (an op count from
             # the slowest rank's warm-up time, so that every rank agrees on it)
             t_warm = time.perf_counter()
@@ -386,26 +378,12 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
             for _ in range(more):
                 coll.prepare()
                 coll.run()
-            # 3. timed iterations
-            times = torch.empty(iters, dtype=torch.float64)
-            if cuda:
-                time_cuda(coll, iters, reps, side, times)
-            else:
-                for it in range(iters):
-                    coll.prepare()  # untimed; within a batch in-place inputs keep growing
-                    # The group's own barrier, as the MPI peer uses MPI's: a barrier of
-                    # another library releases the ranks with its own skew (tens of µs for
-                    # gloo's), which the first op would then pay for.
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    for _ in range(reps):
-                        coll.run()
-                    times[it] = (time.perf_counter() - t0) / reps
-            gathered = torch.empty(n * iters, dtype=torch.float64)
-            all_gather_single(gathered, times, group=side)
-            per_iter = gathered.view(n, iters).max(dim=0).values  # slowest rank
+            # 3. timed iterations, after the group's own barrier, as the MPI peer uses MPI's: a
+            # barrier of another library releases the ranks with its own skew (tens of µs for
+            # gloo's), which the first op would then pay for
+            per_iter = timed_iterations(coll, iters, reps, side, None, cuda)
             row.update(iters=iters, reps=reps, warmup=warmup,
-                       samples_us=[round(t * 1e6, 3) for t in per_iter.tolist()])
+                       samples_us=[round(t * 1e6, 3) for t in per_iter])
             emit(row)
             del coll
         if rank == 0:
@@ -415,23 +393,50 @@ def sweep_backend(label: str, name: str, args, rank: int, side, emit, rnd: int) 
                   f"{time.perf_counter() - t_start:6.1f} s{status}", flush=True)
 
 
-def time_cuda(coll, iters: int, reps: int, side, times) -> None:
-    """--device cuda: per timed iteration, the GPU time from a start event recorded on the
-    current stream right after the barrier to an end event after the last op (the GPU is idle
-    at the barrier, so the start is when the host begins issuing)."""
-    start = torch.cuda.Event(enable_timing=True)
-    end = torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
+def agree(check, side) -> tuple[bool, str]:
+    """Runs check() on every rank: (True when it returned True on every rank, "" or the error
+    when it raised on any rank, this rank's own message where it raised here)."""
+    err = ""
+    try:
+        ok = check()
+    except Exception as exc:  # noqa: BLE001
+        ok, err = False, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+    flags = torch.tensor([0.0 if ok else 1.0, 1.0 if err else 0.0], dtype=torch.float64)
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=side)
+    return bool(flags[0] == 0), (err or "failed on another rank") if flags[1] > 0 else ""
+
+
+def timed_iterations(coll, iters: int, reps: int, side, barrier, cuda: bool) -> list[float]:
+    """Seconds per op of each timed iteration (`reps` back-to-back ops after a barrier of the
+    group `barrier`), the slowest rank's, gathered over `side`. On the CPU the host's clock;
+    with `cuda` the GPU time from a start event recorded on the current stream right after the
+    barrier to an end event after the last op (the GPU is idle at the barrier, so the start is
+    when the host begins issuing)."""
+    times = torch.empty(iters, dtype=torch.float64)
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
     for it in range(iters):
-        coll.prepare()
-        torch.cuda.synchronize()  # the restore copy is not timed; the GPU is idle
-        dist.barrier(group=side)
-        start.record()
+        coll.prepare()  # untimed; within a batch in-place inputs keep growing
+        if cuda:
+            torch.cuda.synchronize()  # the restore copy is not timed; the GPU is idle
+            dist.barrier(group=side)
+            start.record()
+        else:
+            dist.barrier(group=barrier)
+            t0 = time.perf_counter()
         for _ in range(reps):
             coll.run()
-        end.record()
-        end.synchronize()
-        times[it] = start.elapsed_time(end) / 1e3 / reps
+        if cuda:
+            end.record()
+            end.synchronize()
+            times[it] = start.elapsed_time(end) / 1e3 / reps
+        else:
+            times[it] = (time.perf_counter() - t0) / reps
+    n = dist.get_world_size()
+    gathered = torch.empty(n * iters, dtype=torch.float64)
+    all_gather_single(gathered, times, group=side)
+    return gathered.view(n, iters).max(dim=0).values.tolist()
 
 
 def worker(rank: int, args, port: int, raw_path: str) -> None:
@@ -654,11 +659,6 @@ PEER_RANGE = (8, 64 * KiB)
 PEER_OPS = ("allreduce", "allgather", "broadcast", "reduce_scatter")
 
 
-def bandwidths(op: str, nbytes: int, seconds: float, n: int) -> dict:
-    algbw = nbytes / seconds / 1e9 if seconds > 0 else float("inf")
-    return {"algbw_gbps": algbw, "busbw_gbps": algbw * BUSBW_FACTOR[op][1](n)}
-
-
 def aggregate(raw: list[dict]) -> list[dict]:
     """Merge the per-round rows of one point: pool the iteration samples, take the median.
 
@@ -681,7 +681,8 @@ def aggregate(raw: list[dict]) -> list[dict]:
     for m in rows:
         if m["samples_us"] and not m.get("error"):
             med = m["time_us"] = statistics.median(m["samples_us"])
-            m.update(bandwidths(m["op"], m["bytes"], med * 1e-6, m["world_size"]))
+            m["algbw_gbps"] = m["bytes"] / med / 1e3 if med > 0 else float("inf")
+            m["busbw_gbps"] = m["algbw_gbps"] * BUSBW_FACTOR[m["op"]][1](m["world_size"])
     return rows
 
 
