@@ -149,7 +149,8 @@ def bench_worker(ctx, variant, ops, sizes, iters, warmup, partner=None):
     import torch
     import torch.distributed as dist
 
-    from .collectives import Collective  # imports torch: only once in the node's namespace
+    # imports torch: only once in the node's namespace
+    from .collectives import Collective, agree, timed_iterations
     torch.set_num_threads(1)  # one intra-op thread per rank, as OMP_NUM_THREADS says
     if variant in COMPRESSION:
         import torch_rsdp
@@ -163,36 +164,24 @@ def bench_worker(ctx, variant, ops, sizes, iters, warmup, partner=None):
             n = count_of(size, W)
             ctx.set_progress(f"{variant} {op} {size}")
             coll = Collective(PEER_OP[op], torch.float32, n, r, W)
-            err = ""
-            try:
+
+            def check():  # within the compression's tolerance of the exact result
                 coll.prepare()
                 coll.run()
-                got = coll.inp if coll.out is None else coll.out
-                want = coll.expected()
-                ok = bool(((got - want).abs() <= tolerance(variant, op) * want.abs().max()).all())
-            except Exception as e:  # noqa: BLE001 - every rank raises alike; reported below
-                ok, err = False, f"{type(e).__name__}: {str(e)[:300]}"
-            flags = torch.tensor([0.0 if ok else 1.0, 1.0 if err else 0.0])
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=side)
+                got, want = coll.inp if coll.out is None else coll.out, coll.expected()
+                return bool(((got - want).abs() <= tolerance(variant, op) * want.abs().max())
+                            .all())
+
+            correct, error = agree(check, side)
             row = {"variant": variant, "op": op, "bytes": n * 4, "count": n,
-                   "correct": bool(flags[0] == 0), "alpha_s": alpha}
-            if flags[1] > 0:
-                row["error"] = err or "raised on another rank"
-                rows.append(row)
+                   "correct": correct, "alpha_s": alpha}
+            if error:
+                rows.append(dict(row, error=error))
                 continue
             for _ in range(warmup):
                 coll.prepare()
                 coll.run()
-            times = torch.empty(iters, dtype=torch.float64)
-            for it in range(iters):
-                coll.prepare()
-                dist.barrier(group=side)
-                t0 = time.perf_counter()
-                coll.run()
-                times[it] = time.perf_counter() - t0
-            gathered = torch.empty(W * iters, dtype=torch.float64)
-            dist.all_gather_into_tensor(gathered, times, group=side)
-            per_iter = gathered.view(W, iters).max(dim=0).values.tolist()
+            per_iter = timed_iterations(coll, iters, 1, side, side, False)
             row.update(samples_s=per_iter, time_s=statistics.median(per_iter))
             rows.append(row)
             if r == 0:
