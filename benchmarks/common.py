@@ -152,9 +152,6 @@ def memory_bytes() -> int:
 
 def proc_status_kib(field: str) -> int:
     value = _proc_field("/proc/self/status", field + ":")
-    if value is None and field == "VmHWM":
-        import resource
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return int(value.split()[0]) if value else 0
 
 
@@ -172,14 +169,10 @@ def git_commit() -> str:
 
 def machine() -> dict:
     """What a figure depends on besides the code: CPU model, vCPUs, memory, torch."""
-    try:
-        import torch
-        torch_version = torch.__version__
-    except ImportError:
-        torch_version = "not installed"
+    import torch
     return {"cpu_model": cpu_model(), "vcpus": os.cpu_count(),
             "usable_cpus": len(os.sched_getaffinity(0)), "memory_bytes": memory_bytes(),
-            "torch": torch_version, "python": platform.python_version(),
+            "torch": torch.__version__, "python": platform.python_version(),
             "kernel": platform.release(), "load_1min": round(os.getloadavg()[0], 2)}
 
 
@@ -417,11 +410,9 @@ def mpirun_command(n: int, plan: str, out: str, bind: bool = False, hosts: list[
 
 
 def unavailable(peer: str) -> str | None:
-    """Why `peer` cannot run here, or None when it can."""
+    """Why `peer` ("mpi" or "oneccl") cannot run here, or None when it can."""
     if peer == "oneccl":
         return oneccl_unavailable()
-    if peer != "mpi":
-        return f"unknown peer {peer!r}"
     if shutil.which("mpirun") is None:
         return "mpirun not found (install Open MPI: apt-get install openmpi-bin libopenmpi-dev)"
     if importlib.util.find_spec("mpi4py") is None:
