@@ -296,6 +296,24 @@ def fam_units(ctx, rec):
             for name, p in model.named_parameters():
                 _close(p.grad, rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad),
                        f"checkpointed (recompute={recompute}) grad of {name}")
+    with rec.case("under torch's MemTracker and FlopCounterMode (module hooks on every input)"):
+        # their module tracker hooks each module's inputs' gradients: a unit's backward, an
+        # autograd.grad per shard, must still run and give one process's gradients
+        from torch.distributed._tools.mem_tracker import MemTracker
+        from torch.utils.flop_counter import FlopCounterMode
+
+        for recompute in (True, False):
+            model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=recompute)
+            mt = MemTracker()
+            mt.track_external(model)
+            with mt, FlopCounterMode(display=False) as flops:
+                _loss(model, r)[0].backward()
+            assert mt.get_tracker_snapshot("peak") and flops.get_total_flops() > 0
+            (sum(_loss(ref, q)[0] for q in range(W)) / W).backward()
+            ref_params = dict(ref.named_parameters())
+            for name, p in model.named_parameters():
+                _close(p.grad, rsdp.rsdp_state(model).local_shard_of(name, ref_params[name].grad),
+                       f"tracked (recompute={recompute}) grad of {name}")
     with rec.case("llama_u adamw 3 steps + 2x2 accumulated, full state dict into a fresh model"):
         for steps, micro, recompute in ((3, 1, True), (2, 2, False)):
             model, ref = _sharded("llama_u", tp_plan="auto", unit_recompute=recompute)

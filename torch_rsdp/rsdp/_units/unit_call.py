@@ -100,7 +100,11 @@ def run_part(unit, call: Call, ins, weights: Dict[str, torch.Tensor], j: int, he
     u = unit._rsdp_unit
     leaves = list(call.leaves)
     for i, t in zip(call.grad_idx, ins):
-        leaves[i] = t
+        # A view of a leaf, not the leaf: the unit's backward differentiates the part with
+        # autograd.grad, inside which torch refuses gradient hooks on leaves, and module hooks
+        # that watch their inputs' gradients (torch's ModTracker, under MemTracker or
+        # FlopCounterMode) would put one on each input of the unit's modules
+        leaves[i] = t.view_as(t) if t.requires_grad and t.is_leaf else t
     args, kwargs = tree_unflatten(leaves, call.spec)
     for key, real in call.caches.items():
         kwargs[key] = CacheShard(real, call.kv.setdefault(key, {}) if record else None,
