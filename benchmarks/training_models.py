@@ -219,10 +219,10 @@ METHOD = ("peak memory/rank = torch's MemTracker (torch.distributed._tools.mem_t
 
 
 class NoModuleTracking:
-    """Stands in for MemTracker's module tracker where that cannot run: its gradient hooks
-    raise inside a rotation unit's backward (it runs ``autograd.grad`` on each shard's graph)
-    and on frozen parameters. Without it gradients count as activations and nothing as temp;
-    the peak is the same."""
+    """Stands in for MemTracker's module tracker where that cannot run: it puts a gradient
+    hook on every parameter, which torch refuses on a frozen one (a LoRA base, under FSDP2 as
+    under RSDP). Without it gradients count as activations and nothing as temp; the peak is
+    the same."""
 
     is_bw = False
     parents: set = set()
@@ -263,8 +263,8 @@ def tracked_peak(mt) -> dict:
 
 
 def memtracker_peak(fn, *held, modules: bool = False) -> dict:
-    """tracked_peak of MemTracker over ``fn()``; by default without the module tracker, which
-    the suites calling this cannot run (rotation units, frozen LoRA bases)."""
+    """tracked_peak of MemTracker over ``fn()``; by default without the module tracker
+    (frozen LoRA bases refuse its hooks), so every suite calling this counts alike."""
     mt = memtracker(*held, modules=modules)
     with mt:
         fn()
