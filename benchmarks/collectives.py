@@ -188,10 +188,10 @@ def measure_copy(nbytes: int, device: str = "cpu", repeats: int = 8) -> float:
         dst = torch.zeros(nbytes, dtype=torch.uint8, device=device)
         dst.copy_(src)  # both touched: no page faults timed
         times = []
+        if cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(repeats):
             if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), \
-                    torch.cuda.Event(enable_timing=True)
                 start.record()
                 dst.copy_(src)
                 end.record()
