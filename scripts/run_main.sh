@@ -37,7 +37,7 @@ esac
 [ "$NPROC" -ge 2 ] || NPROC=2  # a comparison of distributed strategies needs two ranks
 bash scripts/setup.sh
 start=$(date +%s)
-python3 examples/finetune_chess.py --compare --nproc "$NPROC" --out examples/results \
+python3 examples/finetune_chess.py --compare --nproc "$NPROC" --steps 200 --out examples/results \
   --save-pretrained examples/results/pretrained
 # fine-tuning: the model just trained, built on meta, loaded shard by shard, LoRA on a
 # notation it never saw, under RSDP and FSDP2
