@@ -2,7 +2,7 @@
 # Sets everything up, then runs the main job on CPU ranks (about 10 minutes after set-up
 # on 2 cores; examples/README.md gives a run's times and its machine), printing each
 # comparison against the stock backend (gloo):
-#   1. fine-tuning a Hugging Face Llama (1 M parameters, built from a config) on chess games
+#   1. fine-tuning a Hugging Face Llama (1 M parameters, built from a config, 200 steps) on chess games
 #      the project generates, one rank per core (--nproc N to change it): RSDP, FSDP2 over
 #      rsdp and over gloo, DDP and the planner's plan (its explanation and its in-place check
 #      against the best uniform plans printed), from the same weights on the same batches,
